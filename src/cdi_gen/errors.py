@@ -1,0 +1,91 @@
+"""The exception tree of cdi-gen, and the exit code each kind of failure maps to.
+
+::
+
+    CdiGenError                  exit 1
+    ├── ConfigError              exit 2   bad config file, flag or name
+    │   └── InvalidNameError              a name breaks the CDI or Kubernetes grammar
+    ├── SpecError                exit 1   a CDI spec document breaks the rules
+    │   └── VersionError                  a field needs a newer cdiVersion than allowed
+    ├── SpecWriteError           exit 1   the spec folder could not be written
+    ├── DiscoveryError           exit 1   udev could not be read
+    └── RegistrationError        exit 3   the kubelet refused or never answered
+
+Each error keeps its inputs as attributes and quotes them in its message, so that a log line
+alone tells what value broke which rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CdiGenError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(CdiGenError):
+    """A configuration value is invalid; the CLI exits 2."""
+
+    exit_code = 2
+
+
+class InvalidNameError(ConfigError, ValueError):
+    """A vendor, class, device or resource name breaks its grammar.
+
+    ``kind`` says which grammar (``vendor``, ``class``, ``device name``...), ``value`` the
+    offending text and ``rule`` what the grammar requires.
+    """
+
+    def __init__(self, kind: str, value: str, rule: str) -> None:
+        super().__init__(kind, value, rule)
+        self.kind = kind
+        self.value = value
+        self.rule = rule
+
+    def __str__(self) -> str:
+        return f"invalid {self.kind} {self.value!r}: {self.rule}"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One rule broken at one place of a document (``path`` like ``devices[1].name``)."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(CdiGenError):
+    """A CDI spec document is invalid; ``problems`` lists every rule it breaks."""
+
+    def __init__(self, problems: list[Problem], source: str = "") -> None:
+        super().__init__(problems, source)
+        self.problems = problems
+        self.source = source
+
+    def __str__(self) -> str:
+        prefix = f"{self.source}: " if self.source else ""
+        return "\n".join(f"{prefix}{p}" for p in self.problems)
+
+
+class VersionError(SpecError):
+    """The spec uses a field that the pinned ``cdiVersion`` does not know."""
+
+
+class SpecWriteError(CdiGenError):
+    """Writing or removing a spec file failed (permissions, full disk, foreign file)."""
+
+
+class DiscoveryError(CdiGenError):
+    """udev or sysfs could not be read."""
+
+
+class RegistrationError(CdiGenError):
+    """The kubelet refused the registration or could not be reached."""
+
+    exit_code = 3

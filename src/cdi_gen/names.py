@@ -1,0 +1,176 @@
+"""The name grammars cdi-gen must honour: CDI vendor, class, device name, kind and
+fully-qualified device names, and the Kubernetes extended-resource name.
+
+The rules follow the CDI Go library's parser (what runtimes enforce) plus the limits the CDI
+specification states but the parser does not check (name segment ≤ 63, prefix ≤ 253), so
+that whatever we accept, every runtime accepts. One-character vendor and class names are
+refused outright: the CDI library in podman 4.3 and containerd 1.7.24 panics on them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cdi_gen.errors import InvalidNameError
+
+_VENDOR_RE = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_QUALIFIED_NAME_RE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+#: Longest vendor (a DNS subdomain in the CDI spec) and class / device name segment.
+MAX_VENDOR_LEN = 253
+MAX_SEGMENT_LEN = 63
+#: Kubernetes: "requests." + domain must be a DNS subdomain of ≤ 253 characters.
+MAX_RESOURCE_DOMAIN_LEN = 253 - len("requests.")
+
+
+def _check_segment(kind: str, value: str, pattern: re.Pattern[str], alphabet: str) -> None:
+    if not value:
+        raise InvalidNameError(kind, value, "must not be empty")
+    if pattern.fullmatch(value):
+        return
+    bad = next((c for c in value if not (c.isascii() and (c.isalnum() or c in alphabet))), None)
+    if bad is not None:
+        raise InvalidNameError(kind, value, f"invalid character {bad!r}, allowed: A-Z a-z 0-9 {alphabet}")
+    if not value[0].isalnum() or (kind != "device name" and not value[0].isalpha()):
+        first = "a letter" if kind != "device name" else "a letter or digit"
+        raise InvalidNameError(kind, value, f"should start with {first}")
+    raise InvalidNameError(kind, value, "should end with a letter or digit")
+
+
+def validate_vendor(vendor: str) -> None:
+    """Raise :class:`InvalidNameError` unless ``vendor`` is a CDI vendor all runtimes accept."""
+    _check_segment("vendor", vendor, _VENDOR_RE, "_.-")
+    if len(vendor) == 1:
+        raise InvalidNameError(
+            "vendor", vendor, "must be at least 2 characters (1 crashes podman 4.3/containerd 1.7)"
+        )
+    if len(vendor) > MAX_VENDOR_LEN:
+        raise InvalidNameError("vendor", vendor, f"longer than {MAX_VENDOR_LEN} characters")
+
+
+def validate_class(cls: str) -> None:
+    """Raise :class:`InvalidNameError` unless ``cls`` is a CDI class all runtimes accept.
+
+    Dots are allowed by the grammar but need cdiVersion 0.6.0; :mod:`cdi_gen.version` accounts
+    for that.
+    """
+    _check_segment("class", cls, _VENDOR_RE, "_.-")
+    if len(cls) == 1:
+        raise InvalidNameError(
+            "class", cls, "must be at least 2 characters (1 crashes podman 4.3/containerd 1.7)"
+        )
+    if len(cls) > MAX_SEGMENT_LEN:
+        raise InvalidNameError("class", cls, f"longer than {MAX_SEGMENT_LEN} characters")
+
+
+def validate_device_name(name: str) -> None:
+    """Raise :class:`InvalidNameError` unless ``name`` is a valid CDI device name.
+
+    The kubelet also uses it as the device ID, whose documented limit is 63 characters.
+    """
+    _check_segment("device name", name, _DEVICE_RE, "_.:-")
+    if len(name) > MAX_SEGMENT_LEN:
+        raise InvalidNameError("device name", name, f"longer than {MAX_SEGMENT_LEN} characters")
+
+
+def parse_kind(kind: str) -> tuple[str, str]:
+    """Split ``vendor/class`` and validate both parts; raise :class:`InvalidNameError`."""
+    vendor, sep, cls = kind.partition("/")
+    if not sep:
+        raise InvalidNameError("kind", kind, "should be vendor/class")
+    validate_vendor(vendor)
+    validate_class(cls)
+    return vendor, cls
+
+
+def build_kind(vendor: str, cls: str) -> str:
+    """Return ``vendor/class`` after validating both parts."""
+    validate_vendor(vendor)
+    validate_class(cls)
+    return f"{vendor}/{cls}"
+
+
+def parse_qualified_name(qualified: str) -> tuple[str, str, str]:
+    """Split ``vendor/class=name`` into its parts, as the runtimes' parser does.
+
+    The split happens at the first ``=`` and then at the first ``/``, so ``a/b/c=x`` has class
+    ``b/c`` and is refused. Raises :class:`InvalidNameError`.
+    """
+    if not qualified:
+        raise InvalidNameError("qualified device name", qualified, "must not be empty")
+    if qualified.startswith("/"):
+        raise InvalidNameError("qualified device name", qualified, "must not start with '/'")
+    kind, sep, name = qualified.partition("=")
+    if not sep:
+        raise InvalidNameError(
+            "qualified device name", qualified, "should be vendor/class=name (missing '=')"
+        )
+    vendor, slash, cls = kind.partition("/")
+    if not slash or not vendor:
+        raise InvalidNameError(
+            "qualified device name", qualified, "should be vendor/class=name (missing vendor)"
+        )
+    validate_vendor(vendor)
+    validate_class(cls)
+    validate_device_name(name)
+    return vendor, cls, name
+
+
+def qualified_name(vendor: str, cls: str, name: str) -> str:
+    """Return ``vendor/class=name`` after validating every part."""
+    validate_vendor(vendor)
+    validate_class(cls)
+    validate_device_name(name)
+    return f"{vendor}/{cls}={name}"
+
+
+def is_qualified_name(qualified: str) -> bool:
+    """Tell whether ``qualified`` parses as ``vendor/class=name``."""
+    try:
+        parse_qualified_name(qualified)
+    except InvalidNameError:
+        return False
+    return True
+
+
+def validate_resource_name(resource: str) -> None:
+    """Raise unless ``resource`` is a Kubernetes extended resource name (IsExtendedResourceName).
+
+    It must be ``domain/name`` with a lowercase DNS-subdomain domain, must not be a native
+    (``kubernetes.io/``) resource and must not start with ``requests.``.
+    """
+    kind = "extended resource name"
+    if "/" not in resource:
+        raise InvalidNameError(kind, resource, "should be domain/name")
+    if "kubernetes.io/" in resource:
+        raise InvalidNameError(kind, resource, "'kubernetes.io/' names are reserved for Kubernetes")
+    if resource.startswith("requests."):
+        raise InvalidNameError(kind, resource, "must not start with 'requests.'")
+    domain, _, name = resource.partition("/")
+    if "/" in name:
+        raise InvalidNameError(kind, resource, "should contain exactly one '/'")
+    if not _DNS_SUBDOMAIN_RE.fullmatch(domain):
+        raise InvalidNameError(
+            kind, resource, f"domain {domain!r} should be a lowercase DNS subdomain (a-z 0-9 - .)"
+        )
+    if len(domain) > MAX_RESOURCE_DOMAIN_LEN:
+        raise InvalidNameError(
+            kind, resource, f"domain longer than {MAX_RESOURCE_DOMAIN_LEN} characters"
+        )
+    if not name or len(name) > MAX_SEGMENT_LEN or not _QUALIFIED_NAME_RE.fullmatch(name):
+        raise InvalidNameError(
+            kind,
+            resource,
+            f"name {name!r} should be 1-63 characters of A-Z a-z 0-9 - _ . "
+            "starting and ending alphanumeric",
+        )
+
+
+def validate_cdi_kind_as_resource(vendor: str, cls: str) -> str:
+    """Validate ``vendor/class`` under both the CDI and the Kubernetes grammar; return it."""
+    kind = build_kind(vendor, cls)
+    validate_resource_name(kind)
+    return kind

@@ -1,0 +1,82 @@
+"""The published device list of one class: a versioned value that many readers can await.
+
+The agent publishes here after the spec file is on disk; every ListAndWatch stream of the
+class's plugin waits on it independently, so each open stream sees every change (a shared
+queue would hand each change to one stream only). Everything runs on one asyncio loop;
+``publish`` is a plain call from that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedDevice:
+    """One device as the kubelet sees it.
+
+    ``id`` is the CDI device name (unqualified) and also the kubelet device ID, so the
+    qualified CDI name is always ``<vendor>/<class>=<id>``. ``physical`` names the physical
+    device behind it: several IDs share one when a device is shared in slots.
+    """
+
+    id: str
+    healthy: bool = True
+    numa_node: int | None = None
+    physical: str = ""
+
+
+class DeviceBoard:
+    """Latest device list of a class with a version number that grows on every change."""
+
+    def __init__(self, devices: Iterable[AdvertisedDevice] = ()) -> None:
+        self._devices: Mapping[str, AdvertisedDevice] = MappingProxyType(
+            {d.id: d for d in devices}
+        )
+        self._version = 0
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def devices(self) -> Mapping[str, AdvertisedDevice]:
+        """The current devices by ID, in publication order (read-only)."""
+        return self._devices
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def get(self, device_id: str) -> AdvertisedDevice | None:
+        return self._devices.get(device_id)
+
+    def publish(self, devices: Iterable[AdvertisedDevice]) -> bool:
+        """Replace the list; wake every waiter if it differs. Return whether it changed."""
+        new = {d.id: d for d in devices}
+        if new == dict(self._devices) and list(new) == list(self._devices):
+            return False
+        self._devices = MappingProxyType(new)
+        self._bump()
+        return True
+
+    def close(self) -> None:
+        """Wake every waiter for good; streams end when they see ``closed``."""
+        self._closed = True
+        self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_newer(self, version: int) -> int:
+        """Return once the version is above ``version`` (at once if it already is)."""
+        while self._version <= version and not self._closed:
+            await self._changed.wait()
+        return self._version
