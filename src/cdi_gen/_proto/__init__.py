@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf modules (proto/generate.sh); never edited by hand."""
