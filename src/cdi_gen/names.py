@@ -33,7 +33,9 @@ def _check_segment(kind: str, value: str, pattern: re.Pattern[str], alphabet: st
         return
     bad = next((c for c in value if not (c.isascii() and (c.isalnum() or c in alphabet))), None)
     if bad is not None:
-        raise InvalidNameError(kind, value, f"invalid character {bad!r}, allowed: A-Z a-z 0-9 {alphabet}")
+        raise InvalidNameError(
+            kind, value, f"invalid character {bad!r}, allowed: A-Z a-z 0-9 {alphabet}"
+        )
     if not value[0].isalnum() or (kind != "device name" and not value[0].isalpha()):
         first = "a letter" if kind != "device name" else "a letter or digit"
         raise InvalidNameError(kind, value, f"should start with {first}")

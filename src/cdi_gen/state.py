@@ -33,9 +33,7 @@ class DeviceBoard:
     """Latest device list of a class with a version number that grows on every change."""
 
     def __init__(self, devices: Iterable[AdvertisedDevice] = ()) -> None:
-        self._devices: Mapping[str, AdvertisedDevice] = MappingProxyType(
-            {d.id: d for d in devices}
-        )
+        self._devices: Mapping[str, AdvertisedDevice] = MappingProxyType({d.id: d for d in devices})
         self._version = 0
         self._changed = asyncio.Event()
         self._closed = False

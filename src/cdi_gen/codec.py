@@ -1,0 +1,125 @@
+"""Reading and writing CDI spec documents.
+
+Output is deterministic (same spec → byte-identical file), because the writer skips files whose
+bytes would not change and runtimes rescan the folder on every write. Input is parsed strictly
+and judged completely: structure (pydantic), semantics (:mod:`cdi_gen.validation`) and version,
+every problem reported with its path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import ValidationError
+
+from cdi_gen.errors import Problem, SpecError
+from cdi_gen.spec import Spec
+from cdi_gen.validation import check_spec
+
+Format = Literal["json", "yaml"]
+FORMATS: tuple[Format, ...] = ("json", "yaml")
+
+
+def _canonical(doc: dict[str, Any]) -> dict[str, Any]:
+    # Field order comes from the models; only free-form maps need sorting to be stable.
+    if doc.get("annotations"):
+        doc["annotations"] = dict(sorted(doc["annotations"].items()))
+    for device in doc.get("devices", ()):
+        if device.get("annotations"):
+            device["annotations"] = dict(sorted(device["annotations"].items()))
+    return doc
+
+
+def spec_document(spec: Spec) -> dict[str, Any]:
+    """The wire document of ``spec`` (camelCase keys, unset fields left out, stable order)."""
+    return _canonical(spec.to_wire())
+
+
+def dump_document(doc: dict[str, Any], fmt: Format = "json") -> bytes:
+    """Serialise a wire document; JSON is indented and ends with a newline."""
+    if fmt == "json":
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    if fmt == "yaml":
+        import yaml  # lazy: only YAML users pay for the import
+
+        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        return b"---\n" + text.encode()
+    raise ValueError(f"unknown format {fmt!r}, should be one of {', '.join(FORMATS)}")
+
+
+def dump_spec(spec: Spec, fmt: Format = "json") -> bytes:
+    """Serialise ``spec`` deterministically as JSON (default) or YAML."""
+    return dump_document(spec_document(spec), fmt)
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def validation_problems(exc: ValidationError) -> list[Problem]:
+    """One :class:`Problem` per pydantic error, with the document path of the field."""
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            message = f"unknown field {loc[-1]!r}"
+        elif err["type"] == "missing":
+            message = f"missing required field {loc[-1]!r}"
+        else:
+            message = f"{err['msg']} (got {err.get('input')!r})"
+        problems.append(Problem(_loc_path(loc), message))
+    return problems
+
+
+def parse_document(data: bytes, fmt: Format = "json") -> Any:
+    """Parse bytes into plain data; raise :class:`SpecError` on a syntax error."""
+    try:
+        if fmt == "json":
+            return orjson.loads(data)
+        import yaml
+
+        return yaml.safe_load(data)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
+    except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
+        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
+
+
+def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:
+    """Parse and fully validate a spec document.
+
+    Raises :class:`SpecError` listing every problem (syntax, unknown or missing fields, wrong
+    types, semantic rules, version) with ``source`` as its prefix.
+    """
+    try:
+        doc = parse_document(data, fmt)
+    except SpecError as exc:
+        raise SpecError(exc.problems, source) from None
+    if not isinstance(doc, dict):
+        raise SpecError(
+            [Problem("", f"a spec must be an object, got {type(doc).__name__}")], source
+        )
+    try:
+        spec = Spec.model_validate(doc, strict=False)
+    except ValidationError as exc:
+        raise SpecError(validation_problems(exc), source) from None
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def format_of(path: str) -> Format | None:
+    """The format runtimes infer from a file name: ``.json`` or ``.yaml`` (not ``.yml``)."""
+    if path.endswith(".json"):
+        return "json"
+    if path.endswith(".yaml"):
+        return "yaml"
+    return None

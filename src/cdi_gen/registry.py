@@ -1,0 +1,211 @@
+"""The CDI spec folders as a container runtime sees them.
+
+Mirrors the runtimes' CDI cache: folders are scanned in order (later folder = higher priority,
+so ``/var/run/cdi`` overrides ``/etc/cdi``), only ``*.json`` and ``*.yaml`` files directly in a
+folder count, a file that fails to load is reported and skipped, a device defined at a higher
+priority silently wins, and a device defined twice at the *same* priority is a conflict that
+removes it altogether (even if a higher folder also defines it, as the library does).
+
+:class:`SpecCache` keeps parsed files between calls and re-reads only files whose stat
+changed, so the device plugin can check every Allocate against the folders cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdi_gen.codec import format_of, load_spec
+from cdi_gen.errors import SpecError
+from cdi_gen.spec import Device, Spec
+
+DEFAULT_SPEC_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+@dataclass(frozen=True, slots=True)
+class SpecFile:
+    """One candidate spec file: its spec when it loaded, else the reasons it did not."""
+
+    path: Path
+    priority: int
+    spec: Spec | None
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A device a runtime can resolve, and the file it comes from."""
+
+    qualified: str
+    path: Path
+    priority: int
+    device: Device
+
+
+@dataclass(slots=True)
+class Registry:
+    """Result of scanning the folders: what resolves, what conflicts, what was overridden."""
+
+    dirs: tuple[Path, ...]
+    files: list[SpecFile] = field(default_factory=list)
+    devices: dict[str, Entry] = field(default_factory=dict)
+    #: qualified name → the files that define it at one priority (device dropped).
+    conflicts: dict[str, list[Path]] = field(default_factory=dict)
+    #: qualified name → lower-priority files whose definition is overridden.
+    shadowed: dict[str, list[Path]] = field(default_factory=dict)
+    #: path → messages (load failures and conflicts), as runtimes record them.
+    errors: dict[Path, list[str]] = field(default_factory=dict)
+    dir_errors: dict[Path, str] = field(default_factory=dict)
+
+    def explain(self, qualified: str) -> str | None:
+        """None if ``qualified`` resolves; else why not, naming files where it can."""
+        if qualified in self.devices:
+            return None
+        if qualified in self.conflicts:
+            files = ", ".join(repr(str(p)) for p in self.conflicts[qualified])
+            return f"CDI device {qualified!r} is defined in more than one spec file ({files})"
+        kind = qualified.partition("=")[0]
+        broken = [f for f in self.files if f.spec is None and _may_define(f.path, kind)]
+        hint = ""
+        if broken:
+            first = broken[0]
+            hint = f"; spec file {str(first.path)!r} is invalid: {first.errors[0]}"
+        dirs = ", ".join(str(d) for d in self.dirs)
+        return f"CDI device {qualified!r} is not defined in any valid spec in {dirs}{hint}"
+
+
+def _may_define(path: Path, kind: str) -> bool:
+    # Producers name files <vendor>-<class>.*; a broken file of that name likely held it.
+    return path.name.startswith(kind.replace("/", "-"))
+
+
+def _scan_dir(directory: Path) -> tuple[list[os.DirEntry[str]], str | None]:
+    try:
+        with os.scandir(directory) as it:
+            entries = [e for e in it if format_of(e.name) is not None]
+    except FileNotFoundError:
+        return [], None
+    except OSError as exc:
+        return [], f"cannot read spec folder {str(directory)!r}: {exc.strerror or exc}"
+    entries.sort(key=lambda e: e.name)
+    return entries, None
+
+
+def load_file(path: Path, priority: int) -> SpecFile:
+    """Read and validate one spec file; failures are recorded, not raised."""
+    fmt = format_of(path.name)
+    assert fmt is not None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return SpecFile(path, priority, None, (f"cannot read: {exc.strerror or exc}",))
+    try:
+        spec = load_spec(data, fmt)
+    except SpecError as exc:
+        return SpecFile(path, priority, None, tuple(str(p) for p in exc.problems))
+    return SpecFile(path, priority, spec)
+
+
+def build_registry(
+    dirs: Sequence[Path], files: Iterable[SpecFile], dir_errors: dict[Path, str]
+) -> Registry:
+    """Apply priority and conflict rules to loaded files given in scan order."""
+    reg = Registry(dirs=tuple(dirs), dir_errors=dict(dir_errors))
+    conflicted: set[str] = set()
+    for sf in files:
+        reg.files.append(sf)
+        if sf.spec is None:
+            reg.errors.setdefault(sf.path, []).extend(sf.errors)
+            continue
+        kind = sf.spec.kind
+        for device in sf.spec.devices:
+            qualified = f"{kind}={device.name}"
+            old = reg.devices.get(qualified)
+            if old is not None:
+                if old.priority == sf.priority:
+                    msg = (
+                        f"conflicting device {qualified!r} "
+                        f"(specs {str(sf.path)!r}, {str(old.path)!r})"
+                    )
+                    reg.errors.setdefault(sf.path, []).append(msg)
+                    reg.errors.setdefault(old.path, []).append(msg)
+                    conflicted.add(qualified)
+                    paths = reg.conflicts.setdefault(qualified, [old.path])
+                    paths.append(sf.path)
+                    continue
+                reg.shadowed.setdefault(qualified, []).append(old.path)
+            reg.devices[qualified] = Entry(qualified, sf.path, sf.priority, device)
+    for qualified in conflicted:
+        entry = reg.devices.pop(qualified, None)
+        # A higher folder's definition is dropped too; name it so the report is complete.
+        if entry is not None and entry.path not in reg.conflicts[qualified]:
+            reg.conflicts[qualified].append(entry.path)
+    return reg
+
+
+def load_registry(dirs: Sequence[Path] = DEFAULT_SPEC_DIRS) -> Registry:
+    """Scan ``dirs`` now and return what a runtime would see."""
+    files: list[SpecFile] = []
+    dir_errors: dict[Path, str] = {}
+    for priority, directory in enumerate(dirs):
+        entries, err = _scan_dir(directory)
+        if err:
+            dir_errors[directory] = err
+        files.extend(load_file(Path(e.path), priority) for e in entries)
+    return build_registry(dirs, files, dir_errors)
+
+
+_StatKey = tuple[int, int, int, int]
+
+
+class SpecCache:
+    """Registry of ``spec_dirs`` kept current by re-reading only files whose stat changed."""
+
+    def __init__(self, spec_dirs: Sequence[Path]) -> None:
+        self.spec_dirs = tuple(spec_dirs)
+        self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
+        self._listing: tuple[tuple[Path, _StatKey], ...] | None = None
+        self._registry = Registry(dirs=self.spec_dirs)
+
+    def registry(self) -> Registry:
+        """The current registry, rescanning folders (stat only) and re-reading changed files."""
+        listing: list[tuple[Path, _StatKey]] = []
+        dir_errors: dict[Path, str] = {}
+        for directory in self.spec_dirs:
+            entries, err = _scan_dir(directory)
+            if err:
+                dir_errors[directory] = err
+            for e in entries:
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                # ctime catches same-size rewrites within one mtime tick.
+                listing.append(
+                    (Path(e.path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                )
+        key = tuple(listing)
+        if key == self._listing and not dir_errors:
+            return self._registry
+        priorities = {d: i for i, d in enumerate(self.spec_dirs)}
+        files: list[SpecFile] = []
+        fresh: dict[Path, tuple[_StatKey, SpecFile]] = {}
+        for path, st_key in listing:
+            cached = self._files.get(path)
+            if cached is not None and cached[0] == st_key:
+                sf = cached[1]
+            else:
+                sf = load_file(path, priorities[path.parent])
+            fresh[path] = (st_key, sf)
+            files.append(sf)
+        self._files = fresh
+        self._listing = key
+        self._registry = build_registry(self.spec_dirs, files, dir_errors)
+        return self._registry
+
+    def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
+        """One message per name that a runtime could not resolve now; empty if all resolve."""
+        reg = self.registry()
+        return [msg for name in qualified_names if (msg := reg.explain(name)) is not None]
