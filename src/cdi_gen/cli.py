@@ -1,0 +1,213 @@
+"""The ``cdi-gen`` command line.
+
+Exit codes: 0 success, 1 problems found or a runtime failure, 2 bad usage or bad config,
+3 registration failure. Errors go to stderr, one line each, as ``error: ...``; a traceback
+only with ``--debug``. Heavy modules are imported inside the commands so that a short command
+such as ``render`` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from cdi_gen.codec import Format
+    from cdi_gen.spec import Spec
+
+DEFAULT_LIST_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+class _State:
+    debug = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(package_name="cdi-gen")
+def cli(debug: bool) -> None:
+    """Make Linux devices schedulable in Kubernetes and injectable through CDI."""
+    _State.debug = debug
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: run the CLI and map errors to exit codes."""
+    from cdi_gen.errors import CdiGenError
+
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except CdiGenError as exc:
+        if _State.debug:
+            import traceback
+
+            traceback.print_exc()
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)
+
+
+def emit_spec(
+    spec: Spec,
+    *,
+    fmt: Format = "json",
+    output: Path | None = None,
+    cdi_version: str | None = None,
+) -> None:
+    """Pin/compute the version, validate, and print ``spec`` or write it to ``output``.
+
+    Raises :class:`~cdi_gen.errors.VersionError` before anything is written when the spec
+    needs a newer version than ``cdi_version``, and :class:`~cdi_gen.errors.SpecError` when it
+    breaks a runtime rule.
+    """
+    from cdi_gen.codec import dump_spec
+    from cdi_gen.errors import SpecError
+    from cdi_gen.validation import check_spec
+    from cdi_gen.version import apply_version
+
+    final = apply_version(spec, cdi_version)
+    problems = check_spec(final)
+    if problems:
+        raise SpecError(problems, spec.kind)
+    data = dump_spec(final, fmt)
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    _write_file_atomically(output, data)
+
+
+def _write_file_atomically(output: Path, data: bytes) -> None:
+    import os
+    import tempfile
+
+    from cdi_gen.errors import SpecWriteError
+
+    directory = output.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{output.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fchmod(fh.fileno(), 0o644)
+                os.fsync(fh.fileno())
+            os.rename(tmp, output)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise SpecWriteError(f"cannot write {str(output)!r}: {exc.strerror or exc}") from exc
+
+
+def _spec_files(paths: Sequence[str]) -> list[Path]:
+    from cdi_gen.codec import format_of
+
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if format_of(p.name) and p.is_file()))
+        else:
+            files.append(path)
+    return files
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--quiet", "-q", is_flag=True, help="Print problems only, no OK lines.")
+def validate(paths: tuple[str, ...], quiet: bool) -> None:
+    """Validate CDI spec files (or every *.json/*.yaml in folders) as runtimes would.
+
+    Checks strict fields, names, cdiVersion against the fields used and the semantic rules.
+    Prints one line per problem and exits 1 if there is any.
+    """
+    from cdi_gen.codec import format_of, load_spec
+    from cdi_gen.errors import SpecError
+
+    failed = False
+    for path in _spec_files(paths):
+        fmt = format_of(path.name) or "json"
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            click.echo(f"{path}: cannot read: {exc.strerror or exc}")
+            failed = True
+            continue
+        try:
+            load_spec(data, fmt)
+        except SpecError as exc:
+            failed = True
+            for problem in exc.problems:
+                click.echo(f"{path}: {problem}")
+            continue
+        if not quiet:
+            click.echo(f"{path}: OK")
+    if failed:
+        sys.exit(1)
+
+
+@cli.command("list")
+@click.option(
+    "--spec-dir",
+    "spec_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Spec folder, lowest priority first (repeatable). Default: /etc/cdi then /var/run/cdi.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
+    """The CDI devices a runtime would see, with the file each resolves to.
+
+    Applies folder priority (a later folder wins) and same-folder conflicts (the device is
+    dropped, both files named) the way the runtimes' CDI library does.
+    """
+    from cdi_gen.registry import load_registry
+
+    dirs = list(spec_dirs) or [Path(d) for d in DEFAULT_LIST_DIRS]
+    reg = load_registry(dirs)
+    if as_json:
+        import orjson
+
+        doc: dict[str, Any] = {
+            "dirs": [str(d) for d in reg.dirs],
+            "devices": {name: str(e.path) for name, e in sorted(reg.devices.items())},
+            "conflicts": {n: [str(p) for p in ps] for n, ps in sorted(reg.conflicts.items())},
+            "shadowed": {n: [str(p) for p in ps] for n, ps in sorted(reg.shadowed.items())},
+            "errors": {str(p): msgs for p, msgs in sorted(reg.errors.items())},
+            "dirErrors": {str(d): m for d, m in reg.dir_errors.items()},
+        }
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    width = max((len(n) for n in reg.devices), default=0)
+    for name, entry in sorted(reg.devices.items()):
+        click.echo(f"{name:<{width}}  {entry.path}")
+    for name, paths in sorted(reg.shadowed.items()):
+        if name in reg.devices:
+            hidden = ", ".join(str(p) for p in paths)
+            click.echo(
+                f"note: {name} in {hidden} is overridden by {reg.devices[name].path}", err=True
+            )
+    for name, paths in sorted(reg.conflicts.items()):
+        click.echo(
+            f"warning: {name} dropped: defined in {', '.join(str(p) for p in paths)}", err=True
+        )
+    for path, msgs in sorted(reg.errors.items()):
+        for msg in msgs:
+            if not msg.startswith("conflicting device"):
+                click.echo(f"warning: {path}: {msg}", err=True)
+    for directory, msg in reg.dir_errors.items():
+        click.echo(f"warning: {directory}: {msg}", err=True)
