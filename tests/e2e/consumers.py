@@ -1,0 +1,444 @@
+"""Real CDI consumers and real devices for the end-to-end tests.
+
+Podman 4.3, runc and the Go CDI library (0.5.2) are driven exactly as a node would drive
+them; loop devices are created and removed through /dev/loop-control so the kernel emits real
+uevents. Everything here keeps the machine clean: podman uses a private image store, its spec
+folders are replaced by test folders inside a private mount namespace, and loop devices are
+always removed again.
+
+The module is named after what it provides rather than ``helpers`` because pytest puts every
+test folder without ``__init__.py`` on ``sys.path``; a generic name could shadow another folder's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CDICHECK_SRC = Path(__file__).resolve().parent / "cdicheck"
+GO_CDI_SRC = Path(
+    "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface"
+)
+BUSYBOX = Path("/bin/busybox")
+IMAGE = "localhost/cdi-gen-test:1"
+
+# The folders podman 4.3 reads; it has no option to change them, hence the mount namespace.
+STATIC_DIR = Path("/etc/cdi")
+DYNAMIC_DIR = Path(os.path.realpath("/var/run")) / "cdi"
+
+# What .ci/run installs; named in failures so a missing tool is fixed, not skipped.
+APT_HINT = (
+    "install it with .ci/run (apt-get install podman runc conmon containernetworking-plugins "
+    "catatonit iptables busybox-static udev golang-go "
+    "golang-github-container-orchestrated-devices-container-device-interface-dev)"
+)
+
+# The VM lacks CAP_SYS_RESOURCE (podman's default ulimits fail) and crun refuses the hybrid
+# cgroup layout; events go to a file because there is no journald.
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+events_logger = "file"
+cgroup_manager = "cgroupfs"
+"""
+
+
+def require_tool(name: str) -> str:
+    """Absolute path of a required program, or a test failure naming how to get it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"e2e: required program {name!r} not found on PATH; {APT_HINT}", False)
+    return path
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("e2e: these tests need root (mount namespaces, loop devices, runc)", False)
+
+
+def run(
+    args: Sequence[str | Path],
+    *,
+    timeout: float = 60,
+    check: bool = False,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a program and capture text output; with check, fail the test quoting both streams."""
+    proc = subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        input=input_text,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(map(str, args))} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}",
+            False,
+        )
+    return proc
+
+
+def cdi_gen(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The cdi-gen command line of this checkout, as a user would call it."""
+    return run([sys.executable, "-m", "cdi_gen", *args], timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop devices
+
+
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+LOOP_SET_FD = 0x4C00
+LOOP_CLR_FD = 0x4C01
+LOOP_MAJOR = 7
+
+
+@dataclass(frozen=True)
+class LoopDevice:
+    number: int
+
+    @property
+    def name(self) -> str:
+        return f"loop{self.number}"
+
+    @property
+    def path(self) -> Path:
+        return Path(f"/dev/loop{self.number}")
+
+    def rdev(self) -> tuple[int, int]:
+        """major:minor of the node as the host kernel reports it."""
+        st = os.stat(self.path)
+        return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+@dataclass
+class LoopDevices:
+    """Creates loop devices numbered 200-299 and guarantees their removal.
+
+    Numbers start at a random point because other engineers' tests create loop devices in the
+    same range at the same time; an existing number (EEXIST) is simply skipped.
+    """
+
+    low: int = 200
+    high: int = 299
+    created: list[LoopDevice] = field(default_factory=list)
+    backing: dict[int, Path] = field(default_factory=dict)
+
+    def _control(self, request: int, number: int) -> int:
+        fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            return fcntl.ioctl(fd, request, number)
+        finally:
+            os.close(fd)
+
+    def reserve(self) -> LoopDevice:
+        """A number that is free now, without creating the device (for hotplug tests)."""
+        span = self.high - self.low + 1
+        start = random.randrange(span)
+        for i in range(span):
+            number = self.low + (start + i) % span
+            taken = {d.number for d in self.created}
+            if number not in taken and not os.path.exists(f"/sys/block/loop{number}"):
+                return LoopDevice(number)
+        raise RuntimeError(f"no free loop number in {self.low}-{self.high}")
+
+    def add(self, device: LoopDevice | None = None) -> LoopDevice:
+        for _ in range(20):
+            dev = device or self.reserve()
+            try:
+                self._control(LOOP_CTL_ADD, dev.number)
+            except OSError as exc:
+                if exc.errno == errno.EEXIST and device is None:
+                    continue
+                raise
+            self.created.append(dev)
+            _wait_for(dev.path.exists, f"{dev.path} to appear")
+            return dev
+        raise RuntimeError("could not create a loop device")
+
+    def attach(self, dev: LoopDevice, backing_file: Path) -> None:
+        """Bind a backing file so that reads from the device return its content."""
+        with open(backing_file, "rb+") as f, open(dev.path, "rb") as d:
+            fcntl.ioctl(d.fileno(), LOOP_SET_FD, f.fileno())
+        self.backing[dev.number] = backing_file
+
+    def remove(self, dev: LoopDevice) -> None:
+        if self.backing.pop(dev.number, None) is not None:
+            with contextlib.suppress(OSError), open(dev.path, "rb") as d:
+                fcntl.ioctl(d.fileno(), LOOP_CLR_FD, 0)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._control(LOOP_CTL_REMOVE, dev.number)
+                break
+            except OSError as exc:
+                if exc.errno in (errno.ENODEV, errno.ENXIO, errno.ENOENT):
+                    break  # already gone
+                # udevd (when running) may hold it open for a moment after an event
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        if dev in self.created:
+            self.created.remove(dev)
+
+    def cleanup(self) -> None:
+        errors = []
+        for dev in list(self.created):
+            try:
+                self.remove(dev)
+            except OSError as exc:
+                errors.append(f"{dev.path}: {exc}")
+        if errors:
+            raise RuntimeError("could not remove loop devices: " + "; ".join(errors))
+
+
+def _wait_for(predicate: object, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry-free busybox image
+
+
+def build_rootfs(dest: Path) -> Path:
+    """A root file system made of Debian's static busybox and a link per applet."""
+    if not BUSYBOX.exists():
+        pytest.fail(f"e2e: {BUSYBOX} missing; {APT_HINT}", False)
+    bindir = dest / "bin"
+    bindir.mkdir(parents=True)
+    shutil.copy2(BUSYBOX, bindir / "busybox")
+    applets = run([BUSYBOX, "--list"], check=True).stdout.split()
+    for applet in applets:
+        link = bindir / applet
+        if not link.exists():
+            link.symlink_to("busybox")
+    for d in ("dev", "proc", "sys", "tmp", "etc", "opt"):
+        (dest / d).mkdir(exist_ok=True)
+    return dest
+
+
+def rootfs_tar(rootfs: Path, tar_path: Path) -> Path:
+    with tarfile.open(tar_path, "w") as tar:
+        for child in sorted(rootfs.iterdir()):
+            tar.add(child, arcname=child.name)
+    return tar_path
+
+
+# ---------------------------------------------------------------------------------------------
+# podman in a private mount namespace
+
+
+@dataclass(frozen=True)
+class SpecDirs:
+    """Test folders that stand in for /etc/cdi (static) and /var/run/cdi (dynamic)."""
+
+    static: Path
+    dynamic: Path
+
+    @classmethod
+    def under(cls, base: Path) -> SpecDirs:
+        dirs = cls(base / "etc-cdi", base / "run-cdi")
+        dirs.static.mkdir(parents=True, exist_ok=True)
+        dirs.dynamic.mkdir(parents=True, exist_ok=True)
+        return dirs
+
+
+def ensure_mount_points() -> None:
+    """Bind mounts need existing targets; an empty folder is what a runtime install leaves."""
+    for target in (STATIC_DIR, DYNAMIC_DIR):
+        target.mkdir(parents=True, exist_ok=True)
+
+
+def isolated(spec_dirs: SpecDirs, argv: Sequence[str | Path]) -> list[str]:
+    """argv wrapped so that it sees the test folders as /etc/cdi and /var/run/cdi.
+
+    The mounts live in a private mount namespace that dies with the command, so the machine's
+    own spec folders are never read or written.
+    """
+    script = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        str(spec_dirs.static),
+        str(spec_dirs.dynamic),
+        str(STATIC_DIR),
+        str(DYNAMIC_DIR),
+        *map(str, argv),
+    ]
+
+
+@dataclass(frozen=True)
+class Podman:
+    """podman with a private image store and containers.conf under ``home``."""
+
+    home: Path
+    image: str = IMAGE
+
+    @property
+    def conf(self) -> Path:
+        return self.home / "containers.conf"
+
+    def argv(self, args: Sequence[str | Path]) -> list[str]:
+        return [
+            "podman",
+            "--root",
+            str(self.home / "storage"),
+            "--runroot",
+            str(self.home / "runroot"),
+            "--tmpdir",
+            str(self.home / "tmp"),
+            "--storage-driver",
+            "overlay",
+            *map(str, args),
+        ]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+
+    def run_isolated(
+        self, spec_dirs: SpecDirs, args: Sequence[str | Path], timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return run(isolated(spec_dirs, self.argv(args)), env=self.env(), timeout=timeout)
+
+    def run_container(
+        self,
+        spec_dirs: SpecDirs,
+        script: str,
+        devices: Sequence[str] = (),
+        extra: Sequence[str] = (),
+    ) -> subprocess.CompletedProcess[str]:
+        """``podman run --rm`` of a shell script in the test image with CDI devices."""
+        args: list[str] = ["run", "--rm", "--network", "none"]
+        for name in devices:
+            args += ["--device", name]
+        args += [*extra, self.image, "sh", "-c", script]
+        return self.run_isolated(spec_dirs, args)
+
+
+def setup_podman(home: Path) -> Podman:
+    for tool in ("podman", "runc", "conmon", "unshare", "mount"):
+        require_tool(tool)
+    home.mkdir(parents=True, exist_ok=True)
+    podman = Podman(home)
+    podman.conf.write_text(CONTAINERS_CONF)
+    ensure_mount_points()
+    tar = rootfs_tar(build_rootfs(home / "rootfs"), home / "rootfs.tar")
+    run(podman.argv(["import", tar, podman.image]), env=podman.env(), check=True)
+    return podman
+
+
+def run_podman_isolated(
+    podman: Podman, spec_dirs: SpecDirs, args: Sequence[str | Path]
+) -> subprocess.CompletedProcess[str]:
+    """The brief's name for :meth:`Podman.run_isolated`."""
+    return podman.run_isolated(spec_dirs, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Go CDI library (through tests/e2e/cdicheck)
+
+
+@dataclass(frozen=True)
+class GoCDI:
+    binary: Path
+
+    def _json(self, args: Sequence[str | Path], ok_codes: tuple[int, ...] = (0,)) -> dict:
+        proc = run([self.binary, *args])
+        if proc.returncode not in ok_codes:
+            pytest.fail(f"cdicheck {args} exited {proc.returncode}: {proc.stderr}", False)
+        return json.loads(proc.stdout)
+
+    def list(self, *dirs: Path) -> dict:
+        """{"devices": {name: file}, "errors": {file: [msg]}, "conflicts": [...], "panic"?}"""
+        return self._json(["list", *dirs])
+
+    def validate(self, *files: Path) -> dict[str, dict]:
+        """Per file: {"ok", "error"?, "panic"?, "kind", "devices"}."""
+        return self._json(["validate", *files])["files"]
+
+    def inject(self, config: Path, dirs: Sequence[Path], names: Sequence[str]) -> dict:
+        return self._json(["inject", config, ":".join(map(str, dirs)), *names], ok_codes=(0, 1))
+
+
+def build_cdicheck(workdir: Path) -> GoCDI:
+    go = require_tool("go")
+    if not GO_CDI_SRC.is_dir():
+        pytest.fail(f"e2e: Go CDI library source {GO_CDI_SRC} missing; {APT_HINT}", False)
+    workdir.mkdir(parents=True, exist_ok=True)
+    binary = workdir / "cdicheck"
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": f"{workdir / 'gopath'}:/usr/share/gocode",
+        "GOPROXY": "off",
+        "GOFLAGS": "",
+        "GOCACHE": str(workdir / "gocache"),
+        "CGO_ENABLED": "0",
+    }
+    run([go, "build", "-o", binary, "."], cwd=CDICHECK_SRC, env=env, timeout=300, check=True)
+    return GoCDI(binary)
+
+
+# ---------------------------------------------------------------------------------------------
+# runc
+
+
+@dataclass(frozen=True)
+class Runc:
+    root: Path  # private state folder, so containers never mix with the machine's
+
+    def bundle(self, dest: Path, rootfs: Path, args: Sequence[str]) -> Path:
+        """An OCI bundle from ``runc spec`` with our rootfs and a non-interactive process."""
+        dest.mkdir(parents=True)
+        run(["runc", "spec", "--bundle", dest], check=True)
+        config_path = dest / "config.json"
+        config = json.loads(config_path.read_text())
+        config["root"] = {"path": str(rootfs), "readonly": True}
+        config["process"]["terminal"] = False
+        config["process"]["args"] = list(args)
+        config_path.write_text(json.dumps(config, indent=2))
+        return dest
+
+    def run(self, bundle: Path, container_id: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return run(["runc", "--root", self.root, "run", "--bundle", bundle, container_id])
+        finally:
+            # `runc run` deletes on exit; this covers a timeout or a crash half way.
+            run(["runc", "--root", self.root, "delete", "--force", container_id])
