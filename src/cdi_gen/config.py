@@ -1,0 +1,817 @@
+"""The agent configuration: which udev devices form which CDI class, and how they are named.
+
+A config is YAML or JSON, parsed strictly (unknown keys and duplicate keys are errors) into
+frozen pydantic models. Every problem becomes one line ``file: path.to.field: message`` that
+quotes the offending value, so a bad config never produces a traceback. Without a file the
+embedded catalogue (``catalogue.yaml``, package data) applies.
+
+Templates (``deviceName``, every string of ``containerEdits``) are parsed here, at load time,
+so that a typo in a field name is a config error and not a per-device runtime surprise; the
+rendering itself is in :mod:`cdi_gen.discovery`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
+
+from cdi_gen import names
+from cdi_gen.errors import ConfigError, InvalidNameError, Problem
+from cdi_gen.version import KNOWN_VERSIONS, normalize
+
+__all__ = [
+    "DEFAULT_VENDOR",
+    "DEVICE_NAME_FIELDS",
+    "EDIT_FIELDS",
+    "AgentConfig",
+    "ClassConfig",
+    "ContainerEditsConfig",
+    "DeviceNodeConfig",
+    "Field_",
+    "GroupConfig",
+    "HookConfig",
+    "MatchRule",
+    "MountConfig",
+    "NodeOptions",
+    "SharingConfig",
+    "Template",
+    "config_json_schema",
+    "load_config",
+    "parse_config",
+    "parse_template",
+]
+
+#: The vendor of the embedded catalogue: a domain naming this tool, so the resources
+#: (``cdi-gen.io/kvm``) say who advertises them and never clash with a hardware vendor's own
+#: plugin (``nvidia.com/gpu``). Sites override it with ``vendor:`` in their config.
+DEFAULT_VENDOR = "cdi-gen.io"
+CATALOGUE_NAME = "catalogue.yaml"
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+# ---------------------------------------------------------------------------------------------
+
+#: Fields a device name may use. ``group`` is the group key (the grouping parent's kernel name
+#: or the grouping property's value); the others describe the device (the first member of a
+#: group). There is deliberately no enumeration ``{index}``: it renumbers on hotplug and so
+#: breaks the names pods were allocated with.
+DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
+    {
+        "kernel",
+        "number",
+        "major",
+        "minor",
+        "devnode",
+        "devname",
+        "subsystem",
+        "devtype",
+        "driver",
+        "group",
+        "property",
+        "attribute",
+        "parent_attribute",
+    }
+)
+#: Container edits may also use the rendered device name and the kind.
+EDIT_FIELDS: frozenset[str] = DEVICE_NAME_FIELDS | {"name", "vendor", "class", "numa"}
+#: Fields that take a ``[key]``.
+KEYED_FIELDS: frozenset[str] = frozenset({"property", "attribute", "parent_attribute"})
+
+_FIELD_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\[\]{}]+)\])?\}")
+_ATTRIBUTE_KEY_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
+
+
+@dataclass(frozen=True, slots=True)
+class Field_:  # noqa: N801 - "Field" is pydantic's; the trailing underscore keeps both readable
+    """A ``{name}`` or ``{name[key]}`` placeholder of a template."""
+
+    name: str
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return f"{{{self.name}[{self.key}]}}" if self.key is not None else f"{{{self.name}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A parsed template: literal text and fields, in order. ``{{`` and ``}}`` are braces."""
+
+    source: str
+    parts: tuple[str | Field_, ...]
+
+    @property
+    def fields(self) -> tuple[Field_, ...]:
+        return tuple(p for p in self.parts if isinstance(p, Field_))
+
+    @property
+    def is_literal(self) -> bool:
+        return not self.fields
+
+
+def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template:
+    """Parse ``text``; raise ValueError quoting the template and the offending position.
+
+    Only fields in ``allowed`` are accepted; ``property``/``attribute``/``parent_attribute``
+    need a key, the others take none.
+    """
+    parts: list[str | Field_] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if text.startswith("{{", i) or text.startswith("}}", i):
+            literal.append(c)
+            i += 2
+            continue
+        if c == "}":
+            raise ValueError(f"template {text!r}: unmatched '}}' at position {i} (write '}}}}')")
+        if c != "{":
+            literal.append(c)
+            i += 1
+            continue
+        m = _FIELD_RE.match(text, i)
+        if m is None:
+            raise ValueError(
+                f"template {text!r}: malformed field at position {i}, expected {{name}} or "
+                "{name[key]} (write '{{' for a literal brace)"
+            )
+        name, key = m.group(1), m.group(2)
+        if name not in allowed:
+            raise ValueError(
+                f"template {text!r}: unknown field {{{name}}}, known: "
+                + ", ".join(f"{{{f}}}" for f in sorted(allowed))
+            )
+        if name in KEYED_FIELDS and key is None:
+            raise ValueError(f"template {text!r}: {{{name}}} needs a key, e.g. {{{name}[NAME]}}")
+        if name not in KEYED_FIELDS and key is not None:
+            raise ValueError(f"template {text!r}: {{{name}}} takes no key, got [{key}]")
+        if (
+            name in ("attribute", "parent_attribute")
+            and key is not None
+            and (not _ATTRIBUTE_KEY_RE.fullmatch(key) or ".." in key.split("/"))
+        ):
+            raise ValueError(f"template {text!r}: invalid sysfs attribute name {key!r}")
+        if literal:
+            parts.append("".join(literal))
+            literal = []
+        parts.append(Field_(name, key))
+        i = m.end()
+    if literal:
+        parts.append("".join(literal))
+    return Template(text, tuple(parts))
+
+
+def _template(allowed: frozenset[str]) -> BeforeValidator:
+    # Parsing happens before pydantic sees the value, so the model holds parsed templates.
+    def parse(value: Any) -> Any:
+        if isinstance(value, Template):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"should be a string, got {value!r}")
+        return parse_template(value, allowed)
+
+    return BeforeValidator(parse)
+
+
+#: A template string in container edits / a device name template.
+_AS_STRING = PlainSerializer(lambda t: t.source, return_type=str)
+_STRING_SCHEMA = WithJsonSchema({"type": "string", "description": "template"})
+EditTemplate = Annotated[Template, _template(EDIT_FIELDS), _AS_STRING, _STRING_SCHEMA]
+NameTemplate = Annotated[Template, _template(DEVICE_NAME_FIELDS), _AS_STRING, _STRING_SCHEMA]
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        arbitrary_types_allowed=True,
+    )
+
+
+_SYSFS_NAME_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
+_PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _check_globs(values: Mapping[str, str], key_re: re.Pattern[str], what: str) -> None:
+    for key in values:
+        if not key_re.fullmatch(key) or ".." in key.split("/"):
+            raise ValueError(f"invalid {what} name {key!r}")
+
+
+class MatchRule(_Strict):
+    """One udev rule: every condition given must hold (like the keys of one udev rule line).
+
+    ``subsystem`` is exact; the rest are shell globs (``*``, ``?``, ``[...]``) as in udev.
+    """
+
+    subsystem: str | None = Field(
+        default=None, description="udev SUBSYSTEM, exact (e.g. block, misc)"
+    )
+    kernel: str | None = Field(
+        default=None, description="glob on the kernel name (KERNEL), e.g. loop*"
+    )
+    devnode: str | None = Field(
+        default=None, description="glob on the device node path, e.g. /dev/net/*"
+    )
+    driver: str | None = Field(
+        default=None,
+        description="glob on the driver of the device or any parent (like udev DRIVERS)",
+    )
+    attributes: dict[str, str] = Field(
+        default_factory=dict, description="sysfs attributes of the device (ATTR), values are globs"
+    )
+    parent_attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="sysfs attributes that one parent must all have (ATTRS), values are globs",
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict, description="udev properties (ENV), values are globs"
+    )
+
+    @field_validator("subsystem", "kernel", "devnode", "driver")
+    @classmethod
+    def _not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("must not be empty (leave the key out to match anything)")
+        return value
+
+    @field_validator("attributes", "parent_attributes")
+    @classmethod
+    def _attribute_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_globs(value, _SYSFS_NAME_RE, "sysfs attribute")
+        return value
+
+    @field_validator("properties")
+    @classmethod
+    def _property_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_globs(value, _PROPERTY_NAME_RE, "udev property")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> MatchRule:
+        if not (
+            self.subsystem
+            or self.kernel
+            or self.devnode
+            or self.driver
+            or self.attributes
+            or self.parent_attributes
+            or self.properties
+        ):
+            raise ValueError("a rule needs at least one condition (subsystem, kernel, ...)")
+        return self
+
+    def describe(self) -> str:
+        """The rule in udev's own notation, for messages and ``discover`` output."""
+        out = []
+        if self.subsystem is not None:
+            out.append(f'SUBSYSTEM=="{self.subsystem}"')
+        if self.kernel is not None:
+            out.append(f'KERNEL=="{self.kernel}"')
+        if self.devnode is not None:
+            out.append(f'DEVNAME=="{self.devnode}"')
+        if self.driver is not None:
+            out.append(f'DRIVERS=="{self.driver}"')
+        out += [f'ATTR{{{k}}}=="{v}"' for k, v in self.attributes.items()]
+        out += [f'ATTRS{{{k}}}=="{v}"' for k, v in self.parent_attributes.items()]
+        out += [f'ENV{{{k}}}=="{v}"' for k, v in self.properties.items()]
+        return ", ".join(out)
+
+
+def _as_rule_list(value: Any) -> Any:
+    # One rule may be written as a mapping; the error formatter drops the synthetic [0].
+    return [value] if isinstance(value, Mapping) else value
+
+
+class GroupConfig(_Strict):
+    """Make one CDI device of every set of matched nodes that share a parent or a property.
+
+    Example: a DFL FPGA's ``dfl-fme.0`` and ``dfl-port.0`` nodes are both children of
+    ``fpga_region`` ``region0``; grouping by that parent hands both nodes to one container.
+    """
+
+    by: Literal["parent", "property"] = Field(
+        default="parent", description="group by a common parent device, or by a udev property value"
+    )
+    subsystem: str | None = Field(
+        default=None,
+        description="with by=parent: the nearest parent in this subsystem (default: the "
+        "immediate parent)",
+    )
+    property: str | None = Field(default=None, description="with by=property: the property name")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GroupConfig:
+        if self.by == "property" and not self.property:
+            raise ValueError("by: property needs property: <NAME>")
+        if self.by == "parent" and self.property is not None:
+            raise ValueError(f"property {self.property!r} only applies with by: property")
+        if self.by == "property" and self.subsystem is not None:
+            raise ValueError(f"subsystem {self.subsystem!r} only applies with by: parent")
+        return self
+
+
+def _check_permissions(value: str | None) -> str | None:
+    if value is not None and (not value or set(value) - set("rwm")):
+        raise ValueError(f"permissions {value!r} should be a non-empty subset of 'rwm'")
+    return value
+
+
+class NodeOptions(_Strict):
+    """How each matched device node appears in the spec (``deviceNodes`` entry)."""
+
+    path: EditTemplate | None = Field(
+        default=None,
+        description="path inside the container (template); default: the host path. A different "
+        "path adds hostPath, which needs cdiVersion 0.5.0",
+    )
+    permissions: str | None = Field(default=None, description="cgroup access, a subset of 'rwm'")
+    file_mode: int | None = Field(
+        default=None, ge=0, le=0o7777, description="mode of the node, e.g. 0o660"
+    )
+    uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+    gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+    pin_numbers: bool = Field(
+        default=False,
+        description="write type/major/minor into the spec. Off by default: the runtime reads "
+        "them from the host node at injection, and pinned numbers go stale when a device is "
+        "re-plugged",
+    )
+
+    @field_validator("permissions")
+    @classmethod
+    def _perms(cls, value: str | None) -> str | None:
+        return _check_permissions(value)
+
+
+class DeviceNodeConfig(_Strict):
+    """An extra device node (templates allowed), e.g. ``/dev/vfio/vfio`` next to a group."""
+
+    path: EditTemplate
+    host_path: EditTemplate | None = None
+    type: Literal["b", "c", "u", "p"] | None = None
+    major: int | None = Field(default=None, ge=0)
+    minor: int | None = Field(default=None, ge=0)
+    file_mode: int | None = Field(default=None, ge=0, le=0o7777)
+    permissions: str | None = None
+    uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+    gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+
+    @field_validator("permissions")
+    @classmethod
+    def _perms(cls, value: str | None) -> str | None:
+        return _check_permissions(value)
+
+
+class MountConfig(_Strict):
+    host_path: EditTemplate
+    container_path: EditTemplate
+    options: list[EditTemplate] | None = None
+    type: str | None = None
+
+
+class HookConfig(_Strict):
+    hook_name: Literal[
+        "prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"
+    ]
+    path: EditTemplate
+    args: list[EditTemplate] | None = None
+    env: list[EditTemplate] | None = None
+    timeout: int | None = Field(default=None, gt=0)
+
+
+class ContainerEditsConfig(_Strict):
+    """Edits added to every device of the class; every string is a template."""
+
+    env: list[EditTemplate] = Field(default_factory=list, description="KEY=VALUE entries")
+    device_nodes: list[DeviceNodeConfig] = Field(default_factory=list)
+    mounts: list[MountConfig] = Field(default_factory=list)
+    hooks: list[HookConfig] = Field(default_factory=list)
+    additional_gids: list[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(
+        default_factory=list, description="needs cdiVersion 0.7.0"
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: list[Template]) -> list[Template]:
+        for t in value:
+            head = t.parts[0] if t.parts else ""
+            if not isinstance(head, str) or "=" not in head or head.startswith("="):
+                raise ValueError(f"env entry {t.source!r} should start with a literal KEY=")
+        return value
+
+
+class SharingConfig(_Strict):
+    """How many containers may share one device (slots); the slot feature reads this."""
+
+    replicas: int = Field(default=1, ge=1, le=1024, description="IDs advertised per device")
+    policy: Literal["spread", "pack"] = Field(
+        default="spread",
+        description="spread: prefer slots of the least used devices; pack: the most used",
+    )
+    fail_requests_greater_than_one: bool = Field(
+        default=False, description="refuse a request for more than one slot of a shared device"
+    )
+
+
+class ClassConfig(_Strict):
+    """One CDI class (and Kubernetes resource ``<vendor>/<name>``)."""
+
+    name: str = Field(description="CDI class; the resource name is <vendor>/<name>")
+    description: str = ""
+    match: Annotated[list[MatchRule], BeforeValidator(_as_rule_list)] = Field(
+        description="a rule, or a list of rules of which any may match"
+    )
+    device_name: NameTemplate = Field(
+        default_factory=lambda: parse_template("{kernel}", DEVICE_NAME_FIELDS),
+        description="template of the CDI device name (also the kubelet device ID)",
+    )
+    group: GroupConfig | None = None
+    node: NodeOptions = NodeOptions()
+    container_edits: ContainerEditsConfig = ContainerEditsConfig()
+    sharing: SharingConfig = SharingConfig()
+    cdi_version: str | None = Field(
+        default=None,
+        description="pin cdiVersion for this class (default: the minimum the spec needs)",
+    )
+    when_gone: Literal["withdraw", "unhealthy"] = Field(
+        default="withdraw",
+        description="a device whose node disappears is withdrawn (default), or kept and "
+        "advertised unhealthy until it comes back",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        names.validate_class(value)
+        return value
+
+    @field_validator("match")
+    @classmethod
+    def _rules(cls, value: list[MatchRule]) -> list[MatchRule]:
+        if not value:
+            raise ValueError("needs at least one rule")
+        return value
+
+    @field_validator("cdi_version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return normalize(value)
+        except ValueError:
+            raise ValueError(
+                f"unknown cdiVersion {value!r}, known: {', '.join(KNOWN_VERSIONS)}"
+            ) from None
+
+    @property
+    def wanted_attributes(self) -> frozenset[str]:
+        """sysfs attributes of the device that rules or templates read."""
+        keys = {k for r in self.match for k in r.attributes}
+        keys |= {
+            f.key for t in self.templates() for f in t.fields if f.name == "attribute" and f.key
+        }
+        return frozenset(keys)
+
+    @property
+    def wanted_parent_attributes(self) -> frozenset[str]:
+        """sysfs attributes of parents that rules or templates read."""
+        keys = {k for r in self.match for k in r.parent_attributes}
+        keys |= {
+            f.key
+            for t in self.templates()
+            for f in t.fields
+            if f.name == "parent_attribute" and f.key
+        }
+        return frozenset(keys)
+
+    def templates(self) -> Iterator[Template]:
+        yield self.device_name
+        if self.node.path is not None:
+            yield self.node.path
+        edits = self.container_edits
+        yield from edits.env
+        for n in edits.device_nodes:
+            yield n.path
+            if n.host_path is not None:
+                yield n.host_path
+        for m in edits.mounts:
+            yield m.host_path
+            yield m.container_path
+            yield from m.options or ()
+        for h in edits.hooks:
+            yield h.path
+            yield from h.args or ()
+            yield from h.env or ()
+
+
+class AgentConfig(_Strict):
+    """The whole agent config."""
+
+    vendor: str = Field(default=DEFAULT_VENDOR, description="CDI vendor and resource domain")
+    classes: list[ClassConfig] = Field(description="device classes")
+    udev_source: Literal["auto", "udev", "kernel"] = Field(
+        default="auto",
+        description="netlink source: udev (processed, with ID_* properties; needs udevd and "
+        "/run/udev), kernel (raw uevents), auto (udev when /run/udev exists)",
+    )
+    resync_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="full re-enumeration period, a safety net under the monitor",
+    )
+
+    @field_validator("vendor")
+    @classmethod
+    def _vendor(cls, value: str) -> str:
+        names.validate_vendor(value)
+        return value
+
+    @model_validator(mode="after")
+    def _classes(self) -> AgentConfig:
+        try:
+            # A valid CDI vendor may still be an invalid resource domain (upper case, "_").
+            names.validate_resource_name(f"{self.vendor}/cdi-gen")
+        except InvalidNameError as exc:
+            raise _FieldError(("vendor",), str(exc)) from None
+        seen: dict[str, int] = {}
+        for i, c in enumerate(self.classes):
+            if c.name in seen:
+                raise _FieldError(
+                    ("classes", i, "name"),
+                    f"class {c.name!r} is already defined at classes[{seen[c.name]}]",
+                )
+            seen[c.name] = i
+            try:
+                names.validate_cdi_kind_as_resource(self.vendor, c.name)
+            except InvalidNameError as exc:
+                raise _FieldError(("classes", i, "name"), str(exc)) from None
+        return self
+
+    def get_class(self, name: str) -> ClassConfig:
+        """Return the class called ``name``; raise ConfigError listing the known ones."""
+        for c in self.classes:
+            if c.name == name:
+                return c
+        known = ", ".join(c.name for c in self.classes) or "none"
+        raise ConfigError(f"unknown class {name!r}, the config defines: {known}")
+
+    def with_vendor(self, vendor: str) -> AgentConfig:
+        """A copy with another vendor, validated like a config value (ConfigError)."""
+        try:
+            for c in self.classes:
+                names.validate_cdi_kind_as_resource(vendor, c.name)
+        except InvalidNameError as exc:
+            raise ConfigError(f"--vendor: {exc}") from None
+        return self.model_copy(update={"vendor": vendor})
+
+    @property
+    def subsystems(self) -> frozenset[str] | None:
+        """Subsystems any rule can match, or None when some rule matches any subsystem."""
+        out: set[str] = set()
+        for c in self.classes:
+            for r in c.match:
+                if r.subsystem is None:
+                    return None
+                out.add(r.subsystem)
+        return frozenset(out)
+
+
+class _FieldError(ValueError):
+    """A problem found by a whole-model validator but belonging to one field."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and errors
+# ---------------------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
+    out = ""
+    node = raw
+    for part in loc:
+        if isinstance(part, int):
+            if isinstance(node, Mapping):
+                continue  # a single rule written as a mapping: no index in the user's file
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+        else:
+            if part in ("function-after", "function-before") or part.startswith("function-"):
+                continue
+            out += f".{part}" if out else part
+            node = node.get(part) if isinstance(node, Mapping) else None
+    return out
+
+
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model that validated the mapping at ``loc`` (to list its keys)."""
+    model: type[BaseModel] = AgentConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next(
+            (f for n, f in model.model_fields.items() if part in (n, f.alias)),
+            None,
+        )
+        if field is None:
+            return None
+        found = _find_model(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _find_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _find_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _message(err: ErrorDetails, raw: Any) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        model = _model_at(err["loc"][:-1])
+        allowed = (
+            f", allowed: {', '.join(f.alias or n for n, f in model.model_fields.items())}"
+            if model is not None
+            else ""
+        )
+        return f"unknown key {err['loc'][-1]!r}{allowed}"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    for prefix in _PYDANTIC_PREFIXES:
+        if msg.startswith(prefix):
+            return msg[len(prefix) :]
+    if kind.startswith("literal_error") or kind in (
+        "string_type",
+        "int_type",
+        "int_parsing",
+        "float_type",
+        "float_parsing",
+        "bool_type",
+        "bool_parsing",
+        "list_type",
+        "dict_type",
+        "model_type",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "int_from_float",
+    ):
+        return f"{msg[0].lower()}{msg[1:]}, got {value!r}"
+    return f"{msg}, got {value!r}"
+
+
+def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
+    out: list[Problem] = []
+    for err in exc.errors():
+        ctx = err.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, _FieldError):
+            out.append(Problem(_loc_path(inner.loc, raw), inner.message))
+            continue
+        loc = err["loc"]
+        if err["type"] == "extra_forbidden":
+            parent = _loc_path(loc[:-1], raw)
+            out.append(Problem(parent, _message(err, raw)))
+            continue
+        out.append(Problem(_loc_path(loc, raw), _message(err, raw)))
+    return out
+
+
+def parse_config(data: Any, source: str = "config") -> AgentConfig:
+    """Validate already-parsed data; raise ConfigError with one ``source: path: msg`` line each."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: should be a mapping with vendor and classes, got {data!r}")
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: {p}" for p in _problems(exc, data)]
+        error = ConfigError("\n".join(lines))
+        error.problems = _problems(exc, data)  # type: ignore[attr-defined]
+        raise error from None
+
+
+def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
+    if fmt == "json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+            ) from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        what = exc.problem or str(exc)
+        raise ConfigError(f"{source}: {where}invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+
+
+def catalogue_text() -> str:
+    """The embedded default config, as shipped."""
+    return resources.files("cdi_gen").joinpath(CATALOGUE_NAME).read_text(encoding="utf-8")
+
+
+def load_config(path: Path | None) -> AgentConfig:
+    """Load the config at ``path``, or the embedded catalogue when ``path`` is None.
+
+    ``.json`` files are read as JSON, anything else as YAML. Raises ConfigError (exit 2) with
+    one ``file: path.to.field: message`` line per problem; never another exception.
+    """
+    if path is None:
+        return parse_config(_parse_text(catalogue_text(), CATALOGUE_NAME, "yaml"), CATALOGUE_NAME)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, expected a YAML or JSON file") from None
+    except PermissionError:
+        raise ConfigError(f"{source}: permission denied") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
+    return parse_config(_parse_text(text, source, fmt), source)
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON schema of the config file (``schemas/config.schema.json``)."""
+    schema = AgentConfig.model_json_schema(by_alias=True, mode="validation")
+    # The model stores a list; the file may also hold a single rule as a mapping.
+    match = schema["$defs"]["ClassConfig"]["properties"]["match"]
+    rule = match.pop("items")
+    match.pop("type")
+    match["anyOf"] = [rule, {"type": "array", "items": rule, "minItems": 1}]
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "cdi-gen agent config"
+    return schema
