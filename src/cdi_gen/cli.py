@@ -211,3 +211,12 @@ def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
                 click.echo(f"warning: {path}: {msg}", err=True)
     for directory, msg in reg.dir_errors.items():
         click.echo(f"warning: {directory}: {msg}", err=True)
+
+
+@cli.command()
+@click.argument("which", type=click.Choice(["spec", "config"]))
+def schema(which: str) -> None:
+    """Print the JSON Schema of a CDI spec (as cdi-gen validates it) or of the config file."""
+    from cdi_gen.schema import cdi_spec_schema, config_schema, dump_schema
+
+    sys.stdout.buffer.write(dump_schema(cdi_spec_schema() if which == "spec" else config_schema()))

@@ -107,7 +107,7 @@ def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:
             [Problem("", f"a spec must be an object, got {type(doc).__name__}")], source
         )
     try:
-        spec = Spec.model_validate(doc, strict=False)
+        spec = Spec.model_validate(doc)
     except ValidationError as exc:
         raise SpecError(validation_problems(exc), source) from None
     problems = check_spec(spec)

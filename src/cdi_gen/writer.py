@@ -171,9 +171,10 @@ def write_bytes(
         new_hash = _digest(data)
         kept = [*[h for h in hashes if h != new_hash][-(_KEPT_HASHES - 1) :], new_hash]
         record = {"vendor": vendor, "class": cls, "file": filename, "sha256": kept}
-        _atomic_replace(spec_dir, _owner_path(spec_dir, filename).name, orjson.dumps(record), None)
-        if step_hook:
-            step_hook("owner-written")
+        owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
+        _atomic_replace(
+            spec_dir, _owner_path(spec_dir, filename).name, orjson.dumps(record), owner_hook
+        )
         _atomic_replace(spec_dir, filename, data, step_hook)
     except SpecWriteError:
         raise

@@ -1,0 +1,148 @@
+"""The spec writer: atomicity under a kill at every step, ownership, modes, symlinks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cdi_gen import writer
+from cdi_gen.codec import dump_spec, load_spec
+from cdi_gen.errors import SpecWriteError
+from cdi_gen.spec import Spec
+
+STEPS = [
+    "owner-temp-created",
+    "owner-temp-written",
+    "owner-temp-synced",
+    "owner-renamed",
+    "temp-created",
+    "temp-written",
+    "temp-synced",
+    "renamed",
+]
+
+
+def make_spec(*names: str) -> Spec:
+    return Spec.model_validate(
+        {
+            "cdiVersion": "0.3.0",
+            "kind": "example.com/loop",
+            "devices": [
+                {"name": n, "containerEdits": {"deviceNodes": [{"path": f"/dev/{n}"}]}}
+                for n in names
+            ],
+        }
+    )
+
+
+def test_write_creates_folder_mode_and_skips_identical(tmp_path: Path) -> None:
+    spec_dir = tmp_path / "run" / "cdi"
+    old_umask = os.umask(0o077)
+    try:
+        assert writer.write_spec(spec_dir, make_spec("loop200")) is True
+    finally:
+        os.umask(old_umask)
+    target = spec_dir / "example.com-loop.json"
+    assert target.stat().st_mode & 0o777 == 0o644
+    before = target.stat().st_mtime_ns, target.stat().st_ino
+    assert writer.write_spec(spec_dir, make_spec("loop200")) is False
+    assert (target.stat().st_mtime_ns, target.stat().st_ino) == before
+    assert target.read_bytes() == dump_spec(make_spec("loop200"))
+    assert sorted(os.listdir(spec_dir)) == [
+        ".example.com-loop.json.cdi-gen-owner",
+        "example.com-loop.json",
+    ]
+
+
+def test_output_is_byte_stable(tmp_path: Path) -> None:
+    a = dump_spec(make_spec("b", "a"))
+    b = dump_spec(Spec.model_validate(orjson.loads(a)))
+    assert a == b
+    assert a.endswith(b"\n")
+
+
+def test_foreign_file_is_never_replaced_or_removed(tmp_path: Path) -> None:
+    foreign = tmp_path / "example.com-loop.json"
+    foreign.write_bytes(b'{"foreign": true}')
+    with pytest.raises(SpecWriteError, match="not written by cdi-gen"):
+        writer.write_spec(tmp_path, make_spec("loop200"))
+    assert writer.remove_spec(tmp_path, "example.com", "loop") is False
+    assert foreign.read_bytes() == b'{"foreign": true}'
+    assert writer.owned_specs(tmp_path) == []
+
+
+def test_replaced_by_someone_else_becomes_foreign(tmp_path: Path) -> None:
+    writer.write_spec(tmp_path, make_spec("loop200"))
+    (tmp_path / "example.com-loop.json").write_bytes(dump_spec(make_spec("other")))
+    assert writer.owned_specs(tmp_path) == []
+    assert writer.remove_spec(tmp_path, "example.com", "loop") is False
+    assert (tmp_path / "example.com-loop.json").exists()
+
+
+def test_symlink_planted_at_target_is_not_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "example.com-loop.json").symlink_to(victim)
+    with pytest.raises(SpecWriteError):
+        writer.write_spec(spec_dir, make_spec("loop200"))
+    assert victim.read_text() == "precious"
+
+
+def test_remove_ours_and_list_owned(tmp_path: Path) -> None:
+    writer.write_spec(tmp_path, make_spec("loop200"))
+    other = make_spec("x").model_copy(update={"kind": "example.com/fpga.v2"})
+    writer.write_spec(tmp_path, other)
+    assert writer.owned_specs(tmp_path) == [("example.com", "fpga.v2"), ("example.com", "loop")]
+    assert writer.remove_spec(tmp_path, "example.com", "loop") is True
+    assert writer.remove_spec(tmp_path, "example.com", "loop") is False
+    assert writer.owned_specs(tmp_path) == [("example.com", "fpga.v2")]
+
+
+def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SpecWriteError, match="cannot write"):
+        writer.write_spec(blocker / "cdi", make_spec("loop200"))
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from cdi_gen import writer
+    from cdi_gen.spec import Spec
+    step = sys.argv[2]
+    def hook(name):
+        if name == step:
+            os._exit(9)
+    spec = Spec.model_validate({"cdiVersion": "0.3.0", "kind": "example.com/loop", "devices": [
+        {"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/" + n}]}}
+        for n in ("loop200", "loop201")]})
+    writer.write_spec(Path(sys.argv[1]), spec, step_hook=hook)
+    """
+)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_kill_at_any_step_leaves_old_or_new_file(tmp_path: Path, step: str) -> None:
+    old, new = make_spec("loop200"), make_spec("loop200", "loop201")
+    writer.write_spec(tmp_path, old)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), step], check=False)
+    assert proc.returncode == 9, "the child must have been killed at the step"
+    on_disk = (tmp_path / "example.com-loop.json").read_bytes()
+    assert on_disk in (dump_spec(old), dump_spec(new))
+    load_spec(on_disk)  # complete and valid
+    # Whatever is on disk is still recognised as ours...
+    assert writer.owned_specs(tmp_path) == [("example.com", "loop")]
+    # ...and the next run finishes the job and leaves no temporary file behind.
+    writer.write_spec(tmp_path, new)
+    assert (tmp_path / "example.com-loop.json").read_bytes() == dump_spec(new)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(writer.TEMP_SUFFIX)]
