@@ -1,0 +1,640 @@
+"""udev as plain data: device records, enumeration and the netlink monitor.
+
+This is the only module that imports pyudev (which ships no types and whose objects read
+sysfs lazily); everything else sees frozen :class:`DeviceRecord` values, so discovery is pure
+and unit tests feed recorded data (``udevadm info --export-db`` text or JSON).
+
+Ordering matters for correctness: :meth:`UdevWatcher.start` opens the netlink monitor *before*
+enumerating, so an event that happens in between is queued rather than lost. Events are read
+on the asyncio loop from an ``add_reader`` callback that drains ``poll(timeout=0)``; whatever
+is pending when the consumer wakes is delivered as one batch, so a burst coalesces while a
+single event is delivered at once. A receive error (ENOBUFS after an event storm overflowed
+the socket) and a slow timer both trigger a full re-enumeration, delivered as a ``full`` batch.
+
+The kernel source gets raw uevents (no ``ID_*`` properties) and works without udevd. It must
+never get ``filter_by()``: with libudev 252 that silently drops events, removes above all.
+Filtering happens here, in Python, for both sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyudev
+
+from cdi_gen.errors import DiscoveryError
+
+__all__ = [
+    "DeviceRecord",
+    "ParentRecord",
+    "RecordWants",
+    "UdevBatch",
+    "UdevWatcher",
+    "enumerate_records",
+    "record_from_json",
+    "record_to_json",
+    "records_from_export_db",
+    "resolve_source",
+]
+
+log = logging.getLogger(__name__)
+
+Source = Literal["auto", "udev", "kernel"]
+#: udevd creates this directory; without it a "udev" monitor would never receive anything.
+UDEV_RUN_DIR = Path("/run/udev")
+#: Large enough for a storm of thousands of uevents; SO_RCVBUFFORCE needs CAP_NET_ADMIN,
+#: and without it the kernel default applies and a storm ends in ENOBUFS and a resync.
+RECEIVE_BUFFER = 16 * 1024 * 1024
+_DRIVER_ACTIONS = frozenset({"bind", "unbind", "change", "move"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRecord:
+    """One ancestor of a device: enough for DRIVERS/ATTRS matching and grouping."""
+
+    sys_path: str
+    sys_name: str
+    subsystem: str | None = None
+    devtype: str | None = None
+    driver: str | None = None
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """What udev knows of one device at one moment (an enumeration or an event).
+
+    ``attributes`` holds only the sysfs attributes the config asks for (reading every
+    attribute of every device costs more than the rest together); ``parents`` runs from
+    the immediate parent up. ``action`` is None for enumerated devices, else the uevent
+    action (add, remove, change, bind, unbind, move). A ``remove`` record carries only what
+    the uevent said: sysfs is already gone.
+    """
+
+    sys_path: str
+    subsystem: str
+    sys_name: str
+    sys_number: str | None = None
+    devnode: str | None = None
+    devtype: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    driver: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    parents: tuple[ParentRecord, ...] = ()
+    numa_node: int | None = None
+    node_exists: bool = True
+    action: str | None = None
+
+    @property
+    def drivers(self) -> Iterator[str]:
+        """The driver of the device, then of each parent (udev DRIVERS order)."""
+        if self.driver:
+            yield self.driver
+        for p in self.parents:
+            if p.driver:
+                yield p.driver
+
+
+@dataclass(frozen=True, slots=True)
+class RecordWants:
+    """The sysfs attributes worth reading for a config (see ``ClassConfig.wanted_*``)."""
+
+    attributes: frozenset[str] = frozenset()
+    parent_attributes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class UdevBatch:
+    """Records delivered together. ``full``: a complete enumeration that replaces the state."""
+
+    records: tuple[DeviceRecord, ...]
+    full: bool = False
+    received: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Records from pyudev
+# ---------------------------------------------------------------------------------------------
+
+
+def _text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8", "replace").rstrip("\n")
+        except Exception:  # pragma: no cover - bytes.decode with "replace" does not raise
+            return None
+    return str(raw)
+
+
+def _attribute(device: Any, name: str) -> str | None:
+    try:
+        return _text(device.attributes.get(name))
+    except (OSError, KeyError, UnicodeDecodeError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _numa(value: str | None) -> int | None:
+    n = _int(value)
+    return n if n is not None and n >= 0 else None  # -1: no NUMA affinity
+
+
+def record_from_device(
+    device: Any, wants: RecordWants = RecordWants(), action: str | None = None
+) -> DeviceRecord:
+    """Build a record from a pyudev Device (reads sysfs unless the action is ``remove``)."""
+    props: dict[str, str] = {}
+    for key in device.properties:
+        value = _text(device.properties.get(key))
+        if value is not None:
+            props[key] = value
+    removed = action == "remove"
+    major, minor = _int(props.get("MAJOR")), _int(props.get("MINOR"))
+    devnode = device.device_node
+    parents: list[ParentRecord] = []
+    numa: int | None = None
+    attributes: dict[str, str] = {}
+    if not removed:
+        for name in wants.attributes:
+            value = _attribute(device, name)
+            if value is not None:
+                attributes[name] = value
+        numa = _numa(_attribute(device, "numa_node"))
+        parent = device.parent
+        while parent is not None:
+            pattrs = {}
+            for name in wants.parent_attributes:
+                value = _attribute(parent, name)
+                if value is not None:
+                    pattrs[name] = value
+            if numa is None:
+                numa = _numa(_attribute(parent, "numa_node"))
+            parents.append(
+                ParentRecord(
+                    sys_path=parent.sys_path,
+                    sys_name=parent.sys_name,
+                    subsystem=parent.subsystem,
+                    devtype=parent.device_type,
+                    driver=parent.driver,
+                    attributes=pattrs,
+                )
+            )
+            parent = parent.parent
+    return DeviceRecord(
+        sys_path=device.sys_path,
+        subsystem=device.subsystem or props.get("SUBSYSTEM", ""),
+        sys_name=device.sys_name,
+        sys_number=device.sys_number,
+        devnode=devnode,
+        devtype=device.device_type,
+        major=major,
+        minor=minor,
+        driver=None if removed else device.driver,
+        properties=props,
+        attributes=attributes,
+        parents=tuple(parents),
+        numa_node=numa,
+        node_exists=bool(devnode) and not removed and os.path.exists(devnode),
+        action=action,
+    )
+
+
+Interest = Callable[[str, str], bool]
+"""``(subsystem, sys_name) -> bool``: whether a device can match any rule (cheap prefilter)."""
+
+
+def _everything(subsystem: str, sys_name: str) -> bool:
+    return True
+
+
+def enumerate_records(
+    context: Any | None = None,
+    *,
+    subsystems: Iterable[str] | None = None,
+    interest: Interest = _everything,
+    wants: RecordWants = RecordWants(),
+) -> list[DeviceRecord]:
+    """Every device with a device node, as records. Raises DiscoveryError if sysfs is unreadable.
+
+    ``subsystems`` narrows the enumeration (libudev does the filtering, which is safe for
+    enumeration, unlike for a kernel monitor).
+    """
+    ctx = context if context is not None else pyudev.Context()
+    out: list[DeviceRecord] = []
+    try:
+        if subsystems is None:
+            devices: Iterable[Any] = ctx.list_devices()
+        else:
+            devices = (d for s in sorted(set(subsystems)) for d in ctx.list_devices(subsystem=s))
+        for device in devices:
+            if not device.device_node or not interest(device.subsystem or "", device.sys_name):
+                continue
+            try:
+                out.append(record_from_device(device, wants))
+            except (OSError, pyudev.DeviceNotFoundError) as exc:
+                # Gone while we looked: its remove event follows.
+                log.debug("skipping %s: %s", device.sys_path, exc)
+    except OSError as exc:
+        raise DiscoveryError(f"cannot enumerate udev devices: {exc}") from exc
+    return out
+
+
+def resolve_source(source: Source, run_dir: Path = UDEV_RUN_DIR) -> Literal["udev", "kernel"]:
+    """``auto`` → ``udev`` when udevd runs (``/run/udev`` exists), else ``kernel``."""
+    if source == "auto":
+        return "udev" if run_dir.is_dir() else "kernel"
+    if source not in ("udev", "kernel"):
+        raise ValueError(f"invalid udev source {source!r}: expected auto, udev or kernel")
+    return source
+
+
+# ---------------------------------------------------------------------------------------------
+# The watcher
+# ---------------------------------------------------------------------------------------------
+
+
+class UdevWatcher:
+    """Enumeration plus netlink monitor, delivering :class:`UdevBatch` es on an asyncio loop.
+
+    Usage::
+
+        watcher = UdevWatcher(source="auto", subsystems=cfg.subsystems, wants=wants)
+        initial = watcher.start()           # monitor first, then enumeration
+        async for batch in watcher.batches():
+            ...                             # batch.full: replace; else apply the events
+        watcher.close()
+
+    Only devices with a device node are reported. A bind/unbind/change/move of a device
+    without one (a PCI function getting its driver) is turned into ``change`` records of the
+    known devices below it, since their DRIVERS and ATTRS may have changed with it.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: Source = "auto",
+        subsystems: Iterable[str] | None = None,
+        interest: Interest = _everything,
+        wants: RecordWants = RecordWants(),
+        resync_seconds: float = 300.0,
+        context: Any | None = None,
+    ) -> None:
+        self.source = resolve_source(source)
+        self.subsystems = frozenset(subsystems) if subsystems is not None else None
+        self.interest = interest
+        self.wants = wants
+        self.resync_seconds = resync_seconds
+        self._context = context if context is not None else pyudev.Context()
+        self._monitor: Any | None = None
+        self._known: set[str] = set()
+        self._pending: list[DeviceRecord] = []
+        self._resync = False
+        self._wakeup: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._received = 0.0
+        #: Counters for logs and metrics.
+        self.events_seen = 0
+        self.resyncs = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> list[DeviceRecord]:
+        """Open and start the monitor, then enumerate; return the enumerated records.
+
+        Raises DiscoveryError when netlink or sysfs cannot be used.
+        """
+        try:
+            monitor = pyudev.Monitor.from_netlink(self._context, source=self.source)
+            with contextlib.suppress(OSError, AttributeError):
+                monitor.set_receive_buffer_size(RECEIVE_BUFFER)
+            monitor.start()
+        except (OSError, ValueError) as exc:
+            raise DiscoveryError(f"cannot open the {self.source} netlink monitor: {exc}") from exc
+        self._monitor = monitor
+        return self._enumerate()
+
+    def _enumerate(self) -> list[DeviceRecord]:
+        records = enumerate_records(
+            self._context, subsystems=self.subsystems, interest=self.interest, wants=self.wants
+        )
+        self._known = {r.sys_path for r in records}
+        return records
+
+    def fileno(self) -> int:
+        if self._monitor is None:
+            raise DiscoveryError("the udev watcher is not started")
+        return int(self._monitor.fileno())
+
+    def close(self) -> None:
+        """Stop reading; safe to call twice. A running :meth:`batches` ends."""
+        if self._loop is not None and self._monitor is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self._monitor.fileno())
+        self._monitor = None
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def request_resync(self) -> None:
+        """Ask for a full enumeration at the next wakeup (e.g. on SIGHUP)."""
+        self._resync = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _wanted(self, device: Any) -> bool:
+        subsystem = device.subsystem or ""
+        if self.subsystems is not None and subsystem not in self.subsystems:
+            return False
+        return self.interest(subsystem, device.sys_name)
+
+    def _handle(self, device: Any) -> None:
+        action = device.action or "change"
+        sys_path = device.sys_path
+        if action == "move":
+            old = device.properties.get("DEVPATH_OLD")
+            if old and f"/sys{old}" in self._known:
+                self._known.discard(f"/sys{old}")
+                self._pending.append(
+                    DeviceRecord(
+                        sys_path=f"/sys{old}",
+                        subsystem=device.subsystem or "",
+                        sys_name=old.rsplit("/", 1)[-1],
+                        action="remove",
+                    )
+                )
+        if device.device_node and self._wanted(device):
+            try:
+                record = record_from_device(device, self.wants, action)
+            except (OSError, pyudev.DeviceNotFoundError) as exc:
+                log.debug("udev event for vanished %s: %s", sys_path, exc)
+                record = DeviceRecord(
+                    sys_path=sys_path,
+                    subsystem=device.subsystem or "",
+                    sys_name=device.sys_name,
+                    action="remove",
+                )
+            if record.action == "remove":
+                self._known.discard(sys_path)
+            else:
+                self._known.add(sys_path)
+            self._pending.append(record)
+            return
+        if action in _DRIVER_ACTIONS or action == "remove":
+            prefix = sys_path + "/"
+            for child in sorted(p for p in self._known if p.startswith(prefix)):
+                self._refresh(child)
+
+    def _refresh(self, sys_path: str) -> None:
+        try:
+            device = pyudev.Devices.from_sys_path(self._context, sys_path)
+            record = record_from_device(device, self.wants, "change")
+        except (OSError, pyudev.DeviceNotFoundError):
+            return  # its own remove event comes
+        self._pending.append(record)
+
+    def drain(self) -> int:
+        """Read every pending event without blocking; return how many were read."""
+        monitor = self._monitor
+        if monitor is None:
+            return 0
+        count = 0
+        while True:
+            try:
+                device = monitor.poll(timeout=0)
+            except OSError as exc:
+                # ENOBUFS: the kernel dropped events; only a full enumeration is trustworthy.
+                level = logging.WARNING if exc.errno == errno.ENOBUFS else logging.ERROR
+                log.log(level, "udev monitor receive failed (%s), re-enumerating", exc)
+                self._resync = True
+                break
+            if device is None:
+                break
+            count += 1
+            try:
+                self._handle(device)
+            except Exception:
+                # A malformed event must not stop the stream: log it and carry on.
+                log.exception("bad udev event for %s", getattr(device, "sys_path", "?"))
+        if count:
+            self.events_seen += count
+            self._received = self._received or time.monotonic()
+        if (count or self._resync) and self._wakeup is not None:
+            self._wakeup.set()
+        return count
+
+    async def batches(self) -> AsyncIterator[UdevBatch]:
+        """Yield batches until :meth:`close`. Call :meth:`start` first.
+
+        Each batch holds everything read since the previous one; a ``full`` batch (after a
+        receive error, on the resync timer or :meth:`request_resync`) is a complete
+        enumeration that replaces all earlier records.
+        """
+        if self._monitor is None:
+            raise DiscoveryError("call UdevWatcher.start() before batches()")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wakeup = asyncio.Event()
+        fd = self._monitor.fileno()
+        loop.add_reader(fd, self.drain)
+        self.drain()  # events queued between start() and now
+        next_resync = loop.time() + self.resync_seconds
+        try:
+            while self._monitor is not None:
+                timeout = max(0.0, next_resync - loop.time())
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                except TimeoutError:
+                    self._resync = True
+                self._wakeup.clear()
+                if self._monitor is None:
+                    break
+                if self._resync:
+                    self._resync = False
+                    self._pending.clear()
+                    self.drain()  # what is queued now is older than the enumeration below
+                    self._pending.clear()
+                    self.resyncs += 1
+                    next_resync = loop.time() + self.resync_seconds
+                    # On the loop, not in a thread: the reader callback shares the pyudev
+                    # context and the known set. A few tens of ms, every few minutes.
+                    records = self._enumerate()
+                    yield UdevBatch(tuple(records), full=True, received=time.monotonic())
+                    continue
+                if self._pending:
+                    pending, self._pending = self._pending, []
+                    received, self._received = self._received, 0.0
+                    yield UdevBatch(tuple(pending), received=received)
+        finally:
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded data (tests, benchmarks, `discover --from`)
+# ---------------------------------------------------------------------------------------------
+
+
+def record_to_json(record: DeviceRecord) -> dict[str, Any]:
+    """A JSON-ready dict; :func:`record_from_json` reads it back unchanged."""
+    out: dict[str, Any] = {
+        "sys_path": record.sys_path,
+        "subsystem": record.subsystem,
+        "sys_name": record.sys_name,
+    }
+    for key in ("sys_number", "devnode", "devtype", "major", "minor", "driver", "numa_node"):
+        value = getattr(record, key)
+        if value is not None:
+            out[key] = value
+    if record.properties:
+        out["properties"] = dict(record.properties)
+    if record.attributes:
+        out["attributes"] = dict(record.attributes)
+    if record.parents:
+        out["parents"] = [
+            {
+                k: v
+                for k, v in (
+                    ("sys_path", p.sys_path),
+                    ("sys_name", p.sys_name),
+                    ("subsystem", p.subsystem),
+                    ("devtype", p.devtype),
+                    ("driver", p.driver),
+                    ("attributes", dict(p.attributes) or None),
+                )
+                if v is not None
+            }
+            for p in record.parents
+        ]
+    if not record.node_exists:
+        out["node_exists"] = False
+    if record.action is not None:
+        out["action"] = record.action
+    return out
+
+
+def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
+    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key."""
+    try:
+        parents = tuple(
+            ParentRecord(
+                sys_path=str(p["sys_path"]),
+                sys_name=str(p.get("sys_name") or str(p["sys_path"]).rsplit("/", 1)[-1]),
+                subsystem=p.get("subsystem"),
+                devtype=p.get("devtype"),
+                driver=p.get("driver"),
+                attributes=dict(p.get("attributes") or {}),
+            )
+            for p in data.get("parents", ())
+        )
+        sys_path = str(data["sys_path"])
+        return DeviceRecord(
+            sys_path=sys_path,
+            subsystem=str(data["subsystem"]),
+            sys_name=str(data.get("sys_name") or sys_path.rsplit("/", 1)[-1]),
+            sys_number=data.get("sys_number"),
+            devnode=data.get("devnode"),
+            devtype=data.get("devtype"),
+            major=data.get("major"),
+            minor=data.get("minor"),
+            driver=data.get("driver"),
+            properties=dict(data.get("properties") or {}),
+            attributes=dict(data.get("attributes") or {}),
+            parents=parents,
+            numa_node=data.get("numa_node"),
+            node_exists=bool(data.get("node_exists", True)),
+            action=data.get("action"),
+        )
+    except KeyError as exc:
+        raise ValueError(f"device record without {exc.args[0]!r}: {dict(data)!r}") from None
+
+
+def _sys_number(sys_name: str) -> str | None:
+    digits = len(sys_name) - len(sys_name.rstrip("0123456789"))
+    return sys_name[-digits:] if digits else None
+
+
+def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[DeviceRecord]:
+    """Records from ``udevadm info --export-db`` output.
+
+    The database has properties but no sysfs attributes; parents are rebuilt from the other
+    entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
+    """
+    entries: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in [*text.splitlines(), ""]:
+        if not line.strip():
+            if current.get("P"):
+                entries.append(current)
+            current = {}
+            continue
+        tag, _, value = line.partition(": ")
+        if tag == "E":
+            key, _, val = value.partition("=")
+            current.setdefault("E", {})[key] = val
+        elif tag == "S":
+            current.setdefault("S", []).append(value)
+        else:
+            current[tag] = value
+    by_path = {e["P"]: e for e in entries}
+    records = []
+    for e in entries:
+        props: dict[str, str] = e.get("E", {})
+        devpath = e["P"]
+        devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
+        if with_node_only and not devnode:
+            continue
+        parents = []
+        up = devpath.rsplit("/", 1)[0]
+        while up and up != "/devices":
+            p = by_path.get(up)
+            if p is not None:
+                pprops = p.get("E", {})
+                parents.append(
+                    ParentRecord(
+                        sys_path=f"/sys{up}",
+                        sys_name=up.rsplit("/", 1)[-1],
+                        subsystem=pprops.get("SUBSYSTEM") or p.get("U"),
+                        devtype=pprops.get("DEVTYPE") or p.get("T"),
+                        driver=pprops.get("DRIVER"),
+                    )
+                )
+            up = up.rsplit("/", 1)[0]
+        sys_name = e.get("M") or devpath.rsplit("/", 1)[-1]
+        records.append(
+            DeviceRecord(
+                sys_path=f"/sys{devpath}",
+                subsystem=props.get("SUBSYSTEM") or e.get("U", ""),
+                sys_name=sys_name,
+                sys_number=e.get("R") or _sys_number(sys_name),
+                devnode=devnode,
+                devtype=props.get("DEVTYPE") or e.get("T"),
+                major=_int(props.get("MAJOR")),
+                minor=_int(props.get("MINOR")),
+                driver=props.get("DRIVER"),
+                properties=props,
+                parents=tuple(parents),
+            )
+        )
+    return records
