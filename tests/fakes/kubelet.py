@@ -55,7 +55,7 @@ class ConnectedPlugin:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-        await self.channel.close()
+        await self.channel.close(None)
 
 
 class FakeKubelet:
@@ -122,7 +122,7 @@ class FakeKubelet:
             stub = api_pb2_grpc.DevicePluginStub(channel)
             options = await stub.GetDevicePluginOptions(api_pb2.Empty())
         except BaseException:
-            await channel.close()
+            await channel.close(None)
             raise
         plugin = ConnectedPlugin(request, channel, stub, options)
         plugin.task = asyncio.create_task(_pipe_stream(plugin))

@@ -121,7 +121,9 @@ async def test_plugin_first_list_has_every_device_with_health_and_numa(rig: Rig)
     devices = await rig.connection.next_devices()
     assert list(devices) == [d.id for d in DEVICES]
     assert devices["loop200"] == api_pb2.Device(
-        ID="loop200", health="Healthy", topology=api_pb2.TopologyInfo(nodes=[{"ID": 0}])
+        ID="loop200",
+        health="Healthy",
+        topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=0)]),
     )
     assert devices["loop204"].health == "Unhealthy"
     assert devices["loop204"].topology.nodes[0].ID == 1
