@@ -18,6 +18,7 @@ from consumers import LoopDevice, LoopDevices
 
 from .conftest import ContainerdFactory, Pods, SpecFolders
 from .cri import CRIClient, Finished
+from .daemon import Containerd
 from .image import IMAGE_NAME
 
 pytestmark = pytest.mark.e2e
@@ -31,10 +32,15 @@ def qualified(dev: LoopDevice) -> str:
     return f"{KIND}={dev.name}"
 
 
-def write_spec(folder: Path, devices: Sequence[LoopDevice], name: str = "example.com-loop") -> Path:
+def write_spec(
+    folder: Path,
+    devices: Sequence[LoopDevice],
+    name: str = "example.com-loop",
+    version: str = "0.3.0",
+) -> Path:
     """A spec as cdi-gen emits one: no major/minor pinned, the runtime stats the host node."""
     spec = {
-        "cdiVersion": "0.3.0",
+        "cdiVersion": version,
         "kind": KIND,
         "containerEdits": {"env": ["CDI_GEN_CLASS=loop"]},
         "devices": [
@@ -179,3 +185,41 @@ def test_with_cdi_disabled_the_request_is_silently_dropped(
     # The failure mode doctor exists for: no error anywhere, and no device in the container.
     assert nodes(result) == {}
     assert "CDI_GEN_CLASS" not in result.env
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"), [("0.3.0", True), ("0.5.0", True), ("0.8.0", True), ("1.0.0", False)]
+)
+def test_cdi_versions_the_tested_containerd_accepts(
+    pods: Pods, spec_folders: SpecFolders, loops: LoopDevices, version: str, accepted: bool
+) -> None:
+    # Debian 13's 1.7.24 is built with CDI library 0.8.0 (upstream 1.7.24 has 0.7.2); a newer
+    # cdiVersion makes the whole file unparseable. deploy/containerd/README.md quotes this.
+    dev = loops.add()
+    write_spec(spec_folders.run, [dev], version=version)
+
+    pod = pods.new(f"cdi-{version.replace('.', '-')}")
+    if accepted:
+        result = pods.cri.run_to_end(
+            pod, "lister", IMAGE_NAME, LIST_SCRIPT, cdi_devices=[qualified(dev)]
+        )
+        assert list(nodes(result)) == [str(dev.path)]
+    else:
+        with pytest.raises(grpc.RpcError) as err:
+            pods.cri.create_container(
+                pod, "lister", IMAGE_NAME, ["/bin/true"], cdi_devices=[qualified(dev)]
+            )
+        assert "unresolvable CDI devices" in str(err.value.details())
+
+
+def test_a_broken_spec_file_is_skipped_and_only_logged(
+    containerd: Containerd, pods: Pods, spec_folders: SpecFolders, loops: LoopDevices
+) -> None:
+    dev = loops.add()
+    write_spec(spec_folders.run, [dev])
+    (spec_folders.run / "example.com-broken.json").write_text('{"cdiVersion": "0.3.0", "kind"')
+
+    result = run_listing(pods.cri, pods, "broken-neighbour", cdi_devices=[qualified(dev)])
+
+    assert list(nodes(result)) == [str(dev.path)]
+    assert "example.com-broken.json" in containerd.log_text()
