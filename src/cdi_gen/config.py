@@ -491,6 +491,17 @@ class ClassConfig(_Strict):
                 f"unknown cdiVersion {value!r}, known: {', '.join(KNOWN_VERSIONS)}"
             ) from None
 
+    @model_validator(mode="after")
+    def _group_field(self) -> ClassConfig:
+        if self.group is None:
+            for t in self.templates():
+                if any(f.name == "group" for f in t.fields):
+                    raise _FieldError(
+                        ("deviceName",) if t is self.device_name else (),
+                        f"template {t.source!r} uses {{group}} but the class has no group",
+                    )
+        return self
+
     @property
     def wanted_attributes(self) -> frozenset[str]:
         """sysfs attributes of the device that rules or templates read."""
@@ -731,7 +742,8 @@ def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
         ctx = err.get("ctx") or {}
         inner = ctx.get("error")
         if isinstance(inner, _FieldError):
-            out.append(Problem(_loc_path(inner.loc, raw), inner.message))
+            # Relative to the model whose validator raised it.
+            out.append(Problem(_loc_path((*err["loc"], *inner.loc), raw), inner.message))
             continue
         loc = err["loc"]
         if err["type"] == "extra_forbidden":
