@@ -2,23 +2,29 @@
 limits that keep a spec valid for every runtime (absolute paths, name lengths, no
 one-character vendor/class).
 
-Every rule broken is reported as a :class:`~cdi_gen.errors.Problem` with its path in the
-document (``devices[1].containerEdits.env[0]``), so a user fixes a file in one pass.
+The rules work on wire documents (plain dicts with camelCase keys, as pydantic or a builder
+produced them) so the agent can judge one device at a time on its hot path. Every rule broken
+is reported as a :class:`~cdi_gen.errors.Problem` with its path in the document
+(``devices[1].containerEdits.env[0]``), so a user fixes a file in one pass. Paths are only
+formatted when a problem is found.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cdi_gen import names
 from cdi_gen.errors import InvalidNameError, Problem
-from cdi_gen.spec import ContainerEdits, Hook, Spec
-from cdi_gen.version import minimum_version, parse_version, version_problems
+from cdi_gen.spec import Spec
+from cdi_gen.version import document_requirements, minimum_of, parse_version, problems_for
 
 HOOK_NAMES = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
 )
-DEVICE_NODE_TYPES = frozenset({"b", "c", "u", "p"})
+DEVICE_NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
+_PERMISSIONS = frozenset("rwm")
 _ANNOTATION_PREFIX_RE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
@@ -26,92 +32,110 @@ _ANNOTATION_NAME_RE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _MAX_ANNOTATIONS_SIZE = 256 * 1024
 
 
-def _env_problems(env: list[str] | None, where: str) -> list[Problem]:
+def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
+    if not env:
+        return []
     return [
         Problem(f"{where}[{i}]", f"invalid environment variable {entry!r}, should be KEY=VALUE")
-        for i, entry in enumerate(env or ())
+        for i, entry in enumerate(env)
         if entry.find("=") <= 0
     ]
 
 
 def _path_problem(value: str, where: str, what: str) -> Problem | None:
+    if value[:1] == "/":
+        return None
     if not value:
         return Problem(where, f"{what} must not be empty")
-    if not value.startswith("/"):
-        return Problem(where, f"{what} {value!r} should be an absolute path")
-    return None
+    return Problem(where, f"{what} {value!r} should be an absolute path")
 
 
-def _hook_problems(hook: Hook, where: str) -> list[Problem]:
+def _node_problems(node: Mapping[str, Any], at: str) -> list[Problem]:
     problems: list[Problem] = []
-    if hook.hook_name not in HOOK_NAMES:
+    if (p := _path_problem(node.get("path", ""), f"{at}.path", "device node path")) is not None:
+        problems.append(p)
+    host = node.get("hostPath")
+    if host and (p := _path_problem(host, f"{at}.hostPath", "hostPath")) is not None:
+        problems.append(p)
+    kind = node.get("type")
+    if kind and kind not in DEVICE_NODE_TYPES:
+        problems.append(
+            Problem(f"{at}.type", f"invalid device type {kind!r}, should be b, c, u or p")
+        )
+    perms = node.get("permissions")
+    if perms and not _PERMISSIONS.issuperset(perms):
         problems.append(
             Problem(
-                f"{where}.hookName",
-                f"invalid hook name {hook.hook_name!r}, should be one of "
-                + ", ".join(sorted(HOOK_NAMES)),
+                f"{at}.permissions",
+                f"invalid permissions {perms!r}, should be a combination of r, w, m",
             )
-        )
-    if (p := _path_problem(hook.path, f"{where}.path", "hook path")) is not None:
-        problems.append(p)
-    problems += _env_problems(hook.env, f"{where}.env")
-    if hook.timeout is not None and hook.timeout <= 0:
-        problems.append(
-            Problem(f"{where}.timeout", f"invalid timeout {hook.timeout}, should be > 0")
         )
     return problems
 
 
-def edits_problems(edits: ContainerEdits, where: str) -> list[Problem]:
-    """Problems of one ``containerEdits`` object found at ``where``."""
-    problems = _env_problems(edits.env, f"{where}.env")
-    for i, node in enumerate(edits.device_nodes or ()):
-        at = f"{where}.deviceNodes[{i}]"
-        if (p := _path_problem(node.path, f"{at}.path", "device node path")) is not None:
-            problems.append(p)
-        if node.host_path and (p := _path_problem(node.host_path, f"{at}.hostPath", "hostPath")):
-            problems.append(p)
-        if node.type and node.type not in DEVICE_NODE_TYPES:
-            problems.append(
-                Problem(f"{at}.type", f"invalid device type {node.type!r}, should be b, c, u or p")
+def _hook_problems(hook: Mapping[str, Any], where: str) -> list[Problem]:
+    problems: list[Problem] = []
+    name = hook.get("hookName", "")
+    if name not in HOOK_NAMES:
+        problems.append(
+            Problem(
+                f"{where}.hookName",
+                f"invalid hook name {name!r}, should be one of " + ", ".join(sorted(HOOK_NAMES)),
             )
-        if node.permissions and set(node.permissions) - set("rwm"):
-            problems.append(
-                Problem(
-                    f"{at}.permissions",
-                    f"invalid permissions {node.permissions!r}, should be a combination of r, w, m",
-                )
-            )
-    for i, hook in enumerate(edits.hooks or ()):
+        )
+    if (p := _path_problem(hook.get("path", ""), f"{where}.path", "hook path")) is not None:
+        problems.append(p)
+    problems += _env_problems(hook.get("env"), f"{where}.env")
+    timeout = hook.get("timeout")
+    if timeout is not None and timeout <= 0:
+        problems.append(Problem(f"{where}.timeout", f"invalid timeout {timeout}, should be > 0"))
+    return problems
+
+
+def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
+    """Problems of one wire ``containerEdits`` object found at ``where``."""
+    problems = _env_problems(edits.get("env"), f"{where}.env")
+    for i, node in enumerate(edits.get("deviceNodes") or ()):
+        # Fast path: a plain absolute node with no type/permissions needs no further look.
+        if len(node) == 1 and node.get("path", "")[:1] == "/":
+            continue
+        problems += _node_problems(node, f"{where}.deviceNodes[{i}]")
+    for i, hook in enumerate(edits.get("hooks") or ()):
         problems += _hook_problems(hook, f"{where}.hooks[{i}]")
-    for i, mount in enumerate(edits.mounts or ()):
-        at = f"{where}.mounts[{i}]"
-        if not mount.host_path:
-            problems.append(Problem(f"{at}.hostPath", "mount hostPath must not be empty"))
-        if p := _path_problem(mount.container_path, f"{at}.containerPath", "containerPath"):
+    for i, mount in enumerate(edits.get("mounts") or ()):
+        if not mount.get("hostPath"):
+            problems.append(
+                Problem(f"{where}.mounts[{i}].hostPath", "mount hostPath must not be empty")
+            )
+        cpath = mount.get("containerPath", "")
+        if p := _path_problem(cpath, f"{where}.mounts[{i}].containerPath", "containerPath"):
             problems.append(p)
     seen_host: set[str] = set()
     seen_name: set[str] = set()
-    for i, net in enumerate(edits.net_devices or ()):
-        at = f"{where}.netDevices[{i}]"
-        for field, value, seen in (
-            ("hostInterfaceName", net.host_interface_name, seen_host),
-            ("name", net.name, seen_name),
-        ):
+    for i, net in enumerate(edits.get("netDevices") or ()):
+        for field, seen in (("hostInterfaceName", seen_host), ("name", seen_name)):
+            value = net.get(field, "")
+            at = f"{where}.netDevices[{i}].{field}"
             if not value:
-                problems.append(Problem(f"{at}.{field}", f"{field} must not be empty"))
+                problems.append(Problem(at, f"{field} must not be empty"))
             elif value in seen:
-                problems.append(Problem(f"{at}.{field}", f"duplicate {field} {value!r}"))
+                problems.append(Problem(at, f"duplicate {field} {value!r}"))
             seen.add(value)
-    rdt = edits.intel_rdt
-    if rdt is not None and rdt.clos_id not in (None, "/"):
-        clos = rdt.clos_id or ""
+    rdt = edits.get("intelRdt")
+    if rdt is not None and rdt.get("closID") not in (None, "/"):
+        clos = rdt["closID"]
         if len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos:
             problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {clos!r}"))
     return problems
 
 
-def annotation_problems(annotations: dict[str, str] | None, where: str) -> list[Problem]:
+def _edits_empty(edits: Mapping[str, Any]) -> bool:
+    return not any(
+        value is not None and (value or key == "intelRdt") for key, value in edits.items()
+    )
+
+
+def annotation_problems(annotations: Mapping[str, str] | None, where: str) -> list[Problem]:
     """Annotation keys must be Kubernetes qualified names; total size ≤ 256 KiB."""
     problems: list[Problem] = []
     total = 0
@@ -126,7 +150,7 @@ def annotation_problems(annotations: dict[str, str] | None, where: str) -> list[
                 Problem(
                     f"{where}[{key!r}]",
                     f"invalid annotation key {key!r}, should be [prefix/]name "
-                    "(DNS subdomain prefix, name of A-Z a-z 0-9 - _ . ≤ 63)",
+                    "(DNS subdomain prefix, name of A-Z a-z 0-9 - _ . up to 63)",
                 )
             )
     if total > _MAX_ANNOTATIONS_SIZE:
@@ -134,53 +158,70 @@ def annotation_problems(annotations: dict[str, str] | None, where: str) -> list[
     return problems
 
 
-def check_spec(spec: Spec, *, check_version: bool = True) -> list[Problem]:
-    """Every semantic problem of ``spec``; empty when a runtime would accept it.
+def device_problems(device: Mapping[str, Any], where: str) -> list[Problem]:
+    """Problems of one wire device object (name, annotations, non-empty edits)."""
+    problems: list[Problem] = []
+    name = device.get("name", "")
+    try:
+        names.validate_device_name(name)
+    except InvalidNameError as exc:
+        problems.append(Problem(f"{where}.name", str(exc)))
+    if device.get("annotations"):
+        problems += annotation_problems(device["annotations"], f"{where}.annotations")
+    edits = device.get("containerEdits") or {}
+    if _edits_empty(edits):
+        problems.append(Problem(f"{where}.containerEdits", "invalid device, empty device edits"))
+    problems += edits_problems(edits, f"{where}.containerEdits")
+    return problems
+
+
+def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> list[Problem]:
+    """Every semantic problem of a wire spec document; empty when a runtime would accept it.
 
     With ``check_version`` the declared ``cdiVersion`` must be known and at least the minimum
     the content needs (builders set it afterwards, so they pass False).
     """
     problems: list[Problem] = []
     if check_version:
+        declared = doc.get("cdiVersion", "")
         try:
-            parse_version(spec.cdi_version)
+            parse_version(declared)
         except ValueError as exc:
             problems.append(Problem("cdiVersion", str(exc)))
         else:
-            needed = minimum_version(spec)
-            if parse_version(spec.cdi_version) < parse_version(needed):
+            reqs = list(document_requirements(doc))
+            needed = minimum_of(reqs)
+            if parse_version(declared) < parse_version(needed):
                 problems.append(
                     Problem(
                         "cdiVersion",
-                        f"the spec version must be at least v{needed}, it is {spec.cdi_version!r}",
+                        f"the spec version must be at least v{needed}, it is {declared!r}",
                     )
                 )
-            problems += [
-                p
-                for p in version_problems(spec, spec.cdi_version)
-                if "only valid up to" in p.message
-            ]
+            problems += [p for p in problems_for(reqs, declared) if "only valid up to" in p.message]
     try:
-        names.parse_kind(spec.kind)
+        names.parse_kind(doc.get("kind", ""))
     except InvalidNameError as exc:
         problems.append(Problem("kind", str(exc)))
-    problems += annotation_problems(spec.annotations, "annotations")
-    if not spec.devices:
+    if doc.get("annotations"):
+        problems += annotation_problems(doc["annotations"], "annotations")
+    devices = doc.get("devices") or ()
+    if not devices:
         problems.append(Problem("devices", "invalid spec, no devices"))
     seen: set[str] = set()
-    for i, device in enumerate(spec.devices):
-        at = f"devices[{i}]"
-        try:
-            names.validate_device_name(device.name)
-        except InvalidNameError as exc:
-            problems.append(Problem(f"{at}.name", str(exc)))
-        if device.name in seen:
-            problems.append(Problem(f"{at}.name", f"invalid spec, multiple device {device.name!r}"))
-        seen.add(device.name)
-        problems += annotation_problems(device.annotations, f"{at}.annotations")
-        if device.container_edits.is_empty():
-            problems.append(Problem(f"{at}.containerEdits", "invalid device, empty device edits"))
-        problems += edits_problems(device.container_edits, f"{at}.containerEdits")
-    if spec.container_edits is not None:
-        problems += edits_problems(spec.container_edits, "containerEdits")
+    for i, device in enumerate(devices):
+        problems += device_problems(device, f"devices[{i}]")
+        name = device.get("name", "")
+        if name in seen:
+            problems.append(
+                Problem(f"devices[{i}].name", f"invalid spec, multiple device {name!r}")
+            )
+        seen.add(name)
+    if doc.get("containerEdits") is not None:
+        problems += edits_problems(doc["containerEdits"], "containerEdits")
     return problems
+
+
+def check_spec(spec: Spec, *, check_version: bool = True) -> list[Problem]:
+    """Every semantic problem of ``spec`` (see :func:`check_document`)."""
+    return check_document(spec.to_wire(), check_version=check_version)

@@ -4,14 +4,19 @@ Runtimes embed a CDI library that knows versions up to its own; a newer ``cdiVer
 field it does not know makes the whole file unusable (containerd 1.7.0-1.7.11 and podman 4.3
 stop at 0.5.0). So a producer should state the *minimum* version that expresses the spec, and
 must refuse, rather than emit, a spec that needs more than the runtime it targets.
+
+The rules work on wire documents (plain dicts, camelCase keys) so that the agent can apply them
+per device on its hot path; :class:`~cdi_gen.spec.Spec` objects are converted first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cdi_gen.errors import Problem, VersionError
-from cdi_gen.spec import ContainerEdits, Spec
+from cdi_gen.spec import Spec
 
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0",
@@ -28,12 +33,15 @@ KNOWN_VERSIONS: tuple[str, ...] = (
 #: The oldest version a producer emits: the first tagged specification.
 BASE_VERSION = "0.3.0"
 LATEST_VERSION = KNOWN_VERSIONS[-1]
+_ORDER = {v: i for i, v in enumerate(KNOWN_VERSIONS)}
+#: containerEdits keys that need no more than the base version whatever their content.
+_BASE_EDIT_KEYS = frozenset({"env", "hooks"})
 
 
 def parse_version(text: str) -> tuple[int, ...]:
     """``"v0.5.0"``/``"0.5.0"`` → ``(0, 5, 0)``; raise ValueError for anything unknown."""
     bare = text[1:] if text.startswith("v") else text
-    if bare not in KNOWN_VERSIONS:
+    if bare not in _ORDER:
         raise ValueError(f"invalid version {text!r}, known: {', '.join(KNOWN_VERSIONS)}")
     return tuple(int(p) for p in bare.split("."))
 
@@ -42,6 +50,11 @@ def normalize(text: str) -> str:
     """Return the known version without a leading ``v``; raise ValueError if unknown."""
     parse_version(text)
     return text[1:] if text.startswith("v") else text
+
+
+def newest(*versions: str) -> str:
+    """The highest of known versions (BASE_VERSION for none)."""
+    return max(versions, key=_ORDER.__getitem__, default=BASE_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,78 +67,83 @@ class Requirement:
     at_most: bool = False
 
 
-def _edits_requirements(edits: ContainerEdits, where: str) -> list[Requirement]:
-    reqs: list[Requirement] = []
-    for i, mount in enumerate(edits.mounts or ()):
-        if mount.type:
-            reqs.append(Requirement("0.4.0", f"{where}.mounts[{i}].type", "mount type"))
-    for i, node in enumerate(edits.device_nodes or ()):
-        if node.host_path:
-            reqs.append(
-                Requirement("0.5.0", f"{where}.deviceNodes[{i}].hostPath", "device node hostPath")
+def edits_requirements(edits: Mapping[str, Any], where: str) -> Iterator[Requirement]:
+    """Constraints imposed by one wire ``containerEdits`` object found at ``where``."""
+    if _BASE_EDIT_KEYS.issuperset(edits):
+        return
+    for i, mount in enumerate(edits.get("mounts") or ()):
+        if mount.get("type"):
+            yield Requirement("0.4.0", f"{where}.mounts[{i}].type", "mount type")
+    for i, node in enumerate(edits.get("deviceNodes") or ()):
+        if node.get("hostPath"):
+            yield Requirement("0.5.0", f"{where}.deviceNodes[{i}].hostPath", "device node hostPath")
+    rdt = edits.get("intelRdt")
+    if rdt is not None:
+        yield Requirement("0.7.0", f"{where}.intelRdt", "intelRdt")
+        if rdt.get("schemata") is not None:
+            yield Requirement("1.1.0", f"{where}.intelRdt.schemata", "intelRdt schemata")
+        if rdt.get("enableMonitoring"):
+            yield Requirement(
+                "1.1.0", f"{where}.intelRdt.enableMonitoring", "intelRdt enableMonitoring"
             )
-    if edits.intel_rdt is not None:
-        rdt = edits.intel_rdt
-        reqs.append(Requirement("0.7.0", f"{where}.intelRdt", "intelRdt"))
-        if rdt.schemata is not None:
-            reqs.append(Requirement("1.1.0", f"{where}.intelRdt.schemata", "intelRdt schemata"))
-        if rdt.enable_monitoring:
-            reqs.append(
-                Requirement(
-                    "1.1.0", f"{where}.intelRdt.enableMonitoring", "intelRdt enableMonitoring"
+        for name in ("enableCMT", "enableMBM"):
+            if rdt.get(name) is not None:
+                yield Requirement(
+                    "1.0.0", f"{where}.intelRdt.{name}", f"{name} (removed in 1.1.0)", True
                 )
-            )
-        for name, value in (("enableCMT", rdt.enable_cmt), ("enableMBM", rdt.enable_mbm)):
-            if value is not None:
-                reqs.append(
-                    Requirement(
-                        "1.0.0", f"{where}.intelRdt.{name}", f"{name} (removed in 1.1.0)", True
-                    )
-                )
-    if edits.additional_gids:
-        reqs.append(Requirement("0.7.0", f"{where}.additionalGids", "additionalGids"))
-    if edits.net_devices:
-        reqs.append(Requirement("1.1.0", f"{where}.netDevices", "netDevices"))
-    return reqs
+    if edits.get("additionalGids"):
+        yield Requirement("0.7.0", f"{where}.additionalGids", "additionalGids")
+    if edits.get("netDevices"):
+        yield Requirement("1.1.0", f"{where}.netDevices", "netDevices")
+
+
+def device_requirements(device: Mapping[str, Any], where: str) -> Iterator[Requirement]:
+    """Constraints imposed by one wire device object found at ``where``."""
+    name = device.get("name", "")
+    if name[:1].isdigit():
+        yield Requirement("0.5.0", f"{where}.name", f"device name {name!r} starts with digit")
+    if device.get("annotations"):
+        yield Requirement("0.6.0", f"{where}.annotations", "device annotations")
+    yield from edits_requirements(device.get("containerEdits") or {}, f"{where}.containerEdits")
+
+
+def document_requirements(doc: Mapping[str, Any]) -> Iterator[Requirement]:
+    """Every version constraint of a wire spec document, with where it comes from."""
+    if doc.get("annotations"):
+        yield Requirement("0.6.0", "annotations", "spec annotations")
+    cls = str(doc.get("kind", "")).partition("/")[2]
+    if "." in cls:
+        yield Requirement("0.6.0", "kind", f"dot in class name {cls!r}")
+    if doc.get("containerEdits") is not None:
+        yield from edits_requirements(doc["containerEdits"], "containerEdits")
+    for i, device in enumerate(doc.get("devices") or ()):
+        yield from device_requirements(device, f"devices[{i}]")
 
 
 def requirements(spec: Spec) -> list[Requirement]:
-    """Every version constraint the spec's content imposes, with where it comes from."""
-    reqs: list[Requirement] = []
-    if spec.annotations:
-        reqs.append(Requirement("0.6.0", "annotations", "spec annotations"))
-    if "." in spec.cls:
-        reqs.append(Requirement("0.6.0", "kind", f"dot in class name {spec.cls!r}"))
-    if spec.container_edits is not None:
-        reqs.extend(_edits_requirements(spec.container_edits, "containerEdits"))
-    for i, device in enumerate(spec.devices):
-        where = f"devices[{i}]"
-        if device.name[:1].isdigit():
-            reqs.append(
-                Requirement(
-                    "0.5.0", f"{where}.name", f"device name {device.name!r} starts with digit"
-                )
-            )
-        if device.annotations:
-            reqs.append(Requirement("0.6.0", f"{where}.annotations", "device annotations"))
-        reqs.extend(_edits_requirements(device.container_edits, f"{where}.containerEdits"))
-    return reqs
+    """Every version constraint the spec's content imposes."""
+    return list(document_requirements(spec.to_wire()))
 
 
-def minimum_version(spec: Spec) -> str:
+def minimum_of(reqs: Iterator[Requirement] | list[Requirement]) -> str:
+    """The lowest version satisfying every lower bound in ``reqs``."""
+    return newest(*(r.version for r in reqs if not r.at_most))
+
+
+def minimum_version(spec: Spec | Mapping[str, Any]) -> str:
     """The lowest version whose rules allow every field the spec uses."""
-    needed = [r.version for r in requirements(spec) if not r.at_most]
-    return max(needed, key=parse_version, default=BASE_VERSION)
+    doc = spec.to_wire() if isinstance(spec, Spec) else spec
+    return minimum_of(document_requirements(doc))
 
 
-def version_problems(spec: Spec, version: str) -> list[Problem]:
-    """Why ``spec`` cannot be stated as ``version``; empty when it can."""
+def problems_for(reqs: list[Requirement], version: str) -> list[Problem]:
+    """Why content with ``reqs`` cannot be stated as ``version``; empty when it can."""
     try:
         target = parse_version(version)
     except ValueError as exc:
         return [Problem("cdiVersion", str(exc))]
     problems: list[Problem] = []
-    for req in requirements(spec):
+    for req in reqs:
         bound = parse_version(req.version)
         if req.at_most and target > bound:
             problems.append(
@@ -145,22 +163,37 @@ def version_problems(spec: Spec, version: str) -> list[Problem]:
     return problems
 
 
-def apply_version(spec: Spec, target: str | None = None) -> Spec:
-    """Return ``spec`` with ``cdiVersion`` set to its minimum, or to the pinned ``target``.
+def version_problems(spec: Spec | Mapping[str, Any], version: str) -> list[Problem]:
+    """Why ``spec`` cannot be stated as ``version``; empty when it can."""
+    doc = spec.to_wire() if isinstance(spec, Spec) else spec
+    return problems_for(list(document_requirements(doc)), version)
+
+
+def choose_version(reqs: list[Requirement], target: str | None, what: str) -> str:
+    """The version to emit: the minimum, or ``target`` if it allows everything.
 
     Raises :class:`VersionError` naming every field that needs a newer version than
     ``target`` (a runtime stuck at ``target`` would reject the whole file).
     """
     if target is None:
-        version = minimum_version(spec)
+        version = minimum_of(reqs)
     else:
         try:
             version = normalize(target)
         except ValueError as exc:
             raise VersionError([Problem("cdiVersion", str(exc))]) from exc
-    problems = version_problems(spec, version)
+    problems = problems_for(reqs, version)
     if problems:
-        raise VersionError(problems, f"{spec.kind} as cdiVersion {version}")
+        raise VersionError(problems, f"{what} as cdiVersion {version}")
+    return version
+
+
+def apply_version(spec: Spec, target: str | None = None) -> Spec:
+    """Return ``spec`` with ``cdiVersion`` set to its minimum, or to the pinned ``target``.
+
+    Raises :class:`VersionError` (see :func:`choose_version`).
+    """
+    version = choose_version(requirements(spec), target, spec.kind)
     if spec.cdi_version == version:
         return spec
     return spec.model_copy(update={"cdi_version": version})

@@ -19,12 +19,13 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from cdi_gen.codec import dump_spec
+from cdi_gen.codec import dump_document, dump_spec
 from cdi_gen.errors import SpecWriteError
 from cdi_gen.spec import Spec
 
@@ -190,6 +191,14 @@ def write_spec(spec_dir: Path, spec: Spec, *, step_hook: StepHook | None = None)
     :func:`cdi_gen.version.apply_version`). Raises :class:`SpecWriteError`.
     """
     return write_bytes(spec_dir, spec.vendor, spec.cls, dump_spec(spec), step_hook=step_hook)
+
+
+def write_document(
+    spec_dir: Path, doc: Mapping[str, Any], *, step_hook: StepHook | None = None
+) -> bool:
+    """Like :func:`write_spec` for a wire document built by :func:`cdi_gen.entry.assemble`."""
+    vendor, _, cls = str(doc["kind"]).partition("/")
+    return write_bytes(spec_dir, vendor, cls, dump_document(dict(doc)), step_hook=step_hook)
 
 
 def is_owned(spec_dir: Path, vendor: str, cls: str) -> bool:

@@ -1,0 +1,106 @@
+"""Pre-validated device entries, and assembling a class's spec document from them.
+
+The agent rewrites a class's spec on every hotplug event. Judging and serialising the whole
+spec through the pydantic models costs tens of microseconds per device, so the hot path works
+on wire dicts instead: each device is validated once, when it appears, into an immutable
+:class:`DeviceEntry` carrying its version requirements; assembling the spec is then a list of
+references, a uniqueness check and the version choice, and serialisation is one orjson call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from cdi_gen import names
+from cdi_gen.errors import InvalidNameError, Problem, SpecError
+from cdi_gen.validation import annotation_problems, device_problems, edits_problems
+from cdi_gen.version import (
+    Requirement,
+    choose_version,
+    device_requirements,
+    edits_requirements,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """One CDI device in wire form (``{"name", "containerEdits", ...}``), already validated."""
+
+    name: str
+    doc: Mapping[str, Any]
+    requirements: tuple[Requirement, ...]
+
+
+def build_entry(
+    name: str, container_edits: Mapping[str, Any], annotations: Mapping[str, str] | None = None
+) -> DeviceEntry:
+    """Validate one device and return its entry.
+
+    ``container_edits`` is a wire ``containerEdits`` dict; it is kept by reference, so the
+    caller must not mutate it afterwards. Raises :class:`SpecError` listing every problem.
+    """
+    doc: dict[str, Any] = {"name": name}
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
+    doc["containerEdits"] = container_edits
+    where = f"devices[{name!r}]"
+    problems = device_problems(doc, where)
+    if problems:
+        raise SpecError(problems)
+    return DeviceEntry(name, doc, tuple(device_requirements(doc, where)))
+
+
+@lru_cache(maxsize=256)
+def _checked_kind(kind: str) -> str:
+    names.parse_kind(kind)
+    return kind
+
+
+def assemble(
+    kind: str,
+    entries: Sequence[DeviceEntry],
+    *,
+    container_edits: Mapping[str, Any] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    target_version: str | None = None,
+) -> dict[str, Any]:
+    """The wire spec document of ``kind`` holding ``entries`` in the given order.
+
+    ``cdiVersion`` is the minimum the content needs, or ``target_version`` when pinned.
+    Raises :class:`SpecError` for an invalid kind, no devices or a repeated device name, and
+    :class:`~cdi_gen.errors.VersionError` when the pinned version is too old for a field.
+    """
+    problems: list[Problem] = []
+    try:
+        _checked_kind(kind)
+    except InvalidNameError as exc:
+        problems.append(Problem("kind", str(exc)))
+    if not entries:
+        problems.append(Problem("devices", "invalid spec, no devices"))
+    seen: set[str] = set()
+    if len({e.name for e in entries}) != len(entries):
+        for e in entries:
+            if e.name in seen:
+                problems.append(Problem("devices", f"invalid spec, multiple device {e.name!r}"))
+            seen.add(e.name)
+    reqs: list[Requirement] = [r for e in entries for r in e.requirements]
+    if annotations:
+        problems += annotation_problems(annotations, "annotations")
+        reqs.append(Requirement("0.6.0", "annotations", "spec annotations"))
+    if "." in kind.partition("/")[2]:
+        reqs.append(Requirement("0.6.0", "kind", f"dot in class name {kind.partition('/')[2]!r}"))
+    if container_edits:
+        problems += edits_problems(container_edits, "containerEdits")
+        reqs += edits_requirements(container_edits, "containerEdits")
+    if problems:
+        raise SpecError(problems, kind)
+    doc: dict[str, Any] = {"cdiVersion": choose_version(reqs, target_version, kind), "kind": kind}
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
+    doc["devices"] = [e.doc for e in entries]
+    if container_edits:
+        doc["containerEdits"] = container_edits
+    return doc
