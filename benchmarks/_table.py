@@ -1,0 +1,36 @@
+"""Shared helpers of the benchmark scripts: timing and the result table."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+Row = tuple[str, str, str]
+
+
+def best_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Fastest of ``repeat`` runs in milliseconds (the least disturbed by other load)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of ``samples`` by linear interpolation."""
+    if len(samples) == 1:
+        return samples[0]
+    return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    widths = [max(len(r[i]) for r in [("metric", "value", "target"), *rows]) for i in range(3)]
+    print(f"\n## {title}")
+    header = ("metric", "value", "target")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
