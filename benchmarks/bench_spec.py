@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _table import Row, best_ms, print_table  # noqa: E402
+from _table import Row, best_ms, print_table
 
-from cdi_gen.codec import dump_document, load_spec  # noqa: E402
-from cdi_gen.entry import assemble, build_entry  # noqa: E402
+from cdi_gen.codec import dump_document, load_spec
+from cdi_gen.entry import assemble, build_entry
 
 N = 10_000
 
