@@ -131,7 +131,12 @@ async def _bench(quick: bool) -> list[Row]:
         ]
         try:
             stubs = [api_pb2_grpc.DevicePluginStub(c) for c in channels]
-            echoes = [c.unary_unary("/floor.Floor/Echo") for c in floor_channels]
+            echoes = [
+                c.unary_unary(
+                    "/floor.Floor/Echo", request_serializer=None, response_deserializer=None
+                )
+                for c in floor_channels
+            ]
             one, eight = _allocate_request(1), _allocate_request(8)
             payload = one.SerializeToString()
             probe = await stubs[0].Allocate(eight)
