@@ -1,0 +1,135 @@
+"""``cdi-gen validate`` wall time against the Go CDI library validating the same files.
+
+    python benchmarks/bench_validate.py [--quick]
+
+The Go side is tests/e2e/cdicheck (Debian's CDI library 0.5.2, the one podman 4.3 embeds),
+built offline here. Both sides are timed as whole processes, start-up included, because that is
+what an operator or a CI job pays; the process start-up floors are listed too so the ratio can
+be read correctly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _table import Row, best_ms, print_table
+
+REPO = Path(__file__).resolve().parents[1]
+CDICHECK_SRC = REPO / "tests" / "e2e" / "cdicheck"
+GO_CDI_SRC = Path(
+    "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface"
+)
+# Python start-up plus imports is a fixed cost a Go binary does not have; beyond this the
+# validator itself is slow.
+TARGET_RATIO = 10.0
+
+
+def _spec(i: int, devices: int) -> dict[str, object]:
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": f"example.com/class{i}",
+        "containerEdits": {"env": [f"CLASS_INDEX={i}"]},
+        "devices": [
+            {
+                "name": f"dev{d}",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": f"/dev/bench{i}_{d}", "type": "c", "major": 240, "minor": d}
+                    ],
+                    "env": [f"BENCH_DEVICE={i}-{d}"],
+                    "mounts": [
+                        {
+                            "hostPath": f"/opt/bench/{d}",
+                            "containerPath": f"/opt/bench/{d}",
+                            "options": ["ro", "bind"],
+                        }
+                    ],
+                },
+            }
+            for d in range(devices)
+        ],
+    }
+
+
+def _build_cdicheck(workdir: Path) -> Path | None:
+    go = shutil.which("go")
+    if go is None or not GO_CDI_SRC.is_dir():
+        return None
+    binary = workdir / "cdicheck"
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": f"{workdir / 'gopath'}:/usr/share/gocode",
+        "GOPROXY": "off",
+        "GOFLAGS": "",
+        "GOCACHE": str(workdir / "gocache"),
+        "CGO_ENABLED": "0",
+    }
+    subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=CDICHECK_SRC,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return binary
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(args, capture_output=True, check=False)
+
+
+def run(quick: bool = False) -> list[Row]:
+    files, devices = (10, 20) if quick else (100, 100)
+    repeat = 3 if quick else 5
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="cg-bench-validate-") as tmp:
+        work = Path(tmp)
+        folder = work / "specs"
+        folder.mkdir()
+        paths = []
+        for i in range(files):
+            path = folder / f"example.com-class{i}.json"
+            path.write_text(json.dumps(_spec(i, devices)))
+            paths.append(str(path))
+        label = f"{files} files x {devices} devices"
+
+        ours_cmd = [sys.executable, "-m", "cdi_gen", "validate", "-q", *paths]
+        check = _run(ours_cmd)
+        if check.returncode != 0:
+            raise RuntimeError(f"cdi-gen validate rejected the benchmark specs: {check.stdout!r}")
+        ours_ms = best_ms(lambda: _run(ours_cmd), repeat)
+        floor_ms = best_ms(lambda: _run([sys.executable, "-m", "cdi_gen", "--version"]), repeat)
+        rows.append((f"cdi-gen validate, {label}", f"{ours_ms:.0f} ms", ""))
+        rows.append(("cdi-gen --version (start-up floor)", f"{floor_ms:.0f} ms", ""))
+
+        binary = _build_cdicheck(work)
+        if binary is None:
+            rows.append(
+                ("Go CDI 0.5.2 validate", "not run: needs go and the Go CDI library", ".ci/run")
+            )
+            return rows
+        go_cmd = [str(binary), "validate", *paths]
+        verdicts = json.loads(_run(go_cmd).stdout)["files"]
+        if not all(v["ok"] for v in verdicts.values()):
+            raise RuntimeError("the Go CDI library rejected the benchmark specs")
+        go_ms = best_ms(lambda: _run(go_cmd), repeat)
+        go_floor_ms = best_ms(lambda: _run([str(binary), "validate"]), repeat)
+        rows.append((f"Go CDI 0.5.2 validate, {label}", f"{go_ms:.0f} ms", ""))
+        rows.append(("Go cdicheck, no files (start-up floor)", f"{go_floor_ms:.0f} ms", ""))
+        ratio = ours_ms / go_ms
+        rows.append(("ratio cdi-gen / Go (wall)", f"{ratio:.1f}x", f"<= {TARGET_RATIO:.0f}x"))
+        work_ratio = max(ours_ms - floor_ms, 0.0) / max(go_ms - go_floor_ms, 0.1)
+        rows.append(("ratio above start-up floors", f"{work_ratio:.1f}x", "informative"))
+    return rows
+
+
+if __name__ == "__main__":
+    print_table("validate", run(quick="--quick" in sys.argv))
