@@ -1,0 +1,338 @@
+"""``cdi-gen doctor``: preflight checks of a node, one line each with what to do.
+
+The most expensive failure of a CDI-only device plugin is silent: containerd 1.7 ships with
+``enable_cdi = false`` and then *ignores* the CDI names the kubelet passes, so pods start
+without their devices. The doctor reads the runtime configs, the spec folders as a runtime
+would, the kubelet and udev sockets, and what the configured classes match, and says OK, WARN
+or FAIL with the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cdi_gen.registry import load_registry
+
+Status = Literal["OK", "WARN", "FAIL"]
+DEFAULT_CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
+DEFAULT_CRIO_CONFIG = Path("/etc/crio/crio.conf")
+DEFAULT_RUNTIME_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    status: Status
+    topic: str
+    message: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:<4} {self.topic}: {self.message}"
+        return f"{text} -> {self.fix}" if self.fix and self.status != "OK" else text
+
+
+def _same_dir(a: str, b: Path) -> bool:
+    # /var/run is usually a link to /run: compare both spellings and the resolved paths.
+    return os.path.normpath(a) == os.path.normpath(str(b)) or os.path.realpath(
+        a
+    ) == os.path.realpath(b)
+
+
+def containerd_version(binary: str = "containerd") -> tuple[int, int, int] | None:
+    """The version of the containerd on PATH, None if absent or unparseable."""
+    path = shutil.which(binary)
+    if path is None:
+        return None
+    try:
+        out = subprocess.run(
+            [path, "--version"], check=False, capture_output=True, text=True, timeout=5
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\bv?(\d+)\.(\d+)\.(\d+)", out)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]:
+    """(section name, section, enable_cdi default) for the config's schema version."""
+    version = doc.get("version", 1)
+    plugins = doc.get("plugins", {})
+    if version >= 3:
+        name = "io.containerd.cri.v1.runtime"
+        return f'plugins."{name}"', plugins.get(name), True
+    if version == 2:
+        name = "io.containerd.grpc.v1.cri"
+        return f'plugins."{name}"', plugins.get(name), False
+    return "plugins.cri", plugins.get("cri"), False
+
+
+def check_containerd(
+    config: Path, spec_dir: Path, version: tuple[int, int, int] | None
+) -> list[Check]:
+    """Whether containerd will inject CDI devices from ``spec_dir``."""
+    topic = "containerd"
+    checks: list[Check] = []
+    if version is not None:
+        shown = ".".join(map(str, version))
+        if version < (1, 7, 0):
+            return [
+                Check(
+                    "FAIL",
+                    topic,
+                    f"containerd {shown} has no CDI support",
+                    "upgrade to containerd 1.7 or newer",
+                )
+            ]
+        if version < (1, 7, 2):
+            checks.append(
+                Check(
+                    "WARN",
+                    topic,
+                    f"containerd {shown} reads CDI only from cdi.k8s.io/ annotations",
+                    "run the agent with --cdi-annotations or upgrade to containerd >= 1.7.2",
+                )
+            )
+    if not config.exists():
+        if version is None:
+            return [
+                Check(
+                    "WARN",
+                    topic,
+                    f"no config at {config} and no containerd binary found; skipped",
+                    "pass --containerd-config if containerd runs here",
+                )
+            ]
+        if version >= (2, 0, 0):
+            return [
+                *checks,
+                Check(
+                    "OK",
+                    topic,
+                    f"no config at {config}; containerd {version[0]}.x enables CDI by default",
+                ),
+            ]
+        return [
+            *checks,
+            Check(
+                "FAIL",
+                topic,
+                f"no config at {config}: containerd 1.7 defaults to "
+                "enable_cdi = false and silently drops CDI devices",
+                "create it with enable_cdi = true (see deploy/containerd/)",
+            ),
+        ]
+    try:
+        doc = tomllib.loads(config.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return [*checks, Check("FAIL", topic, f"cannot read {config}: {exc}", "fix the file")]
+    section_name, section, default_on = _cri_section(doc)
+    if version is not None and version >= (2, 0, 0) and doc.get("version", 1) < 3:
+        checks.append(
+            Check(
+                "WARN",
+                topic,
+                f"{config} uses config version {doc.get('version', 1)} "
+                "with containerd 2.x (migrated at start)",
+                "run `containerd config migrate`",
+            )
+        )
+    section = section or {}
+    enabled = section.get("enable_cdi", default_on)
+    where = f"{config} [{section_name}]"
+    if not enabled:
+        why = (
+            "enable_cdi = false" if "enable_cdi" in section else "enable_cdi is unset (off in 1.7)"
+        )
+        checks.append(
+            Check(
+                "FAIL",
+                topic,
+                f"{why} in {where}: CDI devices requested by the "
+                "kubelet are silently ignored, pods start without their devices",
+                f"set enable_cdi = true under [{section_name}] and restart containerd",
+            )
+        )
+    else:
+        checks.append(Check("OK", topic, f"CDI enabled in {where}"))
+    dirs = section.get("cdi_spec_dirs", list(DEFAULT_RUNTIME_SPEC_DIRS))
+    if any(_same_dir(d, spec_dir) for d in dirs):
+        checks.append(Check("OK", topic, f"cdi_spec_dirs {dirs} include {spec_dir}"))
+    else:
+        checks.append(
+            Check(
+                "FAIL",
+                topic,
+                f"cdi_spec_dirs {dirs} do not include {spec_dir}: "
+                "containerd will not find our specs",
+                f'add "{spec_dir}" to cdi_spec_dirs under [{section_name}]',
+            )
+        )
+    return checks
+
+
+def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
+    """Whether CRI-O reads ``spec_dir`` (CDI is always on in CRI-O; only the folders matter)."""
+    dirs: list[str] | None = None
+    seen: list[Path] = []
+    for path in configs:
+        files = sorted(path.glob("*.conf")) if path.is_dir() else [path]
+        for f in files:
+            if not f.is_file():
+                continue
+            seen.append(f)
+            try:
+                doc = tomllib.loads(f.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                return [Check("FAIL", "cri-o", f"cannot read {f}: {exc}", "fix the file")]
+            runtime = doc.get("crio", {}).get("runtime", {})
+            if "cdi_spec_dirs" in runtime:
+                dirs = runtime["cdi_spec_dirs"]
+    if not seen:
+        return []
+    dirs = dirs if dirs is not None else list(DEFAULT_RUNTIME_SPEC_DIRS)
+    if any(_same_dir(d, spec_dir) for d in dirs):
+        return [Check("OK", "cri-o", f"cdi_spec_dirs {dirs} include {spec_dir}")]
+    return [
+        Check(
+            "FAIL",
+            "cri-o",
+            f"cdi_spec_dirs {dirs} do not include {spec_dir}",
+            f'add "{spec_dir}" to cdi_spec_dirs in [crio.runtime]',
+        )
+    ]
+
+
+def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[Check]:
+    """Folders present and readable, our files valid and world-readable, conflicts, shadowing."""
+    checks: list[Check] = []
+    topic = "spec folders"
+    for d in spec_dirs:
+        if not d.exists():
+            level: Status = "WARN" if d == ours else "OK"
+            checks.append(
+                Check(
+                    level,
+                    topic,
+                    f"{d} does not exist" + (" yet (the agent creates it)" if d == ours else ""),
+                    "run `cdi-gen write` or start the agent",
+                )
+            )
+            continue
+        mode = d.stat().st_mode
+        if not (mode & stat.S_IROTH and mode & stat.S_IXOTH):
+            checks.append(
+                Check(
+                    "WARN",
+                    topic,
+                    f"{d} is not world-readable (mode "
+                    f"{stat.S_IMODE(mode):o}): rootless podman cannot read it",
+                    f"chmod 755 {d}",
+                )
+            )
+    reg = load_registry(spec_dirs)
+    for msg in reg.dir_errors.values():
+        checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
+    for path, msgs in sorted(reg.errors.items()):
+        level = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
+        for msg in msgs:
+            checks.append(
+                Check(
+                    level,
+                    "spec files",
+                    f"{path}: {msg}",
+                    "fix or remove the file; runtimes skip it",
+                )
+            )
+    for path in sorted({e.path for e in reg.devices.values()}):
+        if path.parent == ours and not path.stat().st_mode & stat.S_IROTH:
+            checks.append(
+                Check("WARN", "spec files", f"{path} is not world-readable", f"chmod 644 {path}")
+            )
+    for name, hidden in sorted(reg.shadowed.items()):
+        if name in reg.devices:
+            checks.append(
+                Check(
+                    "WARN",
+                    "shadowing",
+                    f"{name} in "
+                    f"{', '.join(map(str, hidden))} is overridden by "
+                    f"{reg.devices[name].path}",
+                    "remove the stale definition",
+                )
+            )
+    ours_count = sum(1 for e in reg.devices.values() if e.qualified.startswith(f"{vendor}/"))
+    checks.append(
+        Check(
+            "OK",
+            topic,
+            f"{len(reg.devices)} CDI devices resolve "
+            f"({ours_count} of vendor {vendor}) in {', '.join(map(str, spec_dirs))}",
+        )
+    )
+    return checks
+
+
+def check_kubelet(plugin_dir: Path) -> list[Check]:
+    sock = plugin_dir / "kubelet.sock"
+    if sock.is_socket():
+        return [Check("OK", "kubelet", f"{sock} is present")]
+    return [
+        Check(
+            "WARN",
+            "kubelet",
+            f"{sock} is absent: no kubelet device manager here",
+            "only host mode (cdi-gen write + podman/docker) will work on this machine",
+        )
+    ]
+
+
+def check_udev(run_dir: Path = Path("/run/udev")) -> list[Check]:
+    from cdi_gen.udev import udevd_running
+
+    if udevd_running(run_dir):
+        return [Check("OK", "udev", f"udevd answers at {run_dir}/control")]
+    if run_dir.exists():
+        return [
+            Check(
+                "WARN",
+                "udev",
+                f"{run_dir} exists but udevd does not answer: kernel "
+                "events only, no ID_* properties",
+                "mount /run/udev read-only into the pod",
+            )
+        ]
+    return [
+        Check(
+            "WARN",
+            "udev",
+            f"{run_dir} is absent: rules on ID_* properties cannot match",
+            "mount /run/udev (read-only) or run udevd",
+        )
+    ]
+
+
+def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
+    """``(class, rules, device count)`` → one line per class."""
+    out = []
+    for name, rules, n in counts:
+        if n:
+            out.append(Check("OK", f"class {name}", f"{n} device(s) match"))
+        else:
+            out.append(
+                Check(
+                    "WARN",
+                    f"class {name}",
+                    f"no device matches {rules}",
+                    "check the rules with `cdi-gen discover --class " + name + "`",
+                )
+            )
+    return out
