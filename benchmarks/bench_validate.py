@@ -124,8 +124,9 @@ def run(quick: bool = False) -> list[Row]:
         go_floor_ms = best_ms(lambda: _run([str(binary), "validate"]), repeat)
         rows.append((f"Go CDI 0.5.2 validate, {label}", f"{go_ms:.0f} ms", ""))
         rows.append(("Go cdicheck, no files (start-up floor)", f"{go_floor_ms:.0f} ms", ""))
-        ratio = ours_ms / go_ms
-        rows.append(("ratio cdi-gen / Go (wall)", f"{ratio:.1f}x", f"<= {TARGET_RATIO:.0f}x"))
+        # With --quick the files are too few for anything but start-up to show.
+        target = "start-up bound (--quick)" if quick else f"<= {TARGET_RATIO:.0f}x"
+        rows.append(("ratio cdi-gen / Go (wall)", f"{ours_ms / go_ms:.1f}x", target))
         work_ratio = max(ours_ms - floor_ms, 0.0) / max(go_ms - go_floor_ms, 0.1)
         rows.append(("ratio above start-up floors", f"{work_ratio:.1f}x", "informative"))
     return rows
