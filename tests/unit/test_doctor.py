@@ -1,0 +1,105 @@
+"""doctor against containerd and CRI-O configs of every format, and spec folder checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdi_gen import doctor, writer
+from cdi_gen.entry import assemble, build_entry
+
+RUN = Path("/var/run/cdi")
+
+V2_ON = """version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+"""
+V2_OFF = """version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = false
+"""
+V2_UNSET = """version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "pause"
+"""
+V2_OTHER_DIRS = """version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi"]
+"""
+V3_DEFAULT = """version = 3
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = ["/etc/cdi", "/run/cdi"]
+"""
+V3_OFF = """version = 3
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = false
+"""
+V1_ON = """[plugins.cri]
+  enable_cdi = true
+"""
+
+
+def _statuses(checks: list[doctor.Check]) -> list[str]:
+    return [c.status for c in checks]
+
+
+@pytest.mark.parametrize(
+    ("text", "version", "expected", "needle"),
+    [
+        (V2_ON, (1, 7, 24), ["OK", "OK"], "CDI enabled"),
+        (V2_OFF, (1, 7, 24), ["FAIL", "OK"], "enable_cdi = false"),
+        (V2_UNSET, (1, 7, 24), ["FAIL", "OK"], "enable_cdi is unset"),
+        (V2_OTHER_DIRS, (1, 7, 24), ["OK", "FAIL"], "do not include /var/run/cdi"),
+        (V3_DEFAULT, (2, 1, 0), ["OK", "OK"], "CDI enabled"),
+        (V3_OFF, (2, 1, 0), ["FAIL", "OK"], "silently ignored"),
+        (V1_ON, None, ["OK", "OK"], "[plugins.cri]"),
+        (V2_ON, (1, 7, 0), ["WARN", "OK", "OK"], "annotations"),
+    ],
+    ids=["1.7-on", "1.7-off", "1.7-unset", "1.7-dirs", "2.x-default", "2.x-off", "v1", "1.7.0"],
+)
+def test_containerd_configs(
+    tmp_path: Path,
+    text: str,
+    version: tuple[int, int, int] | None,
+    expected: list[str],
+    needle: str,
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    checks = doctor.check_containerd(config, RUN, version)
+    assert _statuses(checks) == expected
+    assert any(needle in c.line() for c in checks), [c.line() for c in checks]
+
+
+def test_containerd_without_config(tmp_path: Path) -> None:
+    missing = tmp_path / "none.toml"
+    assert _statuses(doctor.check_containerd(missing, RUN, (1, 7, 24))) == ["FAIL"]
+    assert _statuses(doctor.check_containerd(missing, RUN, (2, 0, 5))) == ["OK"]
+    assert _statuses(doctor.check_containerd(missing, RUN, (1, 6, 20))) == ["FAIL"]
+    assert _statuses(doctor.check_containerd(missing, RUN, None)) == ["WARN"]
+
+
+def test_crio_dropins(tmp_path: Path) -> None:
+    (tmp_path / "crio.conf.d").mkdir()
+    (tmp_path / "crio.conf").write_text('[crio.runtime]\ncdi_spec_dirs = ["/etc/cdi"]\n')
+    assert _statuses(doctor.check_crio([tmp_path / "crio.conf"], RUN)) == ["FAIL"]
+    (tmp_path / "crio.conf.d" / "10-cdi.conf").write_text(
+        '[crio.runtime]\ncdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]\n'
+    )
+    checks = doctor.check_crio([tmp_path / "crio.conf", tmp_path / "crio.conf.d"], RUN)
+    assert _statuses(checks) == ["OK"]
+
+
+def test_spec_dirs_report_conflicts_shadowing_and_our_broken_files(tmp_path: Path) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    entry = build_entry("loop200", {"deviceNodes": [{"path": "/dev/loop200"}]})
+    writer.write_document(run, assemble("example.com/loop", [entry]))
+    etc.mkdir()
+    (etc / "old.json").write_bytes((run / "example.com-loop.json").read_bytes())
+    (run / "example.com-broken.json").write_text("{")
+    lines = [c.line() for c in doctor.check_spec_dirs([etc, run], run, "example.com")]
+    assert any(line.startswith("WARN shadowing: example.com/loop=loop200") for line in lines)
+    assert any(line.startswith("FAIL spec files:") and "broken" in line for line in lines)
