@@ -442,3 +442,34 @@ class Runc:
         finally:
             # `runc run` deletes on exit; this covers a timeout or a crash half way.
             run(["runc", "--root", self.root, "delete", "--force", container_id])
+
+
+# ---------------------------------------------------------------------------------------------
+# cdi-gen configs
+
+
+def loop_class_config(
+    path: Path,
+    kernel_names: Sequence[str],
+    *,
+    env: Sequence[str] = ("DEMO_DEVICE_IDS={name}",),
+    mounts: Sequence[dict[str, object]] = (),
+    vendor: str = "example.com",
+    class_name: str = "loop",
+    extra: dict[str, object] | None = None,
+) -> Path:
+    """A cdi-gen config with one class matching exactly the given loop devices.
+
+    Exact kernel names rather than ``loop2[0-9][0-9]``: other suites create loop devices in
+    the same range at the same time, and this test must not publish theirs. JSON is valid YAML,
+    so the file is written with json.dumps and needs no quoting rules.
+    """
+    cls: dict[str, object] = {
+        "name": class_name,
+        "match": [{"subsystem": "block", "kernel": k} for k in kernel_names],
+        "deviceName": "{kernel}",
+        "containerEdits": {"env": list(env), "mounts": list(mounts)},
+        **(extra or {}),
+    }
+    path.write_text(json.dumps({"vendor": vendor, "classes": [cls]}, indent=2) + "\n")
+    return path
