@@ -421,9 +421,11 @@ class ContainerEditsConfig(_Strict):
     @classmethod
     def _env(cls, value: list[Template]) -> list[Template]:
         for t in value:
-            head = t.parts[0] if t.parts else ""
-            if not isinstance(head, str) or "=" not in head or head.startswith("="):
-                raise ValueError(f"env entry {t.source!r} should start with a literal KEY=")
+            literal_eq = any(isinstance(p, str) and "=" in p for p in t.parts)
+            if not literal_eq or t.source.startswith("="):
+                raise ValueError(
+                    f"env entry {t.source!r} should be KEY=VALUE with a literal '=' after the key"
+                )
         return value
 
 

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,12 +45,13 @@ __all__ = [
     "record_to_json",
     "records_from_export_db",
     "resolve_source",
+    "udevd_running",
 ]
 
 log = logging.getLogger(__name__)
 
 Source = Literal["auto", "udev", "kernel"]
-#: udevd creates this directory; without it a "udev" monitor would never receive anything.
+#: udevd's runtime directory: its control socket and the database with the ID_* properties.
 UDEV_RUN_DIR = Path("/run/udev")
 #: Large enough for a storm of thousands of uevents; SO_RCVBUFFORCE needs CAP_NET_ADMIN,
 #: and without it the kernel default applies and a storm ends in ENOBUFS and a resync.
@@ -260,10 +262,28 @@ def enumerate_records(
     return out
 
 
+def udevd_running(run_dir: Path = UDEV_RUN_DIR) -> bool:
+    """Whether udevd answers on its control socket.
+
+    ``/run/udev`` alone is not proof: it outlives udevd, and a udev-source monitor without
+    udevd receives nothing, silently. A refused connection is proof of absence; a socket we
+    may not open (not root) counts as running when the database directory exists.
+    """
+    control = run_dir / "control"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        try:
+            sock.connect(str(control))
+        except PermissionError:
+            return (run_dir / "data").is_dir()
+        except OSError:
+            return False
+    return True
+
+
 def resolve_source(source: Source, run_dir: Path = UDEV_RUN_DIR) -> Literal["udev", "kernel"]:
-    """``auto`` → ``udev`` when udevd runs (``/run/udev`` exists), else ``kernel``."""
+    """``auto`` → ``udev`` when udevd runs (its control socket answers), else ``kernel``."""
     if source == "auto":
-        return "udev" if run_dir.is_dir() else "kernel"
+        return "udev" if udevd_running(run_dir) else "kernel"
     if source not in ("udev", "kernel"):
         raise ValueError(f"invalid udev source {source!r}: expected auto, udev or kernel")
     return source
@@ -617,7 +637,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
                         sys_name=up.rsplit("/", 1)[-1],
                         subsystem=pprops.get("SUBSYSTEM") or p.get("U"),
                         devtype=pprops.get("DEVTYPE") or p.get("T"),
-                        driver=pprops.get("DRIVER"),
+                        driver=pprops.get("DRIVER") or p.get("V"),
                     )
                 )
             up = up.rsplit("/", 1)[0]
@@ -632,7 +652,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
                 devtype=props.get("DEVTYPE") or e.get("T"),
                 major=_int(props.get("MAJOR")),
                 minor=_int(props.get("MINOR")),
-                driver=props.get("DRIVER"),
+                driver=props.get("DRIVER") or e.get("V"),
                 properties=props,
                 parents=tuple(parents),
             )

@@ -1,0 +1,282 @@
+"""Agent config: the catalogue, error messages (exact), the template grammar, the schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdi_gen import names
+from cdi_gen.config import (
+    DEFAULT_VENDOR,
+    DEVICE_NAME_FIELDS,
+    EDIT_FIELDS,
+    KEYED_FIELDS,
+    Field_,
+    catalogue_text,
+    config_json_schema,
+    load_config,
+    parse_config,
+    parse_template,
+)
+from cdi_gen.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(**cls: Any) -> dict[str, Any]:
+    return {"vendor": "example.com", "classes": [{"name": "loop", **cls}]}
+
+
+def test_catalogue_loads_with_valid_kinds_and_resources() -> None:
+    config = load_config(None)
+    assert config.vendor == DEFAULT_VENDOR
+    wanted = {"kvm", "tun", "fuse", "serial", "loop", "fpga", "vhost-net", "vfio", "gpu"}
+    assert wanted <= {c.name for c in config.classes}
+    for c in config.classes:
+        assert names.validate_cdi_kind_as_resource(config.vendor, c.name)
+        assert c.sharing.replicas >= 1
+
+
+def test_schema_file_in_sync_and_accepts_catalogue() -> None:
+    on_disk = json.loads((ROOT / "schemas" / "config.schema.json").read_text())
+    assert on_disk == config_json_schema(), "regenerate schemas/config.schema.json"
+    jsonschema.validate(yaml.safe_load(catalogue_text()), on_disk)
+
+
+def test_config_contract_example_from_issue(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        """
+vendor: example.com
+classes:
+  - name: loop
+    match:
+      subsystem: block
+      kernel: "loop2[0-9][0-9]"
+      driver: "*"
+      attributes: {ro: "0"}
+      properties: {DEVTYPE: disk}
+    deviceName: "{kernel}"
+    containerEdits:
+      env: ["DEMO_DEVICE_IDS={name}"]
+      mounts: [{hostPath: /opt/x, containerPath: /opt/x, options: [ro, bind]}]
+"""
+    )
+    config = load_config(path)
+    cls = config.get_class("loop")
+    assert cls.match[0].kernel == "loop2[0-9][0-9]"
+    assert cls.match[0].attributes == {"ro": "0"}
+    assert cls.wanted_attributes == frozenset({"ro"})
+    assert cls.sharing.replicas == 1 and cls.sharing.policy == "spread"
+    assert cls.container_edits.env[0].fields == (Field_("name"),)
+
+
+def test_json_config(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(_cfg(match={"subsystem": "block"})))
+    assert load_config(path).classes[0].name == "loop"
+
+
+BAD = [
+    (
+        "unknown-key",
+        _cfg(match={"subsystem": "block", "kernal": "x"}),
+        "config.yaml: classes[0].match: unknown key 'kernal', allowed: subsystem, kernel, "
+        "devnode, driver, attributes, parentAttributes, properties",
+    ),
+    (
+        "empty-glob",
+        _cfg(match={"kernel": ""}),
+        "config.yaml: classes[0].match.kernel: must not be empty (leave the key out to match "
+        "anything)",
+    ),
+    (
+        "rule-list-index",
+        _cfg(match=[{"subsystem": "block"}, {"kernel": 3}]),
+        "config.yaml: classes[0].match[1].kernel: input should be a valid string, got 3",
+    ),
+    (
+        "empty-rule",
+        _cfg(match={}),
+        "config.yaml: classes[0].match: a rule needs at least one condition (subsystem, "
+        "kernel, ...)",
+    ),
+    (
+        "vendor-uppercase",
+        {"vendor": "Example.com", "classes": [{"name": "loop", "match": {"subsystem": "b"}}]},
+        "config.yaml: vendor: invalid extended resource name 'Example.com/cdi-gen': domain "
+        "'Example.com' should be a lowercase DNS subdomain (a-z 0-9 - .)",
+    ),
+    (
+        "class-one-char",
+        {"vendor": "example.com", "classes": [{"name": "l", "match": {"subsystem": "b"}}]},
+        "config.yaml: classes[0].name: invalid class 'l': must be at least 2 characters "
+        "(1 crashes podman 4.3/containerd 1.7)",
+    ),
+    (
+        "class-duplicate",
+        {
+            "vendor": "example.com",
+            "classes": [
+                {"name": "loop", "match": {"subsystem": "b"}},
+                {"name": "loop", "match": {"subsystem": "c"}},
+            ],
+        },
+        "config.yaml: classes[1].name: class 'loop' is already defined at classes[0]",
+    ),
+    (
+        "template-field",
+        _cfg(match={"subsystem": "block"}, deviceName="{kernal}"),
+        "config.yaml: classes[0].deviceName: template '{kernal}': unknown field {kernal}, "
+        "known: " + ", ".join(f"{{{f}}}" for f in sorted(DEVICE_NAME_FIELDS)),
+    ),
+    (
+        "template-group-without-group",
+        _cfg(match={"subsystem": "block"}, deviceName="{group}"),
+        "config.yaml: classes[0].deviceName: template '{group}' uses {group} but the class "
+        "has no group",
+    ),
+    (
+        "replicas",
+        _cfg(match={"subsystem": "block"}, sharing={"replicas": 0}),
+        "config.yaml: classes[0].sharing.replicas: input should be greater than or equal to 1, "
+        "got 0",
+    ),
+    (
+        "policy",
+        _cfg(match={"subsystem": "block"}, sharing={"policy": "fill"}),
+        "config.yaml: classes[0].sharing.policy: input should be 'spread' or 'pack', got 'fill'",
+    ),
+    (
+        "cdi-version",
+        _cfg(match={"subsystem": "block"}, cdiVersion="0.9.0"),
+        "config.yaml: classes[0].cdiVersion: unknown cdiVersion '0.9.0', known: 0.1.0, 0.2.0, "
+        "0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0, 1.0.0, 1.1.0",
+    ),
+    (
+        "env-without-key",
+        _cfg(match={"subsystem": "block"}, containerEdits={"env": ["{name}"]}),
+        "config.yaml: classes[0].containerEdits.env: env entry '{name}' should be KEY=VALUE "
+        "with a literal '=' after the key",
+    ),
+    (
+        "mount-missing",
+        _cfg(match={"subsystem": "block"}, containerEdits={"mounts": [{"hostPath": "/x"}]}),
+        "config.yaml: classes[0].containerEdits.mounts[0].containerPath: required key is missing",
+    ),
+    (
+        "permissions",
+        _cfg(match={"subsystem": "block"}, node={"permissions": "rwx"}),
+        "config.yaml: classes[0].node.permissions: permissions 'rwx' should be a non-empty "
+        "subset of 'rwm'",
+    ),
+    (
+        "group-property",
+        _cfg(match={"subsystem": "block"}, group={"by": "property"}),
+        "config.yaml: classes[0].group: by: property needs property: <NAME>",
+    ),
+    (
+        "classes-type",
+        {"classes": "x"},
+        "config.yaml: classes: input should be a valid list, got 'x'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_config_errors_exact(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "config.yaml")
+    assert str(info.value) == message
+    assert info.value.exit_code == 2
+
+
+def test_config_errors_one_line_each() -> None:
+    data = _cfg(match={"subsystem": 1, "kernel": ""}, sharing={"replicas": 0})
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "config.yaml")
+    lines = str(info.value).splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("config.yaml: classes[0].") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("vendor: a\nvendor: b\n", "duplicate key 'vendor' (line 2)"),
+        ("classes: [\n", "invalid YAML"),
+        ("- 1\n", "should be a mapping with vendor and classes, got [1]"),
+    ],
+    ids=["duplicate-key", "syntax", "not-mapping"],
+)
+def test_config_file_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_config_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such file$"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_with_vendor_validates() -> None:
+    config = load_config(None)
+    assert config.with_vendor("example.com").vendor == "example.com"
+    with pytest.raises(ConfigError, match="--vendor: invalid extended resource name"):
+        config.with_vendor("Upper.com")
+
+
+# --- template grammar --------------------------------------------------------------------------
+
+_literal = st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=8)
+_plain = st.sampled_from(sorted(EDIT_FIELDS - KEYED_FIELDS))
+_keyed = st.tuples(
+    st.sampled_from(sorted(KEYED_FIELDS)), st.from_regex(r"[A-Za-z0-9_]{1,10}", fullmatch=True)
+)
+_field = st.one_of(_plain.map(Field_), _keyed.map(lambda kv: Field_(*kv)))
+
+
+@given(st.lists(st.one_of(_literal, _field), max_size=6))
+def test_template_round_trip(parts: list[str | Field_]) -> None:
+    text = "".join(p.replace("{", "{{") if isinstance(p, str) else str(p) for p in parts)
+    parsed = parse_template(text)
+    assert parsed.source == text
+    assert list(parsed.fields) == [p for p in parts if isinstance(p, Field_)]
+    literal = "".join(p for p in parts if isinstance(p, str))
+    assert "".join(p for p in parsed.parts if isinstance(p, str)) == literal
+
+
+@given(st.text(max_size=30))
+def test_template_any_text_parses_or_value_error(text: str) -> None:
+    try:
+        parse_template(text)
+    except ValueError as exc:
+        assert repr(text) in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{property}", "{property} needs a key, e.g. {property[NAME]}"),
+        ("{kernel[x]}", "{kernel} takes no key, got [x]"),
+        ("a}b", "unmatched '}' at position 1"),
+        ("{kernel", "malformed field at position 0"),
+        ("{attribute[../x]}", "invalid sysfs attribute name '../x'"),
+    ],
+)
+def test_template_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r".*") as info:
+        parse_template(text)
+    assert message in str(info.value)
+    assert repr(text) in str(info.value)
