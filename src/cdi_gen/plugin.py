@@ -132,7 +132,7 @@ class DevicePlugin:
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
         watch_interval: float = 0.15,
-        register_timeout: float = 5.0,
+        register_timeout: float = 10.0,
         max_backoff: float = 2.0,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
@@ -227,22 +227,29 @@ class DevicePlugin:
             st = os.lstat(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise RegistrationError(f"cannot serve on {str(path)!r}: {exc}") from exc
         else:
             if not stat.S_ISSOCK(st.st_mode):
                 raise RegistrationError(
                     f"{str(path)!r} exists and is not a socket; refusing to replace it"
                 )
-            # A socket left by an earlier run of ours: nothing can be listening on it.
-            path.unlink(missing_ok=True)
+            # Left by an earlier run, or by the instance we replace: the newest server
+            # takes the name, as the kubelet keeps only the newest registration anyway.
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise RegistrationError(f"cannot remove stale {str(path)!r}: {exc}") from exc
         server = grpc.aio.server()
         servicer = _Servicer(self)
         api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
             server.add_insecure_port(f"unix://{path}")
-            await server.start()
         except RuntimeError as exc:
             raise RegistrationError(f"cannot serve on {str(path)!r}: {exc}") from exc
+        # Recorded before start so that a cancelled start is still stopped by stop().
         self._server, self._servicer = server, servicer
+        await server.start()
         self._socket_id = _file_id(path)
         log.info("serving %s on %s", self.resource_name, path)
 
@@ -267,39 +274,58 @@ class DevicePlugin:
     async def _supervise(self) -> None:
         initial = min(0.1, self._max_backoff)
         delay = initial
+        fresh_server = False
         while True:
-            if _file_id(self.socket_path) != self._socket_id:
-                await self._restart_server()
-            kubelet_id = _file_id(self.kubelet_socket)
+            try:
+                kubelet_id = await self._register_once(fresh_server)
+                fresh_server = False
+            except Exception as exc:
+                # Serving failed (folder gone, bind refused...): keep trying, the kubelet
+                # folder may come back; the hook lets the agent decide to give up.
+                log.error("device plugin %s cannot serve: %s", self.resource_name, exc)
+                self._call_hook(self._on_register, False, str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_backoff)
+                continue
             if kubelet_id is None:
-                await self._poll(lambda: _file_id(self.kubelet_socket) is not None)
+                # Register failed; retry after the backoff, or at once if kubelet.sock is
+                # re-created meanwhile (the kubelet is back).
+                seen = _file_id(self.kubelet_socket)
+                await self._poll(functools.partial(self._kubelet_changed, seen), delay)
+                delay = min(delay * 2, self._max_backoff)
                 continue
-            error = await self._register()
-            self._call_hook(self._on_register, error is None, error or "")
-            if error is None:
-                self.registrations += 1
-                self._registered.set()
-                log.info("registered %s with the kubelet", self.resource_name)
-                delay = initial
-                await self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
-                log.info("kubelet restarted; serving %s again", self.resource_name)
-                self._registered.clear()
-                await self._restart_server()
-                continue
+            delay = initial
+            await self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
+            log.info("kubelet restarted; serving %s again", self.resource_name)
+            self._registered.clear()
+            fresh_server = True
+
+    async def _register_once(self, fresh_server: bool) -> _FileId | None:
+        """Serve anew if asked or if our socket is gone, wait for kubelet.sock, Register.
+
+        Return the identity of the kubelet.sock registered with, or None when Register
+        failed. Raises :class:`RegistrationError` when the socket cannot be served.
+        """
+        if fresh_server or self._server is None or _file_id(self.socket_path) != self._socket_id:
+            await self._restart_server()
+        await self._poll(lambda: _file_id(self.kubelet_socket) is not None)
+        kubelet_id = _file_id(self.kubelet_socket)
+        error = await self._register()
+        self._call_hook(self._on_register, error is None, error or "")
+        if error is not None:
             log.warning(
-                "registering %s with %s failed (retry in %.1fs): %s",
-                self.resource_name,
-                self.kubelet_socket,
-                delay,
-                error,
+                "registering %s with %s failed: %s", self.resource_name, self.kubelet_socket, error
             )
-            await self._poll(functools.partial(self._kubelet_changed, kubelet_id), delay)
-            delay = min(delay * 2, self._max_backoff)
+            return None
+        self.registrations += 1
+        self._registered.set()
+        log.info("registered %s with the kubelet", self.resource_name)
+        return kubelet_id
 
     def _kubelet_changed(self, seen: _FileId | None) -> bool:
         return _file_id(self.kubelet_socket) != seen
 
-    def _kubelet_restarted(self, registered_with: _FileId) -> bool:
+    def _kubelet_restarted(self, registered_with: _FileId | None) -> bool:
         if _file_id(self.socket_path) != self._socket_id:
             return True
         current = _file_id(self.kubelet_socket)

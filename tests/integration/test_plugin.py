@@ -296,6 +296,44 @@ async def test_plugin_reregisters_when_only_its_socket_is_removed(rig: Rig) -> N
     assert (rig.folder / "example.com-loop.sock").exists()
 
 
+async def test_plugin_serves_anew_when_only_kubelet_sock_is_recreated(rig: Rig) -> None:
+    socket = rig.folder / "example.com-loop.sock"
+    before = os.stat(socket)
+    await rig.kubelet.stop()
+    assert socket.exists()
+    await rig.kubelet.start()
+    again = await rig.kubelet.next_registration(within=5)
+    assert len(await again.next_devices()) == len(DEVICES)
+    after = os.stat(socket)
+    assert (after.st_ino, after.st_ctime_ns) != (before.st_ino, before.st_ctime_ns)
+
+
+class BrokenCache:
+    def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
+        raise OSError("spec folder unreadable")
+
+
+async def test_plugin_reports_unexpected_failures_as_internal(short_dir: Path) -> None:
+    outcomes: list[tuple[str, str]] = []
+
+    def on_allocate(outcome: str, reason: str) -> None:
+        outcomes.append((outcome, reason))
+        raise RuntimeError("a broken metrics hook must not break Allocate")
+
+    async for rig in make_rig(short_dir, on_allocate=on_allocate):
+        await rig.allocate("loop200")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await rig.allocate("loop9")
+        rig.plugin.spec_cache = BrokenCache()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await rig.allocate("loop200")
+        assert caught.value.code() == grpc.StatusCode.INTERNAL
+        assert caught.value.details() == (
+            "allocate for resource example.com/loop failed: spec folder unreadable"
+        )
+        assert outcomes == [("ok", ""), ("error", "unknown"), ("error", "internal")]
+
+
 async def test_plugin_waits_for_an_absent_kubelet(short_dir: Path) -> None:
     folder = short_dir / "dp"
     folder.mkdir()
