@@ -220,3 +220,247 @@ def schema(which: str) -> None:
     from cdi_gen.schema import cdi_spec_schema, config_schema, dump_schema
 
     sys.stdout.buffer.write(dump_schema(cdi_spec_schema() if which == "spec" else config_schema()))
+
+
+# --- udev discovery: discover, render, write, check-config (issue 3) ---------------------------
+
+_CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Agent config (YAML or JSON). Default: the embedded catalogue.",
+)
+_RECORDS_OPTION = click.option(
+    "--records",
+    "records_path",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Use recorded udev data (`udevadm info --export-db` text or a JSON list of "
+    "records) instead of this machine's devices.",
+)
+
+
+def _discover(
+    config_path: Path | None,
+    classes: Sequence[str],
+    records_path: Path | None,
+    vendor: str | None = None,
+) -> Any:
+    """Load the config, read the devices and return a fed :class:`Discovery`."""
+    from cdi_gen.config import load_config
+    from cdi_gen.discovery import Discovery
+    from cdi_gen.errors import DiscoveryError
+    from cdi_gen.udev import enumerate_records, record_from_json, records_from_export_db
+
+    config = load_config(config_path)
+    if vendor is not None:
+        config = config.with_vendor(vendor)
+    discovery = Discovery(config, classes or None)
+    if records_path is None:
+        records = enumerate_records(
+            subsystems=discovery.subsystems, interest=discovery.interest, wants=discovery.wants
+        )
+    else:
+        import orjson
+
+        data = records_path.read_bytes()
+        try:
+            records = (
+                [record_from_json(r) for r in orjson.loads(data)]
+                if data.lstrip().startswith(b"[")
+                else records_from_export_db(data.decode("utf-8", "replace"))
+            )
+        except (ValueError, TypeError) as exc:
+            raise DiscoveryError(f"{records_path}: not udev records: {exc}") from exc
+    discovery.replace(records)
+    return discovery
+
+
+def _warn(discovery: Any, cls: str) -> None:
+    for warning in discovery.warnings(cls):
+        click.echo(f"warning: {warning}", err=True)
+
+
+@cli.command()
+@_CONFIG_OPTION
+@click.option("--class", "classes", multiple=True, help="Only this class (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_RECORDS_OPTION
+def discover(
+    config_path: Path | None, classes: tuple[str, ...], as_json: bool, records_path: Path | None
+) -> None:
+    """The devices each class matches now: names, nodes, major:minor, NUMA, matching rule."""
+    discovery = _discover(config_path, classes, records_path)
+    vendor = discovery.config.vendor
+    if as_json:
+        import orjson
+
+        doc = {
+            "vendor": vendor,
+            "classes": {
+                cls: {
+                    "kind": f"{vendor}/{cls}",
+                    "devices": [
+                        {
+                            "name": d.name,
+                            "qualifiedName": f"{vendor}/{cls}={d.name}",
+                            "healthy": d.healthy,
+                            "numaNode": d.numa_node,
+                            "physical": d.physical,
+                            "nodes": [
+                                {
+                                    "hostPath": n.host_path,
+                                    "containerPath": n.container_path,
+                                    "type": n.type,
+                                    "major": n.major,
+                                    "minor": n.minor,
+                                    "sysPath": n.sys_path,
+                                }
+                                for n in d.nodes
+                            ],
+                            "rules": list(d.rules),
+                        }
+                        for d in discovery.devices(cls)
+                    ],
+                    "warnings": [str(w) for w in discovery.warnings(cls)],
+                }
+                for cls in discovery.class_names
+            },
+        }
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    for cls in discovery.class_names:
+        devices = discovery.devices(cls)
+        if not devices:
+            click.echo(f"{vendor}/{cls}: no device")
+            _warn(discovery, cls)
+            continue
+        click.echo(f"{vendor}/{cls}: {len(devices)} device{'s' if len(devices) > 1 else ''}")
+        width = max(len(d.name) for d in devices)
+        for d in devices:
+            nodes = " ".join(
+                f"{n.host_path}({n.major}:{n.minor})" if n.major is not None else n.host_path
+                for n in d.nodes
+            )
+            numa = "-" if d.numa_node is None else str(d.numa_node)
+            health = "" if d.healthy else "  UNHEALTHY"
+            rules = " | ".join(dict.fromkeys(d.rules))
+            click.echo(f"  {d.name:<{width}}  {nodes}  numa={numa}{health}  [{rules}]")
+        _warn(discovery, cls)
+
+
+@cli.command()
+@click.option("--vendor", help="CDI vendor / resource domain. Default: the config's vendor.")
+@click.option("--class", "cls", required=True, help="The class to render.")
+@_CONFIG_OPTION
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "yaml"]), default="json", show_default=True
+)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path, dir_okay=False), help="Default: stdout."
+)
+@click.option(
+    "--cdi-version",
+    help="Pin cdiVersion (refused if the spec needs newer). Default: the class's pin, or the "
+    "minimum the spec needs.",
+)
+@_RECORDS_OPTION
+def render(
+    *,
+    vendor: str | None,
+    cls: str,
+    config_path: Path | None,
+    fmt: Format,
+    output: Path | None,
+    cdi_version: str | None,
+    records_path: Path | None,
+) -> None:
+    """Render the CDI spec of one class from the devices present now."""
+    from cdi_gen.config import AgentConfig
+    from cdi_gen.errors import DiscoveryError
+
+    discovery = _discover(config_path, [cls], records_path, vendor)
+    config: AgentConfig = discovery.config
+    _warn(discovery, cls)
+    class_config = discovery.config_of(cls)
+    if not discovery.devices(cls):
+        rules = " | ".join(r.describe() for r in class_config.match)
+        raise DiscoveryError(
+            f"class {cls!r} ({config.vendor}/{cls}) has no device: nothing matches {rules}"
+        )
+    spec = discovery.spec(cls)
+    emit_spec(spec, fmt=fmt, output=output, cdi_version=cdi_version or class_config.cdi_version)
+
+
+@cli.command()
+@_CONFIG_OPTION
+@click.option(
+    "--spec-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/var/run/cdi",
+    show_default=True,
+    help="Spec folder to write into.",
+)
+@click.option("--class", "classes", multiple=True, help="Only this class (repeatable).")
+@_RECORDS_OPTION
+def write(
+    config_path: Path | None,
+    spec_dir: Path,
+    classes: tuple[str, ...],
+    records_path: Path | None,
+) -> None:
+    """Write the spec of every class with devices; remove our specs of classes without.
+
+    One-shot host mode (a systemd unit or udev rule for podman/docker). Each file is written
+    atomically and only if it changes; foreign files are never touched.
+    """
+    from cdi_gen.errors import CdiGenError, SpecError
+    from cdi_gen.validation import check_spec
+    from cdi_gen.writer import owned_specs, remove_spec, spec_filename, write_spec
+
+    discovery = _discover(config_path, classes, records_path)
+    vendor = discovery.config.vendor
+    failures: list[str] = []
+    for cls in discovery.class_names:
+        _warn(discovery, cls)
+        path = spec_dir / spec_filename(vendor, cls)
+        try:
+            spec = discovery.spec(cls)
+            if spec is None:
+                if remove_spec(spec_dir, vendor, cls):
+                    click.echo(f"{vendor}/{cls}: no device, removed {path}")
+                continue
+            problems = check_spec(spec)
+            if problems:
+                raise SpecError(problems, f"{vendor}/{cls}")
+            changed = write_spec(spec_dir, spec)
+        except CdiGenError as exc:
+            failures.extend(str(exc).splitlines())
+            continue
+        count = len(spec.devices)
+        state = "written" if changed else "unchanged"
+        click.echo(f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}, {path} {state}")
+    if not classes:
+        # Classes that left the config have no devices any more either.
+        configured = set(discovery.class_names)
+        for owned_vendor, owned_cls in owned_specs(spec_dir):
+            if owned_vendor == vendor and owned_cls not in configured:
+                try:
+                    if remove_spec(spec_dir, owned_vendor, owned_cls):
+                        click.echo(f"{vendor}/{owned_cls}: not configured, removed")
+                except CdiGenError as exc:
+                    failures.extend(str(exc).splitlines())
+    if failures:
+        from cdi_gen.errors import SpecWriteError
+
+        raise SpecWriteError("\n".join(failures))
+
+
+@cli.command("check-config")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+def check_config(path: Path) -> None:
+    """Validate an agent config; print its classes. Exit 2 with one line per problem."""
+    from cdi_gen.config import load_config
+
+    config = load_config(path)
+    names = ", ".join(c.name for c in config.classes)
+    click.echo(f"{path}: OK, vendor {config.vendor}, {len(config.classes)} classes: {names}")
