@@ -91,6 +91,8 @@ async def make_rig(short_dir: Path, **plugin_args: object) -> AsyncIterator[Rig]
     await plugin.start()
     try:
         connection = await kubelet.next_registration()
+        # The fake records the request before the plugin sees Register return.
+        await asyncio.wait_for(plugin.wait_registered(), 5)
         yield Rig(folder, spec_dir, board, plugin, kubelet, connection)
     finally:
         await plugin.stop()
@@ -286,6 +288,7 @@ async def test_plugin_reregisters_after_a_kubelet_restart(rig: Rig) -> None:
         )
     )
     assert response.container_responses[0].cdi_devices[0].name == "example.com/loop=loop200"
+    await asyncio.wait_for(rig.plugin.wait_registered(), 5)
     assert rig.plugin.registrations == 2
 
 
@@ -356,6 +359,7 @@ async def test_plugin_waits_for_an_absent_kubelet(short_dir: Path) -> None:
         async with FakeKubelet(folder) as kubelet:
             connection = await kubelet.next_registration(within=3)
             assert connection.request.resource_name == KIND
+            await asyncio.wait_for(plugin.wait_registered(), 5)
         assert registrations[-1] == (True, "")
 
 
