@@ -137,11 +137,11 @@ def remove_stale_temps(spec_dir: Path) -> int:
     removed = 0
     try:
         entries = list(os.scandir(spec_dir))
-    except FileNotFoundError:
-        return 0
+    except OSError:
+        return 0  # absent or unreadable: the write that follows reports why
     for entry in entries:
         if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
                 removed += 1
     return removed
@@ -237,7 +237,7 @@ def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     try:
         entries = list(os.scandir(spec_dir))
-    except FileNotFoundError:
+    except OSError:
         return found
     for entry in entries:
         if not (entry.name.startswith(".") and entry.name.endswith(OWNER_SUFFIX)):

@@ -1,0 +1,185 @@
+"""The node agent end to end on this machine: real loop devices and kernel uevents, real spec
+files, real gRPC to a fake kubelet; the ordering invariant checked at every message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
+from cdi_gen.agent import Agent, AgentOptions
+from cdi_gen.config import parse_config
+from tests.e2e.consumers import LoopDevices
+from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
+
+LOW, HIGH = 300, 399  # kept apart from the 200-299 range other tests use
+
+
+def _config() -> dict[str, object]:
+    return {
+        "vendor": "example.com",
+        "classes": [
+            {
+                "name": "loop",
+                "match": {"subsystem": "block", "kernel": "loop3[0-9][0-9]"},
+                "deviceName": "{kernel}",
+                "containerEdits": {"env": ["LOOP_DEVICE={name}"]},
+            }
+        ],
+    }
+
+
+def _spec_names(spec_dir: Path) -> set[str]:
+    try:
+        doc = orjson.loads((spec_dir / "example.com-loop.json").read_bytes())
+    except FileNotFoundError:
+        return set()
+    return {d["name"] for d in doc["devices"]}
+
+
+@pytest.fixture
+def loops() -> LoopDevices:
+    if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
+        pytest.fail("these tests need root and /dev/loop-control (CI runs as root)")
+    devices = LoopDevices(low=LOW, high=HIGH)
+    yield devices
+    devices.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def running_agent(short_dir: Path, **options: object) -> AsyncIterator[Agent]:
+    config = parse_config(_config(), "test.yaml")
+    agent = Agent(
+        config,
+        AgentOptions(
+            spec_dir=short_dir / "cdi",
+            plugin_dir=short_dir / "dp",
+            udev_source="kernel",
+            metrics_address="127.0.0.1:0",
+            **options,  # type: ignore[arg-type]
+        ),
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.started.wait(), 10)
+        yield agent
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def _next_checked(plugin: ConnectedPlugin, spec_dir: Path) -> set[str]:
+    """Next ListAndWatch list; every advertised healthy ID must already be in the spec."""
+    devices = await plugin.next_devices(within=5)
+    healthy = {i for i, d in devices.items() if d.health == "Healthy"}
+    on_disk = _spec_names(spec_dir)
+    assert healthy <= on_disk, f"advertised before written: {healthy - on_disk}"
+    return set(devices)
+
+
+async def _until(plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: set[str]) -> None:
+    for _ in range(50):
+        if (await _next_checked(plugin, spec_dir)) & mine == want:
+            return
+    raise AssertionError(f"never advertised {want}")
+
+
+async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevices) -> None:
+    first = loops.add()
+    spec_dir = short_dir / "cdi"
+    async with FakeKubelet(short_dir / "dp") as kubelet, running_agent(short_dir) as agent:
+        plugin = await kubelet.next_registration(within=10)
+        assert plugin.request.resource_name == "example.com/loop"
+        assert plugin.request.endpoint == "example.com-loop.sock"
+        ids = await _next_checked(plugin, spec_dir)
+        assert first.name in ids
+
+        second = loops.add()
+        mine = {first.name, second.name}
+        await _until(plugin, spec_dir, mine, mine)
+        assert second.name in _spec_names(spec_dir)
+
+        response = await plugin.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=[second.name, first.name])
+                ]
+            )
+        )
+        (container,) = response.container_responses
+        assert [d.name for d in container.cdi_devices] == [
+            f"example.com/loop={second.name}",
+            f"example.com/loop={first.name}",
+        ]
+        assert not container.envs and not container.devices and not container.mounts
+
+        # Removal: withdrawn from ListAndWatch first, then from the spec.
+        loops.remove(second)
+        await _until(plugin, spec_dir, {first.name}, mine)
+        for _ in range(100):
+            if second.name not in _spec_names(spec_dir):
+                break
+            await asyncio.sleep(0.01)
+        assert second.name not in _spec_names(spec_dir)
+
+        # A device that comes back goes through the same steps.
+        loops.add(second)
+        await _until(plugin, spec_dir, mine, mine)
+
+        # Kubelet restart: the plugin re-creates its socket and registers again.
+        await kubelet.restart()
+        again = await kubelet.next_registration(within=5)
+        assert again.request.resource_name == "example.com/loop"
+        assert {first.name, second.name} <= await _next_checked(again, spec_dir)
+
+        host, port = agent._http.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        body = (await reader.read()).decode()
+        writer.close()
+        assert 'cdi_gen_devices{health="Healthy",resource="example.com/loop"}' in body
+        assert "cdi_gen_allocations_total" in body
+        sock = short_dir / "dp" / "example.com-loop.sock"
+        assert sock.exists()
+    # Shutdown: socket removed, spec kept for running pods.
+    assert not sock.exists()
+    assert first.name in _spec_names(spec_dir)
+
+
+async def test_cleanup_on_exit_and_stale_specs(short_dir: Path, loops: LoopDevices) -> None:
+    from cdi_gen import writer
+    from cdi_gen.entry import assemble, build_entry
+
+    spec_dir = short_dir / "cdi"
+    stale = assemble("example.com/gone", [build_entry("x0", {"env": ["A=1"]})])
+    writer.write_document(spec_dir, stale)
+    (spec_dir / "foreign.json").write_text("{}")
+    first = loops.add()
+    async with running_agent(short_dir, cleanup_on_exit=True, kubelet=False):
+        assert first.name in _spec_names(spec_dir)
+        assert not (spec_dir / "example.com-gone.json").exists()
+    assert not (spec_dir / "example.com-loop.json").exists()
+    assert (spec_dir / "foreign.json").read_text() == "{}"
+
+
+async def test_unwritable_spec_folder_is_retried_not_advertised(
+    short_dir: Path, loops: LoopDevices
+) -> None:
+    spec_dir = short_dir / "cdi"
+    spec_dir.write_text("not a folder")  # every write fails until this is fixed
+    first = loops.add()
+    async with FakeKubelet(short_dir / "dp") as kubelet, running_agent(short_dir) as agent:
+        plugin = await kubelet.next_registration(within=10)
+        assert first.name not in await plugin.next_devices(within=5)
+        assert agent.ready()[0] is False
+        spec_dir.unlink()
+        await _until(plugin, spec_dir, {first.name}, {first.name})
+        assert first.name in _spec_names(spec_dir)
