@@ -50,6 +50,13 @@ def _mounts_under(prefix: Path) -> list[str]:
     return sorted(points, key=lambda p: p.count("/"), reverse=True)
 
 
+def _bound_sockets() -> set[str]:
+    """Paths of unix sockets that some process holds bound (from /proc/net/unix)."""
+    with open("/proc/net/unix") as f:
+        next(f)
+        return {"/" + parts[7].lstrip("/") for line in f if len(parts := line.split()) >= 8}
+
+
 def _shim_pids(address: Path) -> list[int]:
     """containerd-shim processes that serve this daemon (their -address is our socket)."""
     pids = []
@@ -207,8 +214,13 @@ class Containerd:
         return problems
 
     def _remove_cgroups(self, problems: list[str]) -> None:
+        # Empty k8s.io parents that appeared while we ran: removed if nobody uses them (a
+        # parallel daemon might), never reported.
+        for top in CGROUP_ROOT.glob("*/k8s.io"):
+            if top not in self._cgroups_before:
+                with contextlib.suppress(OSError):
+                    top.rmdir()
         ours = [p for p in CGROUP_ROOT.glob("*" + self.cgroup_parent) if p.is_dir()]
-        ours += [p for p in CGROUP_ROOT.glob("*/k8s.io") if p not in self._cgroups_before]
         for top in ours:
             # Children first; a cgroup directory can only be removed once it is empty.
             for d in sorted(
@@ -225,7 +237,12 @@ class Containerd:
 
     def _remove_run_entries(self) -> None:
         created = _snapshot_run_containerd() - self._run_before
+        # Another daemon (a parallel session) may have created entries meanwhile: a socket
+        # that something still listens on is not ours to remove.
+        busy = _bound_sockets()
         for entry in sorted(created, key=lambda p: len(p.parts), reverse=True):
+            if str(entry) in busy:
+                continue
             with contextlib.suppress(OSError):
                 if entry.is_dir() and not entry.is_symlink():
                     entry.rmdir()
