@@ -1,0 +1,303 @@
+"""udev discovery against the real kernel: brand-new loop devices, real uevents, real spec files.
+
+Loop devices are created and removed through /dev/loop-control (numbers 300-999, clear of the
+machine's loop0-7 and of the 200-299 range the e2e tests use), with the kernel netlink source
+and with a udevd this test starts itself. Each test follows the events the way the agent does
+(batches → Discovery → writer) and asserts the spec folder follows the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Literal
+
+import orjson
+import pytest
+
+from cdi_gen.config import AgentConfig, parse_config
+from cdi_gen.discovery import Discovery
+from cdi_gen.udev import UDEV_RUN_DIR, UdevBatch, UdevWatcher, udevd_running
+from cdi_gen.writer import remove_spec, spec_filename, write_spec
+
+pytestmark = pytest.mark.kernel
+
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+UDEVD = Path("/lib/systemd/systemd-udevd")
+TIMEOUT = 5.0
+
+
+class Loops:
+    """Creates loop devices and removes every one of them at the end, whatever happens."""
+
+    def __init__(self) -> None:
+        self.created: set[int] = set()
+        self.fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+
+    def free_number(self) -> int:
+        while True:
+            n = random.randrange(300, 1000)
+            if n not in self.created and not os.path.exists(f"/sys/block/loop{n}"):
+                return n
+
+    def add(self, n: int) -> None:
+        fcntl.ioctl(self.fd, LOOP_CTL_ADD, n)
+        self.created.add(n)
+
+    def remove(self, n: int) -> None:
+        # With udevd running, its probe may still hold the device open: EBUSY, retry.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                fcntl.ioctl(self.fd, LOOP_CTL_REMOVE, n)
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENODEV:
+                    break
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+        self.created.discard(n)
+
+    def close(self) -> None:
+        try:
+            for n in sorted(self.created):
+                with contextlib.suppress(OSError):
+                    self.remove(n)
+        finally:
+            os.close(self.fd)
+
+
+@pytest.fixture
+def loops() -> Iterator[Loops]:
+    if not os.path.exists("/dev/loop-control"):
+        pytest.fail("/dev/loop-control is missing: these tests need the loop driver and root")
+    created = Loops()
+    try:
+        yield created
+    finally:
+        created.close()
+
+
+@pytest.fixture
+def udevd() -> Iterator[None]:
+    """A udevd for the test, started here unless one already runs; stopped if started here."""
+    if udevd_running():
+        yield
+        return
+    if not UDEVD.exists():
+        pytest.fail(f"{UDEVD} is missing: install it with `apt-get install -y udev` (CI does)")
+    had_run_dir = UDEV_RUN_DIR.exists()
+    proc = subprocess.Popen([str(UDEVD)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            subprocess.run(
+                ["udevadm", "control", "--ping"], capture_output=True, check=False
+            ).returncode
+            != 0
+        ):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"systemd-udevd did not come up (exit code {proc.poll()})")
+            time.sleep(0.02)
+        yield
+    finally:
+        subprocess.run(["udevadm", "control", "--exit"], capture_output=True, check=False)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if not had_run_dir:
+            # /run/udev outlives udevd; leave the machine as we found it.
+            shutil.rmtree(UDEV_RUN_DIR, ignore_errors=True)
+
+
+def _config(numbers: list[int]) -> AgentConfig:
+    kernel = "|".join(f"loop{n}" for n in numbers)
+    return parse_config(
+        {
+            "vendor": "example.com",
+            "classes": [
+                {
+                    "name": "loop",
+                    "match": {"subsystem": "block", "kernel": kernel},
+                    "containerEdits": {"env": ["LOOP={name}"]},
+                }
+            ],
+        },
+        "test",
+    )
+
+
+class Follower:
+    """The agent's loop in miniature: udev batches → Discovery → spec folder."""
+
+    def __init__(self, config: AgentConfig, spec_dir: Path, source: Literal["udev", "kernel"]):
+        self.discovery = Discovery(config)
+        self.spec_dir = spec_dir
+        self.watcher = UdevWatcher(
+            source=source,
+            subsystems=self.discovery.subsystems,
+            interest=self.discovery.interest,
+            wants=self.discovery.wants,
+        )
+        self.batches: list[UdevBatch] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def _sync(self) -> None:
+        for cls in self.discovery.class_names:
+            spec = self.discovery.spec(cls)
+            if spec is None:
+                remove_spec(self.spec_dir, self.discovery.config.vendor, cls)
+            else:
+                write_spec(self.spec_dir, spec)
+
+    async def _run(self) -> None:
+        async for batch in self.watcher.batches():
+            self.batches.append(batch)
+            if batch.full:
+                changes = self.discovery.replace(batch.records)
+            else:
+                changes = self.discovery.apply(batch.records)
+            if changes:
+                self._sync()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Follower]:
+        self.discovery.replace(self.watcher.start())
+        self._sync()
+        self._task = asyncio.create_task(self._run())
+        try:
+            yield self
+        finally:
+            self.watcher.close()
+            await asyncio.wait_for(self._task, TIMEOUT)
+
+    def spec_names(self) -> list[str]:
+        path = self.spec_dir / spec_filename("example.com", "loop")
+        try:
+            doc = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return []
+        return [d["name"] for d in doc["devices"]]
+
+
+async def _until(predicate: object, what: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {TIMEOUT}s waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def _follow_add_remove(
+    loops: Loops, tmp_path: Path, source: Literal["udev", "kernel"]
+) -> Follower:
+    a, b = loops.free_number(), loops.free_number()
+    while b == a:
+        b = loops.free_number()
+    loops.add(a)  # present before start: found by the enumeration
+    follower = Follower(_config([a, b]), tmp_path, source)
+    async with follower.running():
+        assert follower.watcher.source == source
+        assert follower.spec_names() == [f"loop{a}"]
+        loops.add(b)
+        await _until(
+            lambda: follower.spec_names() == sorted([f"loop{a}", f"loop{b}"]),
+            f"loop{b} in the spec",
+        )
+        devices = {d.name: d for d in follower.discovery.devices("loop")}
+        node = devices[f"loop{b}"].nodes[0]
+        st = os.stat(f"/dev/loop{b}")
+        assert (node.major, node.minor) == (os.major(st.st_rdev), os.minor(st.st_rdev))
+        assert devices[f"loop{b}"].healthy
+        loops.remove(a)
+        await _until(lambda: follower.spec_names() == [f"loop{b}"], f"loop{a} gone from the spec")
+        loops.remove(b)
+        await _until(
+            lambda: not (tmp_path / spec_filename("example.com", "loop")).exists(),
+            "the spec file removed with the last device",
+        )
+    return follower
+
+
+async def test_kernel_source_follows_loop_hotplug(loops: Loops, tmp_path: Path) -> None:
+    follower = await _follow_add_remove(loops, tmp_path, "kernel")
+    actions = [r.action for b in follower.batches for r in b.records]
+    assert actions.count("add") == 1 and actions.count("remove") == 2
+
+
+async def test_udev_source_follows_loop_hotplug(udevd: None, loops: Loops, tmp_path: Path) -> None:
+    follower = await _follow_add_remove(loops, tmp_path, "udev")
+    added = [r for b in follower.batches for r in b.records if r.action == "add"]
+    # Processed by udevd, not raw kernel events: udevd stamps its own properties.
+    assert added and "USEC_INITIALIZED" in added[0].properties
+
+
+async def test_resync_enumerates_again(loops: Loops, tmp_path: Path) -> None:
+    n = loops.free_number()
+    follower = Follower(_config([n]), tmp_path, "kernel")
+    async with follower.running():
+        loops.add(n)
+        await _until(lambda: follower.spec_names() == [f"loop{n}"], f"loop{n} in the spec")
+        follower.watcher.request_resync()
+        await _until(lambda: any(b.full for b in follower.batches), "a full batch")
+        full = next(b for b in follower.batches if b.full)
+        assert f"loop{n}" in [r.sys_name for r in full.records]
+        assert follower.spec_names() == [f"loop{n}"]
+        loops.remove(n)
+        await _until(lambda: follower.spec_names() == [], f"loop{n} gone")
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the real entry point (with its error → exit code mapping)."""
+    from cdi_gen.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def test_cli_discover_and_write_see_a_new_loop(
+    loops: Loops, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    n = loops.free_number()
+    loops.add(n)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "vendor: example.com\nclasses:\n"
+        f"  - name: loop\n    match: {{subsystem: block, kernel: loop{n}}}\n"
+    )
+    code, out, err = _cli(capsys, "discover", "--config", str(config), "--json")
+    assert code == 0, err
+    (device,) = orjson.loads(out)["classes"]["loop"]["devices"]
+    assert device["qualifiedName"] == f"example.com/loop=loop{n}"
+    assert device["nodes"][0]["hostPath"] == f"/dev/loop{n}"
+    spec_dir = tmp_path / "cdi"
+    code, out, err = _cli(capsys, "write", "--config", str(config), "--spec-dir", str(spec_dir))
+    assert code == 0, err
+    written = orjson.loads((spec_dir / "example.com-loop.json").read_bytes())
+    assert [d["name"] for d in written["devices"]] == [f"loop{n}"]
+    loops.remove(n)
+    code, out, err = _cli(capsys, "write", "--config", str(config), "--spec-dir", str(spec_dir))
+    assert code == 0, err
+    assert not (spec_dir / "example.com-loop.json").exists()
+    code, out, err = _cli(capsys, "render", "--config", str(config), "--class", "loop")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"error: class 'loop' (example.com/loop) has no device: nothing matches "
+        f'SUBSYSTEM=="block", KERNEL=="loop{n}"\n'
+    )
