@@ -159,6 +159,7 @@ class DevicePlugin:
         self._supervisor: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
         self._list_cache: tuple[int, api_pb2.ListAndWatchResponse | None] = (-1, None)
+        self._wire_devices: dict[AdvertisedDevice, api_pb2.Device] = {}
         #: Successful registrations so far (a kubelet restart adds one).
         self.registrations = 0
 
@@ -366,9 +367,13 @@ class DevicePlugin:
         """The ListAndWatchResponse for the board's current devices (shared by all streams)."""
         version, response = self._list_cache
         if version != self.board.version or response is None:
-            response = api_pb2.ListAndWatchResponse(
-                devices=[_wire_device(d) for d in self.board.devices.values()]
-            )
+            # Building a Device message costs more than copying one; most publishes change
+            # a few devices out of many, so unchanged devices reuse their message.
+            known, wires = self._wire_devices, {}
+            for device in self.board.devices.values():
+                wires[device] = known.get(device) or _wire_device(device)
+            self._wire_devices = wires
+            response = api_pb2.ListAndWatchResponse(devices=wires.values())
             self._list_cache = (self.board.version, response)
         return response
 
