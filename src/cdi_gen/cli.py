@@ -464,3 +464,242 @@ def check_config(path: Path) -> None:
     config = load_config(path)
     names = ", ".join(c.name for c in config.classes)
     click.echo(f"{path}: OK, vendor {config.vendor}, {len(config.classes)} classes: {names}")
+
+
+# --- the node agent and the preflight doctor (issue 5) -------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="CDI_GEN_CONFIG",
+    help="Agent config (YAML or JSON). Default: the embedded catalogue.  [env: CDI_GEN_CONFIG]",
+)
+@click.option(
+    "--spec-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/var/run/cdi",
+    show_default=True,
+    envvar="CDI_GEN_SPEC_DIR",
+    help="Folder our spec files go to (/etc/cdi for static mode).  [env: CDI_GEN_SPEC_DIR]",
+)
+@click.option(
+    "--runtime-spec-dir",
+    "runtime_spec_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="CDI_GEN_RUNTIME_SPEC_DIRS",
+    help="Folders the container runtime reads, lowest priority first (repeatable); Allocate "
+    "checks names against them. Default: /etc/cdi and --spec-dir.  "
+    "[env: CDI_GEN_RUNTIME_SPEC_DIRS, space-separated]",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/var/lib/kubelet/device-plugins",
+    show_default=True,
+    envvar="CDI_GEN_DEVICE_PLUGIN_DIR",
+    help="The kubelet's device plugin folder.  [env: CDI_GEN_DEVICE_PLUGIN_DIR]",
+)
+@click.option(
+    "--udev-source",
+    type=click.Choice(["auto", "udev", "kernel"]),
+    envvar="CDI_GEN_UDEV_SOURCE",
+    help="Netlink source. Default: the config's (auto: udev when udevd runs).  "
+    "[env: CDI_GEN_UDEV_SOURCE]",
+)
+@click.option(
+    "--metrics-address",
+    envvar="CDI_GEN_METRICS_ADDRESS",
+    default=":9400",
+    show_default=True,
+    help="HOST:PORT of /metrics, /healthz and /readyz; empty to disable.  "
+    "[env: CDI_GEN_METRICS_ADDRESS]",
+)
+@click.option(
+    "--cdi-annotations",
+    is_flag=True,
+    envvar="CDI_GEN_CDI_ANNOTATIONS",
+    help="Also answer Allocate with cdi.k8s.io/ annotations (containerd 1.7.0/1.7.1, CRI-O "
+    "< 1.28).  [env: CDI_GEN_CDI_ANNOTATIONS]",
+)
+@click.option(
+    "--cleanup-on-exit",
+    is_flag=True,
+    envvar="CDI_GEN_CLEANUP_ON_EXIT",
+    help="Remove our spec files on exit (default: keep them for running pods).  "
+    "[env: CDI_GEN_CLEANUP_ON_EXIT]",
+)
+@click.option(
+    "--no-kubelet",
+    is_flag=True,
+    envvar="CDI_GEN_NO_KUBELET",
+    help="Host mode: keep the spec files current, serve no device plugin.  "
+    "[env: CDI_GEN_NO_KUBELET]",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="CDI_GEN_LOG_FORMAT",
+    help="[env: CDI_GEN_LOG_FORMAT]",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    envvar="CDI_GEN_LOG_LEVEL",
+    help="[env: CDI_GEN_LOG_LEVEL]",
+)
+def run(
+    *,
+    config_path: Path | None,
+    spec_dir: Path,
+    runtime_spec_dirs: tuple[Path, ...],
+    device_plugin_dir: Path,
+    udev_source: str | None,
+    metrics_address: str,
+    cdi_annotations: bool,
+    cleanup_on_exit: bool,
+    no_kubelet: bool,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """The node agent: follow udev, keep spec files current, serve a device plugin per class.
+
+    Runs until SIGTERM or SIGINT, then removes its sockets and exits 0.
+    """
+    import asyncio
+
+    from cdi_gen.agent import Agent, AgentOptions
+    from cdi_gen.config import load_config
+    from cdi_gen.errors import ConfigError
+    from cdi_gen.logs import setup_logging
+    from cdi_gen.metrics import parse_address
+
+    config = load_config(config_path)
+    if metrics_address:
+        try:
+            parse_address(metrics_address)
+        except ValueError as exc:
+            raise ConfigError(f"--metrics-address: {exc}") from None
+    setup_logging(log_format, log_level)
+    options = AgentOptions(
+        spec_dir=spec_dir,
+        plugin_dir=device_plugin_dir,
+        runtime_spec_dirs=runtime_spec_dirs,
+        udev_source=udev_source,
+        metrics_address=metrics_address or None,
+        cdi_annotations=cdi_annotations,
+        cleanup_on_exit=cleanup_on_exit,
+        kubelet=not no_kubelet,
+    )
+    asyncio.run(Agent(config, options).run())
+
+
+@cli.command()
+@_CONFIG_OPTION
+@click.option(
+    "--spec-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/var/run/cdi",
+    show_default=True,
+    help="The folder the agent writes to.",
+)
+@click.option(
+    "--runtime-spec-dir",
+    "runtime_spec_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folders the runtime reads (repeatable). Default: /etc/cdi and /var/run/cdi.",
+)
+@click.option(
+    "--containerd-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default="/etc/containerd/config.toml",
+    show_default=True,
+)
+@click.option(
+    "--containerd-version",
+    help="Assume this containerd version (X.Y.Z) instead of asking `containerd --version`.",
+)
+@click.option(
+    "--crio-config",
+    "crio_configs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="CRI-O config file or drop-in folder (repeatable). Default: /etc/crio/crio.conf and "
+    "/etc/crio/crio.conf.d.",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/var/lib/kubelet/device-plugins",
+    show_default=True,
+)
+@_RECORDS_OPTION
+def doctor(
+    *,
+    config_path: Path | None,
+    spec_dir: Path,
+    runtime_spec_dirs: tuple[Path, ...],
+    containerd_config: Path,
+    containerd_version: str | None,
+    crio_configs: tuple[Path, ...],
+    device_plugin_dir: Path,
+    records_path: Path | None,
+) -> None:
+    """Check this node: runtime CDI config, spec folders, kubelet, udev, class matches.
+
+    One line per check (OK, WARN or FAIL with what to do); exit 1 if any check FAILs.
+    """
+    import re
+
+    from cdi_gen import doctor as dr
+    from cdi_gen.errors import ConfigError
+
+    if containerd_version is not None:
+        m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", containerd_version)
+        if not m:
+            raise ConfigError(f"--containerd-version: {containerd_version!r} is not X.Y.Z")
+        version: tuple[int, int, int] | None = (int(m[1]), int(m[2]), int(m[3]))
+    else:
+        version = dr.containerd_version()
+    dirs = runtime_spec_dirs or tuple(Path(d) for d in dr.DEFAULT_RUNTIME_SPEC_DIRS)
+    discovery = _discover(config_path, (), records_path)
+    checks = dr.check_containerd(containerd_config, spec_dir, version)
+    checks += dr.check_crio(
+        crio_configs or (dr.DEFAULT_CRIO_CONFIG, dr.DEFAULT_CRIO_CONFIG.parent / "crio.conf.d"),
+        spec_dir,
+    )
+    if not any(dr.same_dir(str(d), spec_dir) for d in dirs):
+        checks.append(
+            dr.Check(
+                "FAIL",
+                "spec folders",
+                f"{spec_dir} is not among the runtime folders {', '.join(map(str, dirs))}",
+                "write into a folder the runtime reads",
+            )
+        )
+    checks += dr.check_spec_dirs(dirs, spec_dir, discovery.config.vendor)
+    checks += dr.check_kubelet(device_plugin_dir)
+    checks += dr.check_udev()
+    checks += dr.check_classes(
+        (
+            cls,
+            " | ".join(r.describe() for r in discovery.config_of(cls).match),
+            len(discovery.devices(cls)),
+        )
+        for cls in discovery.class_names
+    )
+    for check in checks:
+        click.echo(check.line())
+    failed = sum(1 for c in checks if c.status == "FAIL")
+    warned = sum(1 for c in checks if c.status == "WARN")
+    click.echo(f"{len(checks)} checks: {failed} FAIL, {warned} WARN")
+    if failed:
+        sys.exit(1)

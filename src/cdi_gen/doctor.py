@@ -40,7 +40,7 @@ class Check:
         return f"{text} -> {self.fix}" if self.fix and self.status != "OK" else text
 
 
-def _same_dir(a: str, b: Path) -> bool:
+def same_dir(a: str, b: Path) -> bool:
     # /var/run is usually a link to /run: compare both spellings and the resolved paths.
     return os.path.normpath(a) == os.path.normpath(str(b)) or os.path.realpath(
         a
@@ -164,7 +164,7 @@ def check_containerd(
     else:
         checks.append(Check("OK", topic, f"CDI enabled in {where}"))
     dirs = section.get("cdi_spec_dirs", list(DEFAULT_RUNTIME_SPEC_DIRS))
-    if any(_same_dir(d, spec_dir) for d in dirs):
+    if any(same_dir(d, spec_dir) for d in dirs):
         checks.append(Check("OK", topic, f"cdi_spec_dirs {dirs} include {spec_dir}"))
     else:
         checks.append(
@@ -199,7 +199,7 @@ def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
     if not seen:
         return []
     dirs = dirs if dirs is not None else list(DEFAULT_RUNTIME_SPEC_DIRS)
-    if any(_same_dir(d, spec_dir) for d in dirs):
+    if any(same_dir(d, spec_dir) for d in dirs):
         return [Check("OK", "cri-o", f"cdi_spec_dirs {dirs} include {spec_dir}")]
     return [
         Check(

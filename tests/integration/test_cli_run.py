@@ -1,0 +1,104 @@
+"""`cdi-gen run` as a process: env-var flags, registration with a fake kubelet, readiness,
+SIGTERM → sockets removed, exit 0; a bad config exits 2 without a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.kubelet import FakeKubelet
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = """
+vendor: example.com
+classes:
+  - name: loop
+    match: {subsystem: block, kernel: "loop[0-7]"}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    data = (await reader.read()).decode()
+    writer.close()
+    return int(data.split()[1]), data.split("\r\n\r\n", 1)[1]
+
+
+async def test_run_registers_reports_ready_and_stops_on_sigterm(short_dir: Path) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text(CONFIG)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "CDI_GEN_CONFIG": str(config),
+        "CDI_GEN_SPEC_DIR": str(short_dir / "cdi"),
+        "CDI_GEN_DEVICE_PLUGIN_DIR": str(short_dir / "dp"),
+        "CDI_GEN_UDEV_SOURCE": "kernel",
+        "CDI_GEN_METRICS_ADDRESS": f"127.0.0.1:{port}",
+        "CDI_GEN_LOG_FORMAT": "json",
+    }
+    async with FakeKubelet(short_dir / "dp") as kubelet:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cdi_gen", "run", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            plugin = await kubelet.next_registration(within=20)
+            assert plugin.request.resource_name == "example.com/loop"
+            devices = await plugin.next_devices()
+            assert {f"loop{i}" for i in range(8)} <= set(devices)
+            for _ in range(50):
+                status, body = await _get(port, "/readyz")
+                if status == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert (status, body.strip()) == (200, "ready")
+            assert (await _get(port, "/healthz"))[0] == 200
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode == 0, stderr.decode()
+    assert not (short_dir / "dp" / "example.com-loop.sock").exists()
+    assert (short_dir / "cdi" / "example.com-loop.json").exists()
+    lines = stderr.decode().splitlines()
+    assert any('"msg":"spec written"' in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "vendor: example.com\nclasses:\n  - name: loop\n    match: {kernal: loop1}\n",
+            "classes[0].match: unknown key 'kernal'",
+        ),
+        ("vendor: x\nclasses: []\n", "vendor"),
+    ],
+)
+def test_run_bad_config_exits_2(short_dir: Path, text: str, message: str) -> None:
+    import subprocess
+
+    config = short_dir / "bad.yaml"
+    config.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"{config}: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
