@@ -19,6 +19,7 @@ silently moves to other hardware.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -367,6 +368,9 @@ def _group_key(cls: ClassConfig, record: DeviceRecord) -> tuple[str, str] | str:
     return f"no parent in subsystem {g.subsystem!r} to group by"
 
 
+_MemberKey = tuple[tuple[DeviceRecord, int], ...]
+
+
 @dataclass(slots=True)
 class _Candidate:
     members: list[tuple[DeviceRecord, int]]
@@ -379,12 +383,15 @@ def build_devices(
     cls: ClassConfig,
     matched: Iterable[tuple[DeviceRecord, int]],
     incumbents: Mapping[str, str] | None = None,
+    cache: dict[str, tuple[_MemberKey, DiscoveredDevice]] | None = None,
 ) -> tuple[list[DiscoveredDevice], list[DiscoveryWarning]]:
     """Turn the matched records of a class into devices, sorted by name.
 
     ``incumbents`` maps names already advertised to their ``physical``; such a device keeps
-    its name when another renders the same one. Returns the devices and the warnings of the
-    devices skipped.
+    its name when another renders the same one. ``cache`` (physical → device, updated in
+    place) skips rebuilding devices whose records did not change: one event in a class of a
+    thousand devices then costs what one device costs. Returns the devices and the warnings
+    of the devices skipped.
     """
     warnings: list[DiscoveryWarning] = []
     candidates: list[_Candidate] = []
@@ -435,7 +442,7 @@ def build_devices(
             )
         )
 
-    devices: list[DiscoveredDevice] = []
+    built: list[tuple[_MemberKey, DiscoveredDevice]] = []
     for name, all_holders in sorted(named.items()):
         holders = all_holders
         if len(holders) > 1:
@@ -456,6 +463,12 @@ def build_devices(
                     )
             holders = [keep]
         cand, ctx = holders[0]
+        state_key = _state_key(cand.members)
+        if cache is not None:
+            hit = cache.get(cand.physical)
+            if hit is not None and hit[1].name == name and hit[0] == state_key:
+                built.append((state_key, hit[1]))
+                continue
         try:
             device = _build_device(cls, cand, ctx)
         except TemplateError as exc:
@@ -473,8 +486,18 @@ def build_devices(
                 )
             )
             continue
-        devices.append(device)
-    return devices, warnings
+        built.append((state_key, device))
+    if cache is not None:
+        cache.clear()
+        cache.update((d.physical, (k, d)) for k, d in built)
+    return [d for _, d in built], warnings
+
+
+def _state_key(members: list[tuple[DeviceRecord, int]]) -> tuple[tuple[DeviceRecord, int], ...]:
+    # The action differs between an enumerated record and an event for the same state.
+    return tuple(
+        (r if r.action is None else dataclasses.replace(r, action=None), i) for r, i in members
+    )
 
 
 def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> DiscoveredDevice:
@@ -554,6 +577,7 @@ class _ClassState:
     devices: dict[str, DiscoveredDevice] = field(default_factory=dict)
     gone: dict[str, DiscoveredDevice] = field(default_factory=dict)
     warnings: tuple[DiscoveryWarning, ...] = ()
+    cache: dict[str, tuple[_MemberKey, DiscoveredDevice]] = field(default_factory=dict)
 
 
 class Discovery:
@@ -679,7 +703,7 @@ class Discovery:
             before = self.devices(cls.name)
             incumbents = {d.name: d.physical for d in before}
             devices, warnings = build_devices(
-                self.config.vendor, cls, state.matched.values(), incumbents
+                self.config.vendor, cls, state.matched.values(), incumbents, state.cache
             )
             new = {d.name: d for d in devices}
             if cls.when_gone == "unhealthy":
@@ -695,7 +719,11 @@ class Discovery:
             added = tuple(n for n in new_by_name if n not in old_by_name)
             removed = tuple(n for n in old_by_name if n not in new_by_name)
             changed = tuple(
-                n for n in new_by_name if n in old_by_name and new_by_name[n] != old_by_name[n]
+                n
+                for n in new_by_name
+                if n in old_by_name
+                and new_by_name[n] is not old_by_name[n]  # a cache hit: unchanged
+                and new_by_name[n] != old_by_name[n]
             )
             fresh = tuple(w for w in warnings if w not in state.warnings)
             state.warnings = tuple(warnings)
