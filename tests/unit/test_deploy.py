@@ -1,0 +1,52 @@
+"""The manifests under deploy/ say what the issue promises, and their config is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdi_gen.config import parse_config
+from tests.conftest import REPO
+
+K8S = REPO / "deploy" / "kubernetes"
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_daemonset_shape() -> None:
+    (ds,) = _load(K8S / "daemonset.yaml")
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    assert spec["hostNetwork"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    (container,) = spec["containers"]
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    assert mounts["/var/lib/kubelet/device-plugins"] is False
+    assert mounts["/var/run/cdi"] is False
+    for ro in ("/dev", "/sys", "/run/udev"):
+        assert mounts[ro] is True, ro
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sc = container["securityContext"]
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert container["resources"]["requests"]
+    env = {e["name"] for e in container["env"]}
+    assert {"CDI_GEN_SPEC_DIR", "CDI_GEN_DEVICE_PLUGIN_DIR", "CDI_GEN_CONFIG"} <= env
+
+
+def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
+    (cm,) = _load(K8S / "configmap.yaml")
+    config = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "configmap.yaml")
+    resources = {f"{config.vendor}/{c.name}" for c in config.classes}
+    for example in (K8S / "examples").glob("*.yaml"):
+        for pod in _load(example):
+            for c in pod["spec"]["containers"]:
+                assert set(c["resources"]["limits"]) <= resources, example.name
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        assert (K8S / resource).exists()
