@@ -1,0 +1,268 @@
+"""Hotplug latency with the real kernel, and discovery cost on 1,000 recorded devices.
+
+    python benchmarks/bench_hotplug.py [--quick]
+
+Hotplug: a brand-new loop device is created with LOOP_CTL_ADD; the clock runs from the ioctl
+returning to the spec file on disk (written atomically and fsynced) containing the device, and
+from LOOP_CTL_REMOVE returning to the entry gone. The pipeline is the agent's: the kernel
+netlink monitor, :class:`~cdi_gen.discovery.Discovery`, the writer. A second loop device stays
+present throughout so that a removal rewrites the spec rather than deleting the file. The
+ioctls run on the event loop, as a blocking call would: the uevent waits in the socket until
+it returns, so nothing before the clock starts is hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cdi_gen.config import load_config, parse_config
+from cdi_gen.discovery import Discovery
+from cdi_gen.udev import (
+    DeviceRecord,
+    UdevWatcher,
+    enumerate_records,
+    record_from_json,
+    records_from_export_db,
+)
+from cdi_gen.writer import spec_filename, write_spec
+
+HERE = Path(__file__).resolve().parent
+
+Row = tuple[str, str, str]
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+DATA = HERE.parent / "tests" / "data" / "udev"
+
+
+def _pct(samples: list[float], q: int) -> float:
+    if len(samples) < 2:
+        return samples[0]
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
+
+
+def _free_numbers(count: int) -> list[int]:
+    out: list[int] = []
+    while len(out) < count:
+        n = random.randrange(300, 1000)
+        if n not in out and not os.path.exists(f"/sys/block/loop{n}"):
+            out.append(n)
+    return out
+
+
+def _remove(fd: int, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            fcntl.ioctl(fd, LOOP_CTL_REMOVE, n)
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENODEV:
+                return
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+async def _hotplug(cycles: int) -> list[Row]:
+    keep, probe = _free_numbers(2)
+    config = parse_config(
+        {
+            "vendor": "example.com",
+            "classes": [
+                {
+                    "name": "loop",
+                    "match": {"subsystem": "block", "kernel": f"loop{keep}|loop{probe}"},
+                }
+            ],
+        },
+        "bench",
+    )
+    spec_dir = Path(tempfile.mkdtemp(prefix="cg-bench-"))
+    spec_path = spec_dir / spec_filename("example.com", "loop")
+    probe_name = f"loop{probe}"
+    discovery = Discovery(config)
+    watcher = UdevWatcher(
+        source="kernel",
+        subsystems=discovery.subsystems,
+        interest=discovery.interest,
+        wants=discovery.wants,
+    )
+    written = asyncio.Event()
+    fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    created: set[int] = set()
+
+    async def follow() -> None:
+        async for batch in watcher.batches():
+            changes = (discovery.replace if batch.full else discovery.apply)(batch.records)
+            if changes:
+                spec = discovery.spec("loop")
+                if spec is not None:
+                    write_spec(spec_dir, spec)
+                written.set()
+
+    def names_on_disk() -> list[str]:
+        return [d["name"] for d in json.loads(spec_path.read_bytes())["devices"]]
+
+    adds: list[float] = []
+    removes: list[float] = []
+    remove_ioctl: list[float] = []
+    task: asyncio.Task[None] | None = None
+    try:
+        fcntl.ioctl(fd, LOOP_CTL_ADD, keep)
+        created.add(keep)
+        discovery.replace(watcher.start())
+        spec = discovery.spec("loop")
+        assert spec is not None
+        write_spec(spec_dir, spec)
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        for _ in range(cycles):
+            written.clear()
+            fcntl.ioctl(fd, LOOP_CTL_ADD, probe)
+            start = time.perf_counter()
+            created.add(probe)
+            while True:
+                await asyncio.wait_for(written.wait(), 5)
+                written.clear()
+                if probe_name in names_on_disk():
+                    break
+            adds.append((time.perf_counter() - start) * 1e3)
+            before = time.perf_counter()
+            _remove(fd, probe)
+            start = time.perf_counter()
+            remove_ioctl.append((start - before) * 1e3)
+            created.discard(probe)
+            while True:
+                await asyncio.wait_for(written.wait(), 5)
+                written.clear()
+                if probe_name not in names_on_disk():
+                    break
+            removes.append((time.perf_counter() - start) * 1e3)
+    finally:
+        watcher.close()
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 5)
+        for n in created:
+            with contextlib.suppress(OSError):
+                _remove(fd, n)
+        os.close(fd)
+        shutil.rmtree(spec_dir, ignore_errors=True)
+    n = f"{cycles} cycles"
+    return [
+        (f"hotplug add → spec on disk p50 ({n})", f"{_pct(adds, 50):.2f} ms", ""),
+        (f"hotplug add → spec on disk p99 ({n})", f"{_pct(adds, 99):.2f} ms", "≤ 50 ms"),
+        (f"hotplug remove → entry gone p50 ({n})", f"{_pct(removes, 50):.2f} ms", ""),
+        (f"hotplug remove → entry gone p99 ({n})", f"{_pct(removes, 99):.2f} ms", "≤ 50 ms"),
+        ("LOOP_CTL_REMOVE ioctl itself p50 (kernel)", f"{_pct(remove_ioctl, 50):.1f} ms", "info"),
+    ]
+
+
+def _thousand_records() -> list[DeviceRecord]:
+    """1,000 records shaped like the recorded ones: this VM's and the hardware fixture."""
+    base = records_from_export_db((DATA / "export-db-vm.txt").read_text())
+    base += [record_from_json(r) for r in json.loads((DATA / "hardware.json").read_text())]
+    out: list[DeviceRecord] = []
+    i = 0
+    while len(out) < 1000:
+        for r in base:
+            if len(out) == 1000:
+                break
+            suffix = f"x{i}"
+            out.append(
+                dataclasses.replace(
+                    r, sys_path=f"{r.sys_path}{suffix}", sys_name=f"{r.sys_name}{suffix}"
+                )
+                if i
+                else r
+            )
+        i += 1
+    return out
+
+
+def _best(fn: object, repeat: int) -> float:
+    assert callable(fn)
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _discovery_cost(quick: bool) -> list[Row]:
+    repeat = 3 if quick else 10
+    records = _thousand_records()
+    catalogue = load_config(None)
+
+    def full() -> None:
+        d = Discovery(catalogue)
+        d.replace(records)
+        for cls in d.class_names:
+            d.spec(cls)
+
+    loops = [
+        DeviceRecord(
+            sys_path=f"/sys/devices/virtual/block/loop{n}",
+            subsystem="block",
+            sys_name=f"loop{n}",
+            sys_number=str(n),
+            devnode=f"/dev/loop{n}",
+            devtype="disk",
+            major=7,
+            minor=n,
+            properties={"DEVTYPE": "disk"},
+        )
+        for n in range(1000)
+    ]
+    big = Discovery(catalogue, ["loop"])
+    big.replace(loops)
+    counter = iter(range(10_000, 1_000_000))
+
+    def one_event() -> None:
+        n = next(counter)
+        big.apply([dataclasses.replace(loops[0], sys_path=f"/x/loop{n}", sys_name=f"loop{n}")])
+
+    machine = _best(enumerate_records, repeat)
+    count = len(enumerate_records())
+    return [
+        (
+            "match + name + spec, 1,000 recorded devices, catalogue",
+            f"{_best(full, repeat):.1f} ms",
+            "≤ 100 ms",
+        ),
+        ("one event in a class of 1,000 devices", f"{_best(one_event, repeat):.2f} ms", "≤ 20 ms"),
+        (f"enumerate this machine ({count} devices with a node)", f"{machine:.1f} ms", "info"),
+    ]
+
+
+def run(quick: bool = False) -> list[Row]:
+    """Measure; return rows of (metric, measured value, target)."""
+    rows = _discovery_cost(quick)
+    if os.geteuid() != 0 or not os.path.exists("/dev/loop-control"):
+        return [*rows, ("hotplug latency", "skipped: needs root and /dev/loop-control", "")]
+    return asyncio.run(_hotplug(20 if quick else 100)) + rows
+
+
+def print_table(rows: list[Row]) -> None:
+    header = ("metric", "measured", "target")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    print_table(run(quick="--quick" in sys.argv[1:]))
