@@ -161,12 +161,12 @@ async def _hotplug(cycles: int) -> list[Row]:
                 _remove(fd, n)
         os.close(fd)
         shutil.rmtree(spec_dir, ignore_errors=True)
-    n = f"{cycles} cycles"
+    label = f"{cycles} cycles"
     return [
-        (f"hotplug add → spec on disk p50 ({n})", f"{_pct(adds, 50):.2f} ms", ""),
-        (f"hotplug add → spec on disk p99 ({n})", f"{_pct(adds, 99):.2f} ms", "≤ 50 ms"),
-        (f"hotplug remove → entry gone p50 ({n})", f"{_pct(removes, 50):.2f} ms", ""),
-        (f"hotplug remove → entry gone p99 ({n})", f"{_pct(removes, 99):.2f} ms", "≤ 50 ms"),
+        (f"hotplug add → spec on disk p50 ({label})", f"{_pct(adds, 50):.2f} ms", ""),
+        (f"hotplug add → spec on disk p99 ({label})", f"{_pct(adds, 99):.2f} ms", "≤ 50 ms"),
+        (f"hotplug remove → entry gone p50 ({label})", f"{_pct(removes, 50):.2f} ms", ""),
+        (f"hotplug remove → entry gone p99 ({label})", f"{_pct(removes, 99):.2f} ms", "≤ 50 ms"),
         ("LOOP_CTL_REMOVE ioctl itself p50 (kernel)", f"{_pct(remove_ioctl, 50):.1f} ms", "info"),
     ]
 
