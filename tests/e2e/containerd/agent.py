@@ -79,15 +79,24 @@ class RunningAgent:
 
 
 def _spawn(
-    config: Path, spec_dir: Path, plugin_dir: Path, log_path: Path, extra_args: Sequence[str]
+    config: Path,
+    spec_dirs: Sequence[Path],
+    plugin_dir: Path,
+    log_path: Path,
+    extra_args: Sequence[str],
 ) -> subprocess.Popen[bytes]:
+    # Allocate checks names against exactly the folders containerd reads; no metrics port,
+    # so parallel agents (other suites, the benchmark) never collide on :9400.
+    runtime_dirs = [arg for d in spec_dirs for arg in ("--runtime-spec-dir", str(d))]
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             [
                 sys.executable, "-m", "cdi_gen", "run",
                 "--config", str(config),
-                "--spec-dir", str(spec_dir),
+                "--spec-dir", str(spec_dirs[-1]),
+                *runtime_dirs,
                 "--device-plugin-dir", str(plugin_dir),
+                "--metrics-address", "",
                 "--udev-source", "kernel",
                 "--log-level", "debug",
                 *extra_args,
@@ -101,9 +110,10 @@ def _spawn(
 
 @contextlib.asynccontextmanager
 async def run_agent(
-    work: Path, spec_dir: Path, kernels: Sequence[str], *extra_args: str
+    work: Path, spec_dirs: Sequence[Path], kernels: Sequence[str], *extra_args: str
 ) -> AsyncIterator[RunningAgent]:
-    """Start the fake kubelet, then ``cdi-gen run``; wait for its registration."""
+    """Start the fake kubelet, then ``cdi-gen run`` writing into the last of ``spec_dirs``
+    (the runtime's folders, lowest priority first); wait for its registration."""
     plugin_dir = work / "dp"
     config = work / "agent.yaml"
     config.write_text(agent_config(kernels))
@@ -112,7 +122,7 @@ async def run_agent(
     await kubelet.start()
     process = None
     try:
-        process = _spawn(config, spec_dir, plugin_dir, log_path, extra_args)
+        process = _spawn(config, spec_dirs, plugin_dir, log_path, extra_args)
         try:
             connection = await kubelet.next_registration(within=15)
         except TimeoutError:
@@ -120,7 +130,7 @@ async def run_agent(
                 f"cdi-gen run did not register within 15 s (exit {process.poll()}):\n"
                 + log_path.read_text(errors="replace")
             ) from None
-        yield RunningAgent(process, log_path, spec_dir, kubelet, connection)
+        yield RunningAgent(process, log_path, spec_dirs[-1], kubelet, connection)
     finally:
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
