@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -464,7 +464,7 @@ class UdevWatcher:
             self._wakeup.set()
         return count
 
-    async def batches(self) -> AsyncIterator[UdevBatch]:
+    async def batches(self) -> AsyncGenerator[UdevBatch, None]:
         """Yield batches until :meth:`close`. Call :meth:`start` first.
 
         Each batch holds everything read since the previous one; a ``full`` batch (after a

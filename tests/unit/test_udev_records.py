@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import json
+import os
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.udev import (
     DeviceRecord,
     ParentRecord,
+    UdevWatcher,
     record_from_json,
     record_to_json,
     records_from_export_db,
@@ -106,3 +112,91 @@ def test_source_auto_needs_a_live_udevd() -> None:
     assert resolve_source("kernel", tmp_path) == "kernel"
     assert resolve_source("udev", tmp_path) == "udev"
     shutil.rmtree(tmp_path)
+
+
+class _FakeDevice:
+    """The few pyudev Device attributes the watcher reads from an event."""
+
+    def __init__(self, sys_path: str, action: str, device_node: str | None = None) -> None:
+        self.sys_path = sys_path
+        self.sys_name = sys_path.rsplit("/", 1)[-1]
+        self.subsystem = "block"
+        self.action = action
+        self.device_node = device_node
+        self.sys_number = self.sys_name.removeprefix("loop")
+        self.device_type = "disk"
+        self.driver = None
+        self.parent = None
+        self.properties: dict[str, str] = {}
+
+
+class _FakeMonitor:
+    """A monitor on a real pipe (so add_reader works) whose poll replays a script."""
+
+    def __init__(self, script: list[object]) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.script = script
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def poll(self, timeout: float | None = None) -> object:
+        if not self.script:
+            with contextlib.suppress(BlockingIOError):
+                os.set_blocking(self.read_fd, False)
+                os.read(self.read_fd, 100)
+            return None
+        item = self.script.pop(0)
+        if isinstance(item, OSError):
+            raise item
+        return item
+
+    def fire(self) -> None:
+        os.write(self.write_fd, b"x")
+
+
+def test_parent_driver_event_refreshes_known_children() -> None:
+    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+    loop0 = "/sys/devices/virtual/block/loop0"
+    watcher._known = {loop0}
+    watcher._handle(_FakeDevice("/sys/devices/virtual/block", "bind"))
+    assert [(r.sys_path, r.action) for r in watcher._pending] == [(loop0, "change")]
+
+
+async def test_receive_error_turns_into_full_batch() -> None:
+    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+    monitor = _FakeMonitor([OSError(errno.ENOBUFS, "No buffer space available")])
+    watcher._monitor = monitor
+    batches = watcher.batches()
+    monitor.fire()
+    batch = await asyncio.wait_for(anext(batches), 5)
+    assert batch.full
+    assert "loop0" in [r.sys_name for r in batch.records]
+    assert watcher.resyncs == 1
+    watcher.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(batches), 5)
+    os.close(monitor.read_fd)
+    os.close(monitor.write_fd)
+
+
+async def test_pending_events_coalesce_into_one_batch() -> None:
+    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+    events = [
+        _FakeDevice(f"/sys/devices/virtual/block/loop{n}", "remove", f"/dev/loop{n}")
+        for n in (1, 2)
+    ]
+    monitor = _FakeMonitor(list(events))
+    watcher._monitor = monitor
+    batches = watcher.batches()
+    monitor.fire()
+    batch = await asyncio.wait_for(anext(batches), 5)
+    assert not batch.full
+    assert [(r.sys_name, r.action) for r in batch.records] == [
+        ("loop1", "remove"),
+        ("loop2", "remove"),
+    ]
+    watcher.close()
+    await batches.aclose()
+    os.close(monitor.read_fd)
+    os.close(monitor.write_fd)
