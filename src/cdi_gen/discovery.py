@@ -585,7 +585,23 @@ class Discovery:
 
     Feed it :meth:`replace` with a full enumeration (at start and on every resync) and
     :meth:`apply` with event records; both return a :class:`ClassChange` for each class whose
-    devices (or warnings) changed. Pure and synchronous: call it from the loop.
+    devices (or warnings) changed. Pure and synchronous: call it from the loop. The agent's
+    loop, in short::
+
+        discovery = Discovery(config)
+        watcher = UdevWatcher(source=config.udev_source, subsystems=discovery.subsystems,
+                              interest=discovery.interest, wants=discovery.wants,
+                              resync_seconds=config.resync_seconds)
+        changes = discovery.replace(watcher.start())     # monitor first, then enumeration
+        ...                                               # write specs, then publish
+        async for batch in watcher.batches():
+            feed = discovery.replace if batch.full else discovery.apply
+            for change in feed(batch.records):
+                log each change.warnings
+                board.publish(change.before_write)        # withdraw removed IDs first
+                spec = discovery.spec(change.class_name)  # None: no device left
+                write_spec(...) if spec else remove_spec(...)
+                board.publish(change.after_write)         # advertise once on disk
     """
 
     def __init__(self, config: AgentConfig, classes: Iterable[str] | None = None) -> None:
