@@ -38,6 +38,7 @@ from cdi_gen.errors import CdiGenError, SpecWriteError
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, parse_address, serve_http
 from cdi_gen.registry import SpecCache
+from cdi_gen.sharing import expand_change
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
 
 log = logging.getLogger("cdi_gen.agent")
@@ -91,6 +92,7 @@ class _ClassRunner:
 
     def apply(self, change: ClassChange, received: float | None) -> None:
         """Bring the board and the spec file to ``change`` in the safe order."""
+        change = expand_change(change, self.config.sharing.replicas)
         for warning in change.warnings:
             log.warning(
                 "device skipped: %s",
@@ -338,6 +340,8 @@ class Agent:
                 plugin_dir=opts.plugin_dir,
                 kubelet_socket=opts.kubelet_socket,
                 cdi_annotations=opts.cdi_annotations,
+                physical_policy=runner.config.sharing.policy,
+                one_slot_per_device=runner.config.sharing.fail_requests_greater_than_one,
                 on_allocate=on_allocate,
                 on_register=on_register,
             )

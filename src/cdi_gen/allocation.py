@@ -38,6 +38,7 @@ class Refusal(enum.StrEnum):
     DUPLICATE = "duplicate"
     UNHEALTHY = "unhealthy"
     UNRESOLVED = "unresolved"
+    SAME_PHYSICAL = "same-physical"
 
 
 class AllocationError(CdiGenError):
@@ -58,14 +59,21 @@ class AllocationError(CdiGenError):
 
 
 def check_request(
-    device_ids: Sequence[str], devices: Mapping[str, AdvertisedDevice], resource: str
+    device_ids: Sequence[str],
+    devices: Mapping[str, AdvertisedDevice],
+    resource: str,
+    *,
+    one_per_physical: bool = False,
 ) -> None:
     """Raise :class:`AllocationError` for the first requested ID that cannot be granted.
 
     IDs are checked in request order; an ID is refused when it is not advertised, repeated
-    within the request, or advertised as unhealthy.
+    within the request, or advertised as unhealthy. With ``one_per_physical`` (a shared
+    class whose slots make no sense twice in one container) an ID is also refused when an
+    earlier ID of the request is a slot of the same physical device.
     """
     seen: set[str] = set()
+    physical_of: dict[str, str] = {}
     for device_id in device_ids:
         device = devices.get(device_id)
         if device is None:
@@ -86,6 +94,17 @@ def check_request(
                 device_id,
                 f"device {device_id!r} of resource {resource} is unhealthy",
             )
+        if one_per_physical and device.physical:
+            other = physical_of.get(device.physical)
+            if other is not None:
+                raise AllocationError(
+                    Refusal.SAME_PHYSICAL,
+                    device_id,
+                    f"devices {other!r} and {device_id!r} of resource {resource} are slots of "
+                    f"the same device {device.physical}; this class allows one slot per "
+                    "container",
+                )
+            physical_of[device.physical] = device_id
         seen.add(device_id)
 
 

@@ -38,6 +38,7 @@ import grpc
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.allocation import (
     AllocationError,
+    PhysicalPolicy,
     Refusal,
     build_cdi_annotations,
     check_request,
@@ -73,6 +74,7 @@ _STATUS = {
     Refusal.DUPLICATE: grpc.StatusCode.INVALID_ARGUMENT,
     Refusal.UNHEALTHY: grpc.StatusCode.FAILED_PRECONDITION,
     Refusal.UNRESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
+    Refusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 
@@ -108,7 +110,10 @@ class DevicePlugin:
 
     ``board`` supplies the advertised devices, ``spec_cache`` resolves qualified CDI names
     before Allocate answers. With ``cdi_annotations`` each container response also carries a
-    ``cdi.k8s.io/`` annotation for runtimes that read only those. ``on_allocate`` and
+    ``cdi.k8s.io/`` annotation for runtimes that read only those. ``physical_policy`` says how
+    GetPreferredAllocation places slots of shared devices (``spread`` over physical devices or
+    ``pack`` onto the fullest); ``one_slot_per_device`` refuses a container request holding two
+    slots of one physical device. ``on_allocate`` and
     ``on_register`` are called on the loop for metrics; their exceptions are logged and
     ignored. ``watch_interval`` is how often the socket files are checked for a kubelet
     restart, ``register_timeout`` bounds each Register call and ``max_backoff`` the wait
@@ -129,6 +134,8 @@ class DevicePlugin:
         plugin_dir: Path = DEVICE_PLUGIN_PATH,
         kubelet_socket: Path | None = None,
         cdi_annotations: bool = False,
+        physical_policy: PhysicalPolicy = "pack",
+        one_slot_per_device: bool = False,
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
         watch_interval: float = 0.15,
@@ -148,6 +155,8 @@ class DevicePlugin:
                     f"unix socket path {str(path)!r} is longer than {MAX_SOCKET_PATH} bytes"
                 )
         self.cdi_annotations = cdi_annotations
+        self.physical_policy: PhysicalPolicy = physical_policy
+        self.one_slot_per_device = one_slot_per_device
         self._on_allocate = on_allocate
         self._on_register = on_register
         self._watch_interval = watch_interval
@@ -387,7 +396,7 @@ class DevicePlugin:
         per_container: list[list[str]] = []
         for container in request.container_requests:
             ids = list(container.devices_ids)
-            check_request(ids, devices, kind)
+            check_request(ids, devices, kind, one_per_physical=self.one_slot_per_device)
             per_container.append([f"{kind}={device_id}" for device_id in ids])
         problems = self.spec_cache.unresolved(n for names in per_container for n in names)
         if problems:
@@ -416,6 +425,7 @@ class DevicePlugin:
                 container.must_include_deviceIDs,
                 container.allocation_size,
                 devices,
+                physical=self.physical_policy,
             )
             response.container_responses.add().deviceIDs.extend(ids)
         return response

@@ -183,3 +183,69 @@ async def test_unwritable_spec_folder_is_retried_not_advertised(
         spec_dir.unlink()
         await _until(plugin, spec_dir, {first.name}, {first.name})
         assert first.name in _spec_names(spec_dir)
+
+
+async def test_shared_device_slots_follow_the_device(short_dir: Path, loops: LoopDevices) -> None:
+    """replicas: 3 → three IDs per loop device; removal withdraws all of them before the
+    spec entries go; preferred allocation spreads or packs by the class policy."""
+    from cdi_gen.config import parse_config as parse
+
+    config = _config()
+    config["classes"][0]["sharing"] = {"replicas": 3, "policy": "spread"}  # type: ignore[index]
+    first, second = loops.add(), loops.add()
+    slots = {f"{d.name}-{i}" for d in (first, second) for i in range(3)}
+    spec_dir = short_dir / "cdi"
+    agent = Agent(
+        parse(config, "test.yaml"),
+        AgentOptions(spec_dir=spec_dir, plugin_dir=short_dir / "dp", udev_source="kernel"),
+    )
+    async with FakeKubelet(short_dir / "dp") as kubelet:
+        task = asyncio.create_task(agent.run())
+        try:
+            plugin = await kubelet.next_registration(within=10)
+            ids = await _next_checked(plugin, spec_dir)
+            assert slots <= ids
+            assert slots <= _spec_names(spec_dir)
+
+            # Two slots of one device in one container: valid, distinct CDI names.
+            response = await plugin.stub.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[
+                        api_pb2.ContainerAllocateRequest(
+                            devices_ids=[f"{first.name}-0", f"{first.name}-2"]
+                        )
+                    ]
+                )
+            )
+            names = [d.name for d in response.container_responses[0].cdi_devices]
+            assert names == [f"example.com/loop={first.name}-0", f"example.com/loop={first.name}-2"]
+
+            # spread: three slots land on different physical devices where possible.
+            preferred = await plugin.stub.GetPreferredAllocation(
+                api_pb2.PreferredAllocationRequest(
+                    container_requests=[
+                        api_pb2.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=sorted(slots), allocation_size=2
+                        )
+                    ]
+                )
+            )
+            picked = list(preferred.container_responses[0].deviceIDs)
+            assert {p.rsplit("-", 1)[0] for p in picked} == {first.name, second.name}
+
+            loops.remove(second)
+            gone = {f"{second.name}-{i}" for i in range(3)}
+            for _ in range(50):
+                ids = await _next_checked(plugin, spec_dir)
+                if not ids & gone:
+                    break
+            assert not ids & gone
+            assert {f"{first.name}-{i}" for i in range(3)} <= ids
+            for _ in range(100):
+                if not _spec_names(spec_dir) & gone:
+                    break
+                await asyncio.sleep(0.01)
+            assert not _spec_names(spec_dir) & gone
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 10)
