@@ -463,7 +463,8 @@ def check_config(path: Path) -> None:
 
     config = load_config(path)
     names = ", ".join(c.name for c in config.classes)
-    click.echo(f"{path}: OK, vendor {config.vendor}, {len(config.classes)} classes: {names}")
+    count = len(config.classes)
+    click.echo(f"{path}: OK, vendor {config.vendor}, {count} class{'es' * (count != 1)}: {names}")
 
 
 # --- the node agent and the preflight doctor (issue 5) -------------------------------------

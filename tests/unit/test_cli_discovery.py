@@ -126,7 +126,7 @@ def test_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     good = tmp_path / "good.yaml"
     good.write_text("vendor: example.com\nclasses:\n  - name: tun\n    match: {kernel: tun}\n")
     code, out, _ = _cli(capsys, "check-config", str(good))
-    assert (code, out) == (0, f"{good}: OK, vendor example.com, 1 classes: tun\n")
+    assert (code, out) == (0, f"{good}: OK, vendor example.com, 1 class: tun\n")
     bad = tmp_path / "config.yaml"
     bad.write_text("classes:\n  - name: tun\n    match: {kernel: tun, subsytem: misc}\n")
     code, out, err = _cli(capsys, "check-config", str(bad))

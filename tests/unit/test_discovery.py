@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdi_gen.codec import dump_spec
 from cdi_gen.config import AgentConfig, load_config, parse_config
@@ -69,6 +72,15 @@ LOOP = {"name": "loop", "match": {"subsystem": "block", "kernel": "loop2[0-9][0-
 )
 def test_glob_udev_semantics(pattern: str, value: str | None, expected: bool) -> None:
     assert glob_match(pattern, value) is expected
+
+
+@given(
+    st.from_regex(r"[a-z0-9*?\[\]!.-]{0,8}", fullmatch=True),
+    st.from_regex(r"[a-z0-9.-]{0,8}", fullmatch=True),
+)
+def test_glob_agrees_with_fnmatch_and_alternatives(pattern: str, value: str) -> None:
+    assert glob_match(pattern, value) == fnmatch.fnmatchcase(value, pattern)
+    assert glob_match(f"{pattern}|{value}", value)
 
 
 def test_driver_matches_device_or_any_parent(hw_records: list[DeviceRecord]) -> None:
