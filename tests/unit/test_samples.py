@@ -53,21 +53,23 @@ def test_sample_is_valid(sample: Path) -> None:
     upstream_validator().validate(orjson.loads(sample.read_bytes()))
 
 
-def test_render_sample_needs_host_path_version() -> None:
+def test_render_sample_needs_host_path_version(capsys: pytest.CaptureFixture[str]) -> None:
     doc = orjson.loads((SAMPLES / "example.com-render.json").read_bytes())
     assert doc["cdiVersion"] == "0.5.0"
-    result = CliRunner().invoke(
-        cli,
-        [
-            "render",
-            "--config",
-            str(SAMPLES / "source" / "config.yaml"),
-            "--records",
-            str(SAMPLES / "source" / "records.json"),
-            "--class",
-            "render",
-            "--cdi-version",
-            "0.4.0",
-        ],
-    )
-    assert result.exit_code == 1
+    args = [
+        "render",
+        "--config",
+        str(SAMPLES / "source" / "config.yaml"),
+        "--records",
+        str(SAMPLES / "source" / "records.json"),
+        "--class",
+        "render",
+        "--cdi-version",
+        "0.4.0",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "deviceNodes[0].hostPath: device node hostPath needs cdiVersion 0.5.0" in err
+    assert "the target is 0.4.0" in err
