@@ -37,12 +37,13 @@ def write_spec(
     devices: Sequence[LoopDevice],
     name: str = "example.com-loop",
     version: str = "0.3.0",
+    class_env: str = "loop",
 ) -> Path:
     """A spec as cdi-gen emits one: no major/minor pinned, the runtime stats the host node."""
     spec = {
         "cdiVersion": version,
         "kind": KIND,
-        "containerEdits": {"env": ["CDI_GEN_CLASS=loop"]},
+        "containerEdits": {"env": [f"CDI_GEN_CLASS={class_env}"]},
         "devices": [
             {
                 "name": d.name,
@@ -223,3 +224,32 @@ def test_a_broken_spec_file_is_skipped_and_only_logged(
 
     assert list(nodes(result)) == [str(dev.path)]
     assert "example.com-broken.json" in containerd.log_text()
+
+
+def test_the_later_spec_folder_wins_for_the_same_device(
+    pods: Pods, spec_folders: SpecFolders, loops: LoopDevices
+) -> None:
+    # cdi_spec_dirs = [etc, run] as in deploy/: /var/run/cdi (cdi-gen's) overrides /etc/cdi.
+    dev = loops.add()
+    write_spec(spec_folders.etc, [dev], class_env="from-etc")
+    write_spec(spec_folders.run, [dev], class_env="from-run")
+
+    result = run_listing(pods.cri, pods, "priority", cdi_devices=[qualified(dev)])
+
+    assert result.env["CDI_GEN_CLASS"] == "from-run"
+
+
+def test_the_same_device_twice_in_one_folder_is_unresolvable(
+    pods: Pods, spec_folders: SpecFolders, loops: LoopDevices
+) -> None:
+    # Why the writer keeps one file per class and never leaves a second copy behind.
+    dev = loops.add()
+    write_spec(spec_folders.run, [dev], name="example.com-loop")
+    write_spec(spec_folders.run, [dev], name="example.com-loop-copy")
+
+    pod = pods.new("conflict")
+    with pytest.raises(grpc.RpcError) as err:
+        pods.cri.create_container(
+            pod, "lister", IMAGE_NAME, ["/bin/true"], cdi_devices=[qualified(dev)]
+        )
+    assert "unresolvable CDI devices" in str(err.value.details())
