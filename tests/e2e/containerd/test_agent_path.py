@@ -166,6 +166,23 @@ async def test_annotation_mode_reaches_a_container_through_annotations_alone(
     assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
 
 
+async def test_specs_outlive_the_agent_so_pods_still_start(
+    agent_work: Path, spec_folders: SpecFolders, pods: Pods, loops: LoopDevices
+) -> None:
+    # A DaemonSet rolling update (maxSurge 0) stops the agent while pods keep (re)starting:
+    # without --cleanup-on-exit the spec stays and containerd still resolves the name.
+    [dev] = reserve(loops, 1)
+    async with agent_for(agent_work, spec_folders, [dev]) as agent:
+        loops.add(dev)
+        await agent.wait_for_devices(present=[dev.name])
+        response = await agent.allocate(dev.name)
+    assert agent.process.returncode == 0, agent.log()
+
+    result = await start_consumer(pods, "after-agent", response)
+    assert result.exit_code == 0, result
+    assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
+
+
 def named_in_specs(spec_dir: Path, name: str) -> bool:
     return any(
         f'"{name}"' in p.read_text() or f"name: {name}" in p.read_text()
