@@ -457,6 +457,7 @@ def loop_class_config(
     vendor: str = "example.com",
     class_name: str = "loop",
     extra: dict[str, object] | None = None,
+    extra_edits: dict[str, object] | None = None,
 ) -> Path:
     """A cdi-gen config with one class matching exactly the given loop devices.
 
@@ -468,7 +469,7 @@ def loop_class_config(
         "name": class_name,
         "match": [{"subsystem": "block", "kernel": k} for k in kernel_names],
         "deviceName": "{kernel}",
-        "containerEdits": {"env": list(env), "mounts": list(mounts)},
+        "containerEdits": {"env": list(env), "mounts": list(mounts), **(extra_edits or {})},
         **(extra or {}),
     }
     path.write_text(json.dumps({"vendor": vendor, "classes": [cls]}, indent=2) + "\n")

@@ -8,10 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import IO
 
 import pytest
-from consumers import DYNAMIC_DIR, STATIC_DIR, LoopDevice, LoopDevices, Podman, SpecDirs
+from consumers import (
+    DYNAMIC_DIR,
+    STATIC_DIR,
+    GoCDI,
+    LoopDevice,
+    LoopDevices,
+    Podman,
+    SpecDirs,
+    cdi_gen,
+    loop_class_config,
+)
 
 VENDOR = "example.com"
 CLASS = "loop"
@@ -103,3 +118,238 @@ def test_harness_both_folders_are_read(podman: Podman, spec_dirs: SpecDirs, fold
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"FOLDER={folder}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs written by cdi-gen
+
+
+def _write(config: Path, spec_dir: Path) -> Path:
+    proc = cdi_gen("write", "--config", config, "--spec-dir", spec_dir)
+    assert proc.returncode == 0, f"cdi-gen write failed:\n{proc.stdout}\n{proc.stderr}"
+    return spec_dir / f"{VENDOR}-{CLASS}.json"
+
+
+def _spec_device_names(spec_file: Path) -> set[str]:
+    if not spec_file.exists():
+        return set()
+    return {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
+
+
+def test_written_spec_is_injected_by_podman_and_nothing_leaks(
+    podman: Podman, go_cdi: GoCDI, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    used = _backed_loop(loops, tmp_path)
+    other = loops.add()
+    shared = tmp_path / "opt-x"
+    shared.mkdir()
+    (shared / "hello").write_text("mounted by the class\n")
+    config = loop_class_config(
+        tmp_path / "config.yaml",
+        [used.name, other.name],
+        mounts=[{"hostPath": str(shared), "containerPath": "/opt/x", "options": ["ro", "bind"]}],
+    )
+    spec_file = _write(config, spec_dirs.dynamic)
+    assert _spec_device_names(spec_file) == {used.name, other.name}
+    # The file is one podman's library takes as it is (version, fields, names).
+    go = go_cdi.validate(spec_file)[str(spec_file)]
+    assert go["ok"], go
+
+    major, minor = used.rdev()
+    script = (
+        f"stat -c '%t:%T %F' {used.path}; echo DEMO_DEVICE_IDS=$DEMO_DEVICE_IDS; "
+        f"cat /opt/x/hello; ls {other.path} 2>&1 >/dev/null | wc -l; " + _read_marker_script(used)
+    )
+    proc = podman.run_container(spec_dirs, script, devices=[f"{VENDOR}/{CLASS}={used.name}"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"{major:x}:{minor:x} block special file",
+        f"DEMO_DEVICE_IDS={used.name}",
+        "mounted by the class",
+        "1",  # the other device's node is absent: ls printed one error line
+        MARKER.decode().strip(),
+    ]
+
+    bare = podman.run_container(
+        spec_dirs,
+        f"ls {used.path} {other.path} /opt/x 2>/dev/null; echo env=$DEMO_DEVICE_IDS",
+    )
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout.splitlines() == ["env="]
+
+
+def test_hotplug_through_to_the_container(
+    podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    dev = loops.reserve()
+    config = loop_class_config(tmp_path / "config.yaml", [dev.name])
+    name = f"{VENDOR}/{CLASS}={dev.name}"
+    spec_file = _write(config, spec_dirs.dynamic)
+    assert dev.name not in _spec_device_names(spec_file)
+
+    loops.add(dev)
+    spec_file = _write(config, spec_dirs.dynamic)
+    assert _spec_device_names(spec_file) == {dev.name}
+    major, minor = dev.rdev()
+    proc = podman.run_container(spec_dirs, f"stat -c '%t:%T' {dev.path}", devices=[name])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{major:x}:{minor:x}"
+
+    loops.remove(dev)
+    spec_file = _write(config, spec_dirs.dynamic)
+    assert dev.name not in _spec_device_names(spec_file)
+    gone = podman.run_container(spec_dirs, "true", devices=[name])
+    assert gone.returncode != 0
+    # Withdrawn from the spec, not left behind pointing at a missing node.
+    assert "unresolvable CDI devices" in gone.stderr, gone.stderr
+    assert "failed to stat" not in gone.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Version compatibility with podman 4.3 (CDI library 0.5.2: cdiVersion <= 0.5.0)
+
+SAMPLES = Path(__file__).resolve().parents[2] / "cdi-samples"
+
+
+def _samples() -> list[Path]:
+    return sorted(p for p in SAMPLES.glob("*") if p.suffix in (".json", ".yaml"))
+
+
+def _version(path: Path) -> tuple[int, ...]:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    return tuple(int(x) for x in str(doc["cdiVersion"]).lstrip("v").split("."))
+
+
+@pytest.mark.parametrize("sample", _samples(), ids=lambda p: p.name)
+def test_podman_resolves_every_sample_that_fits_its_version(
+    podman: Podman, spec_dirs: SpecDirs, sample: Path
+) -> None:
+    """A sample podman 4.3 can read must resolve; one needing a newer version must not.
+
+    Resolution happens before the device nodes are looked at, so "unresolvable" means the
+    file was refused; a missing host device (samples describe other machines) fails later with
+    a different message, which is fine here.
+    """
+    import yaml
+
+    doc = yaml.safe_load(sample.read_text())
+    shutil.copy(sample, spec_dirs.dynamic / sample.name)
+    name = f"{doc['kind']}={doc['devices'][0]['name']}"
+    proc = podman.run_container(spec_dirs, "true", devices=[name])
+    refused = "unresolvable CDI devices" in proc.stderr
+    if _version(sample) <= (0, 5, 0):
+        assert not refused, proc.stderr
+    else:
+        assert refused, f"podman 4.3 resolved a cdiVersion {doc['cdiVersion']} spec?"
+
+
+def test_class_needing_a_newer_version_is_refused_before_writing(
+    podman: Podman, go_cdi: GoCDI, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    """additionalGids needs cdiVersion 0.7.0: pinned to 0.5.0, cdi-gen says so and writes
+    nothing; unpinned, it writes 0.7.0, which podman 4.3 indeed cannot use."""
+    dev = loops.add()
+    config = loop_class_config(
+        tmp_path / "config.yaml", [dev.name], extra_edits={"additionalGids": [44]}
+    )
+    out = tmp_path / "rendered.json"
+    pinned = cdi_gen(
+        "render", "--vendor", VENDOR, "--class", CLASS, "--config", config,
+        "--cdi-version", "0.5.0", "--output", out,
+    )  # fmt: skip
+    assert pinned.returncode != 0
+    assert "0.7.0" in pinned.stderr and "0.5.0" in pinned.stderr, pinned.stderr
+    assert not out.exists()
+
+    unpinned = cdi_gen(
+        "render", "--vendor", VENDOR, "--class", CLASS, "--config", config, "--output", out
+    )
+    assert unpinned.returncode == 0, unpinned.stderr
+    assert json.loads(out.read_text())["cdiVersion"] == "0.7.0"
+    assert not go_cdi.validate(out)[str(out)]["ok"]
+    shutil.copy(out, spec_dirs.dynamic / out.name)
+    refused = podman.run_container(spec_dirs, "true", devices=[f"{VENDOR}/{CLASS}={dev.name}"])
+    assert "unresolvable CDI devices" in refused.stderr, refused.stderr
+
+
+def test_rendered_spec_pinned_to_0_5_0_runs_in_podman(
+    podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    dev = loops.add()
+    config = loop_class_config(tmp_path / "config.yaml", [dev.name])
+    out = spec_dirs.static / f"{VENDOR}-{CLASS}.json"
+    proc = cdi_gen(
+        "render", "--vendor", VENDOR, "--class", CLASS, "--config", config,
+        "--cdi-version", "0.5.0", "--output", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["cdiVersion"] == "0.5.0"
+    ran = podman.run_container(
+        spec_dirs, "echo $DEMO_DEVICE_IDS", devices=[f"{VENDOR}/{CLASS}={dev.name}"]
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == dev.name
+
+
+# ---------------------------------------------------------------------------------------------
+# The node agent: hotplug → spec → container, with no kubelet around
+
+
+def _wait_for_names(spec_file: Path, want: set[str], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            names = _spec_device_names(spec_file)
+        except (json.JSONDecodeError, KeyError):  # pragma: no cover - atomic writes expected
+            pytest.fail(f"{spec_file} was read half-written", False)
+        if names == want:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{spec_file}: devices {sorted(names)}, waited for {sorted(want)}", False)
+        time.sleep(0.02)
+
+
+def test_agent_hotplug_through_to_the_container(
+    podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    dev = loops.reserve()
+    config = loop_class_config(tmp_path / "config.yaml", [dev.name])
+    spec_file = spec_dirs.dynamic / f"{VENDOR}-{CLASS}.json"
+    name = f"{VENDOR}/{CLASS}={dev.name}"
+    with (tmp_path / "agent.log").open("w+") as log:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "cdi_gen", "run", "--config", str(config),
+             "--spec-dir", str(spec_dirs.dynamic), "--no-kubelet", "--metrics-address", "",
+             "--udev-source", "kernel"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            time.sleep(1.0)  # let it enumerate and start listening; a later add is a real hotplug
+            assert agent.poll() is None, f"agent exited {agent.returncode}: {_read(log)}"
+            loops.add(dev)
+            _wait_for_names(spec_file, {dev.name})
+            major, minor = dev.rdev()
+            ran = podman.run_container(spec_dirs, f"stat -c '%t:%T' {dev.path}", devices=[name])
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.strip() == f"{major:x}:{minor:x}"
+
+            loops.remove(dev)
+            _wait_for_names(spec_file, set())
+            gone = podman.run_container(spec_dirs, "true", devices=[name])
+            assert "unresolvable CDI devices" in gone.stderr, gone.stderr
+            assert "failed to stat" not in gone.stderr
+        finally:
+            agent.terminate()
+            try:
+                agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        assert agent.returncode == 0, _read(log)
+
+
+def _read(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()
