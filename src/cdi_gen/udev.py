@@ -280,6 +280,20 @@ def udevd_running(run_dir: Path = UDEV_RUN_DIR) -> bool:
     return True
 
 
+def _take_socket_error(fd: int) -> int:
+    """Read (and so clear) the pending error of the socket ``fd``; 0 if none or unknown."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return 0
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        return 0
+    finally:
+        sock.close()
+
+
 def resolve_source(source: Source, run_dir: Path = UDEV_RUN_DIR) -> Literal["udev", "kernel"]:
     """``auto`` → ``udev`` when udevd runs (its control socket answers), else ``kernel``."""
     if source == "auto":
@@ -318,6 +332,7 @@ class UdevWatcher:
         interest: Interest = _everything,
         wants: RecordWants = RecordWants(),
         resync_seconds: float = 300.0,
+        receive_buffer: int = RECEIVE_BUFFER,
         context: Any | None = None,
     ) -> None:
         self.source = resolve_source(source)
@@ -325,6 +340,7 @@ class UdevWatcher:
         self.interest = interest
         self.wants = wants
         self.resync_seconds = resync_seconds
+        self.receive_buffer = receive_buffer
         self._context = context if context is not None else pyudev.Context()
         self._monitor: Any | None = None
         self._known: set[str] = set()
@@ -333,9 +349,11 @@ class UdevWatcher:
         self._wakeup: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._received = 0.0
+        self._paused = False
         #: Counters for logs and metrics.
         self.events_seen = 0
         self.resyncs = 0
+        self.receive_errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -347,7 +365,7 @@ class UdevWatcher:
         try:
             monitor = pyudev.Monitor.from_netlink(self._context, source=self.source)
             with contextlib.suppress(OSError, AttributeError):
-                monitor.set_receive_buffer_size(RECEIVE_BUFFER)
+                monitor.set_receive_buffer_size(self.receive_buffer)
             monitor.start()
         except (OSError, ValueError) as exc:
             raise DiscoveryError(f"cannot open the {self.source} netlink monitor: {exc}") from exc
@@ -444,10 +462,7 @@ class UdevWatcher:
             try:
                 device = monitor.poll(timeout=0)
             except OSError as exc:
-                # ENOBUFS: the kernel dropped events; only a full enumeration is trustworthy.
-                level = logging.WARNING if exc.errno == errno.ENOBUFS else logging.ERROR
-                log.log(level, "udev monitor receive failed (%s), re-enumerating", exc)
-                self._resync = True
+                self._receive_failed(monitor, exc)
                 break
             if device is None:
                 break
@@ -463,6 +478,25 @@ class UdevWatcher:
         if (count or self._resync) and self._wakeup is not None:
             self._wakeup.set()
         return count
+
+    def _receive_failed(self, monitor: Any, exc: OSError) -> None:
+        """The socket overflowed (ENOBUFS) or broke: clear the error, pause, re-enumerate.
+
+        pyudev's poll() raises on POLLERR before it ever receives, and the kernel keeps the
+        socket's error pending until someone reads it, so without SO_ERROR every later poll
+        fails the same way and the reader callback spins. The reader stays paused until the
+        re-enumeration: events queued meanwhile are read after it and stay correct.
+        """
+        code = _take_socket_error(monitor.fileno()) or exc.errno
+        reason = os.strerror(code) if code else str(exc)
+        level = logging.WARNING if code == errno.ENOBUFS else logging.ERROR
+        log.log(level, "udev monitor lost events (%s); re-enumerating", reason)
+        self.receive_errors += 1
+        self._resync = True
+        if self._loop is not None and not self._paused:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(monitor.fileno())
+            self._paused = True
 
     async def batches(self) -> AsyncGenerator[UdevBatch, None]:
         """Yield batches until :meth:`close`. Call :meth:`start` first.
@@ -491,15 +525,19 @@ class UdevWatcher:
                 if self._monitor is None:
                     break
                 if self._resync:
+                    self._pending.clear()
+                    if not self._paused:
+                        self.drain()  # what is queued now is older than the enumeration below
+                    self._pending.clear()
                     self._resync = False
-                    self._pending.clear()
-                    self.drain()  # what is queued now is older than the enumeration below
-                    self._pending.clear()
                     self.resyncs += 1
                     next_resync = loop.time() + self.resync_seconds
                     # On the loop, not in a thread: the reader callback shares the pyudev
                     # context and the known set. A few tens of ms, every few minutes.
                     records = self._enumerate()
+                    if self._paused:
+                        self._paused = False
+                        loop.add_reader(fd, self.drain)
                     yield UdevBatch(tuple(records), full=True, received=time.monotonic())
                     continue
                 if self._pending:

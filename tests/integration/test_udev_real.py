@@ -301,3 +301,22 @@ def test_cli_discover_and_write_see_a_new_loop(
         f"error: class 'loop' (example.com/loop) has no device: nothing matches "
         f'SUBSYSTEM=="block", KERNEL=="loop{n}"\n'
     )
+
+
+async def test_overflow_recovers_by_enumeration(loops: Loops, tmp_path: Path) -> None:
+    """A storm overflows a tiny receive buffer (ENOBUFS): a full batch, then events again."""
+    numbers = [loops.free_number() for _ in range(30)]
+    numbers = sorted(set(numbers))
+    follower = Follower(_config(numbers), tmp_path, "kernel")
+    follower.watcher.receive_buffer = 1  # the kernel rounds it up to its minimum
+    async with follower.running():
+        for n in numbers:  # without yielding to the loop: nothing is read meanwhile
+            loops.add(n)
+        expected = sorted(f"loop{n}" for n in numbers)
+        await _until(lambda: follower.spec_names() == expected, "all devices in the spec")
+        assert follower.watcher.receive_errors >= 1
+        assert any(b.full for b in follower.batches)
+        # The monitor works again after the overflow: a single remove is an ordinary event.
+        loops.remove(numbers[0])
+        await _until(lambda: follower.spec_names() == expected[1:], f"loop{numbers[0]} gone")
+        assert not follower.batches[-1].full
