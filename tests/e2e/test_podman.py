@@ -353,3 +353,28 @@ def test_agent_hotplug_through_to_the_container(
 def _read(log: IO[str]) -> str:
     log.seek(0)
     return log.read()
+
+
+def test_null_device_node_in_any_file_crashes_podman_and_cdi_gen_says_why(
+    podman: Podman, spec_dirs: SpecDirs
+) -> None:
+    """A foreign file with ``deviceNodes: [null]`` next to a good one makes podman 4.3 panic on
+    every CDI request (the Go library dereferences the nil node), so cdi-gen must flag it."""
+    bad = spec_dirs.dynamic / "other-vendor.json"
+    shutil.copy(Path(__file__).parents[1] / "data" / "cdi-bad" / "devicenode-null-item.json", bad)
+    (spec_dirs.dynamic / "good.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.3.0",
+                "kind": "example.net/other",
+                "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}],
+            }
+        )
+    )
+    crashed = podman.run_container(spec_dirs, "true", devices=["example.net/other=a"])
+    assert crashed.returncode != 0
+    assert "nil pointer dereference" in crashed.stderr, crashed.stderr
+
+    proc = cdi_gen("validate", "-q", spec_dirs.dynamic)
+    assert proc.returncode == 1
+    assert f"{bad}: devices[0].containerEdits.deviceNodes[0]" in proc.stdout
