@@ -378,3 +378,36 @@ def test_null_device_node_in_any_file_crashes_podman_and_cdi_gen_says_why(
     proc = cdi_gen("validate", "-q", spec_dirs.dynamic)
     assert proc.returncode == 1
     assert f"{bad}: devices[0].containerEdits.deviceNodes[0]" in proc.stdout
+
+
+def test_cdi_gen_list_predicts_what_podman_resolves(podman: Podman, spec_dirs: SpecDirs) -> None:
+    """Shadowing (/var/run/cdi over /etc/cdi) and a same-folder conflict, checked against the
+    runtime itself: every name `cdi-gen list` shows resolves to its winning file's edits, every
+    conflicting name is refused."""
+
+    def spec(tag: str, *names: str) -> str:
+        devices = [{"name": n, "containerEdits": {"env": [f"FROM={tag}"]}} for n in names]
+        return json.dumps({"cdiVersion": "0.3.0", "kind": f"{VENDOR}/{CLASS}", "devices": devices})
+
+    (spec_dirs.static / "static.json").write_text(spec("static", "shadowed", "only-static"))
+    (spec_dirs.dynamic / "dyn-a.json").write_text(spec("dyn-a", "shadowed", "clash"))
+    (spec_dirs.dynamic / "dyn-b.json").write_text(spec("dyn-b", "clash", "only-b"))
+
+    listed = cdi_gen(
+        "list", "--json", "--spec-dir", spec_dirs.static, "--spec-dir", spec_dirs.dynamic
+    )
+    assert listed.returncode == 0, listed.stderr
+    view = json.loads(listed.stdout)
+    expected = {
+        f"{VENDOR}/{CLASS}=shadowed": "dyn-a",
+        f"{VENDOR}/{CLASS}=only-static": "static",
+        f"{VENDOR}/{CLASS}=only-b": "dyn-b",
+    }
+    assert {n: Path(f).stem for n, f in view["devices"].items()} == expected
+    assert set(view["conflicts"]) == {f"{VENDOR}/{CLASS}=clash"}
+
+    for name, tag in expected.items():
+        ran = podman.run_container(spec_dirs, "echo $FROM", devices=[name])
+        assert (ran.returncode, ran.stdout.strip()) == (0, tag), ran.stderr
+    refused = podman.run_container(spec_dirs, "true", devices=[f"{VENDOR}/{CLASS}=clash"])
+    assert "unresolvable CDI devices" in refused.stderr, refused.stderr
