@@ -275,6 +275,20 @@ def _discover(
     return discovery
 
 
+def _slots(discovery: Any, cls: str, device: str) -> list[str]:
+    """The device plugin IDs of one physical device: itself, or its slots when shared."""
+    from cdi_gen.errors import InvalidNameError
+    from cdi_gen.sharing import slot_names
+
+    replicas = discovery.config_of(cls).sharing.replicas
+    if replicas <= 1:
+        return [device]
+    try:
+        return slot_names(device, replicas)
+    except InvalidNameError:
+        return []
+
+
 def _warn(discovery: Any, cls: str) -> None:
     for warning in discovery.warnings(cls):
         click.echo(f"warning: {warning}", err=True)
@@ -318,6 +332,7 @@ def discover(
                                 for n in d.nodes
                             ],
                             "rules": list(d.rules),
+                            "slots": _slots(discovery, cls, d.name),
                         }
                         for d in discovery.devices(cls)
                     ],
@@ -344,7 +359,9 @@ def discover(
             numa = "-" if d.numa_node is None else str(d.numa_node)
             health = "" if d.healthy else "  UNHEALTHY"
             rules = " | ".join(dict.fromkeys(d.rules))
-            click.echo(f"  {d.name:<{width}}  {nodes}  numa={numa}{health}  [{rules}]")
+            slots = _slots(discovery, cls, d.name)
+            shared = f"  slots={len(slots)} ({slots[0]}..{slots[-1]})" if len(slots) > 1 else ""
+            click.echo(f"  {d.name:<{width}}  {nodes}  numa={numa}{health}{shared}  [{rules}]")
         _warn(discovery, cls)
 
 
@@ -436,9 +453,12 @@ def write(
         except CdiGenError as exc:
             failures.extend(str(exc).splitlines())
             continue
-        count = len(spec.devices)
+        count = len(discovery.devices(cls))
         state = "written" if changed else "unchanged"
-        click.echo(f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}, {path} {state}")
+        slots = f" ({len(spec.devices)} slots)" if len(spec.devices) != count else ""
+        click.echo(
+            f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}{slots}, {path} {state}"
+        )
     if not classes:
         # Classes that left the config have no devices any more either.
         configured = set(discovery.class_names)

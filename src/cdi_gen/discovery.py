@@ -551,10 +551,15 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
 def build_spec(vendor: str, cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> Spec | None:
     """The CDI spec of a class, ``cdiVersion`` set to its minimum or the class's pin.
 
-    Returns None when there is no device (a spec without devices is invalid). Raises
-    VersionError when the class pins a cdiVersion older than its edits need.
+    A shared class (``sharing.replicas`` > 1) gets one CDI device per slot. Returns None
+    when there is no device (a spec without devices is invalid). Raises VersionError when the
+    class pins a cdiVersion older than its edits need.
     """
+    from cdi_gen.sharing import expand_devices  # sharing builds on this module
+
     devs = sorted(devices, key=lambda d: d.name)
+    # Slots of shared devices, in the same order the agent writes them (slot 2 before 10).
+    devs = list(expand_devices(devs, cls.sharing.replicas)[0]) if cls.sharing.replicas > 1 else devs
     if not devs:
         return None
     spec = Spec(

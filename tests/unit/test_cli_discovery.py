@@ -41,7 +41,8 @@ def test_discover_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert out.splitlines() == [
         "cdi-gen.io/tun: 1 device",
-        '  tun  /dev/net/tun(10:200)  numa=-  [SUBSYSTEM=="misc", KERNEL=="tun"]',
+        "  tun  /dev/net/tun(10:200)  numa=-  slots=110 (tun-0..tun-109)  "
+        '[SUBSYSTEM=="misc", KERNEL=="tun"]',
         "cdi-gen.io/vfio: no device",
     ]
 
@@ -119,7 +120,7 @@ def test_write_removes_classes_without_devices(
         "vendor.com-gpu.json",
     ]
     code, out, _ = _cli(capsys, "write", "--records", VM, "--spec-dir", str(spec_dir))
-    assert "cdi-gen.io/tun: 1 device, " in out and out.count(" unchanged") == 4
+    assert "cdi-gen.io/tun: 1 device (110 slots), " in out and out.count(" unchanged") == 4
 
 
 def test_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def test_assemble_refuses_duplicates_empty_and_old_target() -> None:
         assemble("example.com/fpga", [entry, entry])
     with pytest.raises(SpecError, match="no devices"):
         assemble("example.com/fpga", [])
-    with pytest.raises(VersionError, match="hostPath needs cdiVersion 0.5.0"):
+    with pytest.raises(VersionError, match=r"hostPath needs cdiVersion 0\.5\.0"):
         assemble("example.com/fpga", [entry], target_version="0.4.0")
     with pytest.raises(SpecError, match="at least 2 characters"):
         assemble("e/fpga", [entry])

@@ -16,8 +16,9 @@ def test_slot_names_are_stable_and_valid() -> None:
         slot_names("d" * 62, 10)
 
 
-def _slots(physical: dict[str, int], replicas: int, numa: int | None = None
-           ) -> dict[str, AdvertisedDevice]:
+def _slots(
+    physical: dict[str, int], replicas: int, numa: int | None = None
+) -> dict[str, AdvertisedDevice]:
     devices = [AdvertisedDevice(name, True, numa, f"/sys/{name}") for name in physical]
     return {d.id: d for d in expand_advertised(devices, replicas)}
 
@@ -48,6 +49,41 @@ def test_preferred_allocation_spreads_or_packs_slots() -> None:
     assert len({devices[i].physical for i in packed}) == 1
     # pack fills the device already in use first
     partly_used = [i for i in available if i != "b-0"]
-    assert set(preferred_allocation(partly_used, [], 2, devices, physical="pack")) == {
-        "b-1", "b-2"
-    }
+    assert set(preferred_allocation(partly_used, [], 2, devices, physical="pack")) == {"b-1", "b-2"}
+
+
+def test_cli_spec_and_agent_agree_on_slot_order() -> None:
+    """`cdi-gen write` (build_spec) and the agent (expand_change) list slots alike."""
+    from cdi_gen.codec import dump_document, dump_spec
+    from cdi_gen.config import parse_config
+    from cdi_gen.discovery import Discovery
+    from cdi_gen.entry import assemble, build_entry
+    from cdi_gen.sharing import expand_change
+    from cdi_gen.udev import DeviceRecord
+
+    config = parse_config(
+        {
+            "vendor": "example.com",
+            "classes": [
+                {"name": "loop", "match": {"subsystem": "block"}, "sharing": {"replicas": 12}}
+            ],
+        },
+        "t",
+    )
+    records = [
+        DeviceRecord(
+            sys_path=f"/sys/block/loop{n}",
+            subsystem="block",
+            sys_name=f"loop{n}",
+            devnode=f"/dev/loop{n}",
+        )
+        for n in (3, 10)
+    ]
+    discovery = Discovery(config)
+    (change,) = discovery.replace(records)
+    spec = discovery.spec("loop")
+    assert spec is not None
+    assert [d.name for d in spec.devices][:3] == ["loop10-0", "loop10-1", "loop10-2"]
+    slots = expand_change(change, 12)
+    entries = [build_entry(d.name, d.edits.to_wire()) for d in slots.devices]
+    assert dump_document(assemble("example.com/loop", entries)) == dump_spec(spec)
