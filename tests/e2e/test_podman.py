@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import yaml
 from consumers import (
     DYNAMIC_DIR,
     STATIC_DIR,
@@ -216,8 +217,6 @@ def _samples() -> list[Path]:
 
 
 def _version(path: Path) -> tuple[int, ...]:
-    import yaml
-
     doc = yaml.safe_load(path.read_text())
     return tuple(int(x) for x in str(doc["cdiVersion"]).lstrip("v").split("."))
 
@@ -232,8 +231,6 @@ def test_podman_resolves_every_sample_that_fits_its_version(
     file was refused; a missing host device (samples describe other machines) fails later with
     a different message, which is fine here.
     """
-    import yaml
-
     doc = yaml.safe_load(sample.read_text())
     shutil.copy(sample, spec_dirs.dynamic / sample.name)
     name = f"{doc['kind']}={doc['devices'][0]['name']}"
@@ -274,18 +271,19 @@ def test_class_needing_a_newer_version_is_refused_before_writing(
     assert "unresolvable CDI devices" in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_rendered_spec_pinned_to_0_5_0_runs_in_podman(
-    podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+    podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path, fmt: str
 ) -> None:
     dev = loops.add()
     config = loop_class_config(tmp_path / "config.yaml", [dev.name])
-    out = spec_dirs.static / f"{VENDOR}-{CLASS}.json"
+    out = spec_dirs.static / f"{VENDOR}-{CLASS}.{fmt}"
     proc = cdi_gen(
         "render", "--vendor", VENDOR, "--class", CLASS, "--config", config,
-        "--cdi-version", "0.5.0", "--output", out,
+        "--cdi-version", "0.5.0", "--format", fmt, "--output", out,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["cdiVersion"] == "0.5.0"
+    assert yaml.safe_load(out.read_text())["cdiVersion"] == "0.5.0"
     ran = podman.run_container(
         spec_dirs, "echo $DEMO_DEVICE_IDS", devices=[f"{VENDOR}/{CLASS}={dev.name}"]
     )
