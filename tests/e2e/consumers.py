@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ GO_CDI_SRC = Path(
     "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface"
 )
 BUSYBOX = Path("/bin/busybox")
+Json = dict[str, Any]  # a decoded JSON object from cdicheck or cdi-gen
 IMAGE = "localhost/cdi-gen-test:1"
 
 # The folders podman 4.3 reads; it has no option to change them, hence the mount namespace.
@@ -218,9 +220,9 @@ class LoopDevices:
             raise RuntimeError("could not remove loop devices: " + "; ".join(errors))
 
 
-def _wait_for(predicate: object, what: str, timeout: float = 5.0) -> None:
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.005)
@@ -379,21 +381,23 @@ def run_podman_isolated(
 class GoCDI:
     binary: Path
 
-    def _json(self, args: Sequence[str | Path], ok_codes: tuple[int, ...] = (0,)) -> dict:
+    def _json(self, args: Sequence[str | Path], ok_codes: tuple[int, ...] = (0,)) -> Json:
         proc = run([self.binary, *args])
         if proc.returncode not in ok_codes:
             pytest.fail(f"cdicheck {args} exited {proc.returncode}: {proc.stderr}", False)
-        return json.loads(proc.stdout)
+        doc: Json = json.loads(proc.stdout)
+        return doc
 
-    def list(self, *dirs: Path) -> dict:
+    def list(self, *dirs: Path) -> Json:
         """{"devices": {name: file}, "errors": {file: [msg]}, "conflicts": [...], "panic"?}"""
         return self._json(["list", *dirs])
 
-    def validate(self, *files: Path) -> dict[str, dict]:
+    def validate(self, *files: Path) -> dict[str, Json]:
         """Per file: {"ok", "error"?, "panic"?, "kind", "devices"}."""
-        return self._json(["validate", *files])["files"]
+        files_doc: dict[str, Json] = self._json(["validate", *files])["files"]
+        return files_doc
 
-    def inject(self, config: Path, dirs: Sequence[Path], names: Sequence[str]) -> dict:
+    def inject(self, config: Path, dirs: Sequence[Path], names: Sequence[str]) -> Json:
         return self._json(["inject", config, ":".join(map(str, dirs)), *names], ok_codes=(0, 1))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from consumers import REPO, GoCDI, cdi_gen
+from consumers import REPO, GoCDI, Json, cdi_gen
 
 BAD = REPO / "tests" / "data" / "cdi-bad"
 SAMPLES = REPO / "cdi-samples"
@@ -131,7 +131,7 @@ CDI_GEN_BUGS: dict[str, str] = {
 }
 
 
-def _go_verdict(result: dict) -> str:
+def _go_verdict(result: Json) -> str:
     if result.get("panic"):
         return "panic"
     return "ok" if result["ok"] else "error"
@@ -209,7 +209,7 @@ def test_our_problem_lines_name_the_file_and_a_reason(path: Path, corpus: Corpus
 # Folders: devices, conflicts, shadowing, per-file errors
 
 
-def _spec(kind: str, *names: str, env: str = "A=1") -> dict:
+def _spec(kind: str, *names: str, env: str = "A=1") -> Json:
     return {
         "cdiVersion": "0.5.0",
         "kind": kind,
@@ -217,23 +217,24 @@ def _spec(kind: str, *names: str, env: str = "A=1") -> dict:
     }
 
 
-def _write(folder: Path, name: str, doc: dict) -> Path:
+def _write(folder: Path, name: str, doc: Json) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_text(json.dumps(doc))
     return path
 
 
-def _ours_list(*dirs: Path) -> dict:
+def _ours_list(*dirs: Path) -> Json:
     args: list[str | Path] = ["list", "--json"]
     for d in dirs:
         args += ["--spec-dir", d]
     proc = cdi_gen(*args)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    view: Json = json.loads(proc.stdout)
+    return view
 
 
-def _assert_same_view(go_cdi: GoCDI, *dirs: Path) -> dict:
+def _assert_same_view(go_cdi: GoCDI, *dirs: Path) -> Json:
     go = go_cdi.list(*dirs)
     assert not go.get("panic"), go["panic"]
     ours = _ours_list(*dirs)
