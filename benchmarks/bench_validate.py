@@ -1,4 +1,5 @@
-"""``cdi-gen validate`` wall time against the Go CDI library validating the same files.
+"""``cdi-gen validate`` and ``cdi-gen render`` wall time against the Go CDI library
+validating the same files.
 
     python benchmarks/bench_validate.py [--quick]
 
@@ -56,6 +57,35 @@ def _spec(i: int, devices: int) -> dict[str, object]:
             for d in range(devices)
         ],
     }
+
+
+def _loop_records(n: int) -> list[dict[str, object]]:
+    """Recorded-udev entries of n loop devices (the shape ``--records`` reads)."""
+    return [
+        {
+            "sys_path": f"/sys/devices/virtual/block/loop{i}",
+            "subsystem": "block",
+            "sys_name": f"loop{i}",
+            "sys_number": str(i),
+            "devnode": f"/dev/loop{i}",
+            "devtype": "disk",
+            "major": 7,
+            "minor": i,
+            "properties": {"DEVTYPE": "disk"},
+        }
+        for i in range(n)
+    ]
+
+
+RENDER_CONFIG = """\
+vendor: example.com
+classes:
+  - name: loop
+    match: {subsystem: block, kernel: "loop*"}
+    containerEdits:
+      env: ["LOOP_DEVICE={devnode}"]
+      mounts: [{hostPath: /opt/loop-tools, containerPath: /opt/loop-tools, options: [ro, bind]}]
+"""
 
 
 def _build_cdicheck(workdir: Path) -> Path | None:
@@ -129,7 +159,38 @@ def run(quick: bool = False) -> list[Row]:
         rows.append(("ratio cdi-gen / Go (wall)", f"{ours_ms / go_ms:.1f}x", target))
         work_ratio = max(ours_ms - floor_ms, 0.0) / max(go_ms - go_floor_ms, 0.1)
         rows.append(("ratio above start-up floors", f"{work_ratio:.1f}x", "informative"))
+        rows += _render_rows(work, binary, quick, repeat)
     return rows
+
+
+def _render_rows(work: Path, binary: Path, quick: bool, repeat: int) -> list[Row]:
+    """Render one class of n devices, then let Go validate the file render wrote."""
+    n = 1_000 if quick else 10_000
+    records = work / "records.json"
+    records.write_text(json.dumps(_loop_records(n)))
+    config = work / "render.yaml"
+    config.write_text(RENDER_CONFIG)
+    out = work / "rendered" / "example.com-loop.json"
+    out.parent.mkdir()
+    render_cmd = [
+        sys.executable, "-m", "cdi_gen", "render", "--config", str(config),
+        "--records", str(records), "--class", "loop", "--output", str(out),
+    ]  # fmt: skip
+    proc = _run(render_cmd)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cdi-gen render failed: {proc.stderr!r}")
+    go_cmd = [str(binary), "validate", str(out)]
+    verdict = json.loads(_run(go_cmd).stdout)["files"][str(out)]
+    if not verdict["ok"] or len(verdict["devices"]) != n:
+        raise RuntimeError(f"the Go CDI library did not take the rendered spec: {verdict}")
+    render_ms = best_ms(lambda: _run(render_cmd), repeat)
+    go_ms = best_ms(lambda: _run(go_cmd), repeat)
+    target = "start-up bound (--quick)" if quick else f"<= {TARGET_RATIO:.0f}x"
+    return [
+        (f"cdi-gen render, 1 class x {n} devices", f"{render_ms:.0f} ms", ""),
+        ("Go CDI 0.5.2 validate of that file", f"{go_ms:.0f} ms", ""),
+        ("ratio render / Go validate (wall)", f"{render_ms / go_ms:.1f}x", target),
+    ]
 
 
 if __name__ == "__main__":
