@@ -1,7 +1,10 @@
 """podman 4.3 (CDI library 0.5.2) injecting the devices of specs written by cdi-gen.
 
-The hand-written spec test pins down the harness itself (isolation, image, loop devices), so
-that a failure in the cdi-gen tests below points at cdi-gen rather than at the plumbing.
+Covers injection of real loop devices, hotplug through to a container (``cdi-gen write`` and
+the agent), cdiVersion compatibility (samples, ``--cdi-version 0.5.0``), and whether
+``cdi-gen list`` predicts what podman resolves. The hand-written spec tests pin down the
+harness itself (isolation, image, loop devices), so that a failure in the cdi-gen tests points
+at cdi-gen rather than at the plumbing.
 """
 
 from __future__ import annotations
