@@ -8,6 +8,7 @@ every problem reported with its path.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import orjson
@@ -78,18 +79,55 @@ def validation_problems(exc: ValidationError) -> list[Problem]:
     return problems
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Runtimes parse strictly: a key given twice rejects the file instead of "last one wins".
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+@functools.cache
+def _yaml_loader() -> Any:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
 def parse_document(data: bytes, fmt: Format = "json") -> Any:
-    """Parse bytes into plain data; raise :class:`SpecError` on a syntax error."""
+    """Parse bytes into plain data; raise :class:`SpecError` on a syntax error or a key
+    given twice in one object."""
+    import json
+
     try:
         if fmt == "json":
-            return orjson.loads(data)
+            return json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
         import yaml
 
-        return yaml.safe_load(data)
-    except (orjson.JSONDecodeError, ValueError) as exc:
+        return yaml.load(data, Loader=_yaml_loader())
+    except ValueError as exc:
         raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
-        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
+        one_line = " ".join(str(exc).split())
+        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {one_line}")]) from exc
 
 
 def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:

@@ -96,7 +96,6 @@ DIVERGENCES: dict[str, Divergence] = {
     # CDI 1.x), so YAML syntax inside a .json file is fine for the runtimes. cdi-gen parses
     # .json as JSON. Consequence: `cdi-gen list` omits devices of such files that a runtime
     # would still use; cdi-gen itself never writes them.
-    "bom.json": Divergence("ok", "error", "the YAML parser skips a UTF-8 byte order mark"),
     "json-with-comment.json": Divergence("ok", "error", "'# ...' is a YAML comment"),
     "json-trailing-garbage.json": Divergence(
         "ok", "error", "the YAML parser stops after the first flow mapping"
@@ -127,7 +126,6 @@ DIVERGENCES: dict[str, Divergence] = {
 
 # cdi-gen accepts these although every CDI version (and the Go library) rejects them.
 CDI_GEN_BUGS: dict[str, str] = {
-    "duplicate-key.json": "a key given twice (cdiVersion) is accepted, last one wins",
 }
 
 

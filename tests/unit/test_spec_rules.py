@@ -304,3 +304,13 @@ def test_written_specs_validate_upstream_and_round_trip(
     upstream_validator().validate(orjson.loads(data))
     assert load_spec(data) == spec
     assert dump_spec(load_spec(data)) == data
+
+
+def test_parsing_is_strict_about_duplicate_keys_but_takes_a_bom_like_runtimes() -> None:
+    with pytest.raises(SpecError, match="duplicate key 'kind'"):
+        load_spec(b'{"cdiVersion": "0.3.0", "kind": "a.com/bb", "kind": "a.com/cc", "devices": []}')
+    with pytest.raises(SpecError, match="duplicate key 'kind'"):
+        load_spec(b"kind: a.com/bb\nkind: a.com/cc\n", "yaml")
+    with pytest.raises(SpecError, match="NaN is not valid JSON"):
+        load_spec(b'{"cdiVersion": NaN}')
+    load_spec(b"\xef\xbb\xbf" + _doc(NODE))  # the runtimes' YAML parser skips a BOM
