@@ -412,3 +412,23 @@ def test_cdi_gen_list_predicts_what_podman_resolves(podman: Podman, spec_dirs: S
         assert (ran.returncode, ran.stdout.strip()) == (0, tag), ran.stderr
     refused = podman.run_container(spec_dirs, "true", devices=[f"{VENDOR}/{CLASS}=clash"])
     assert "unresolvable CDI devices" in refused.stderr, refused.stderr
+
+
+def test_slots_of_one_shared_device_inject_together(
+    podman: Podman, go_cdi: GoCDI, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
+) -> None:
+    """sharing: {replicas: 3}: the names the plugin hands out for two slots of one device are
+    both in the spec, and podman injects them into one container (one node, no conflict)."""
+    dev = loops.add()
+    config = loop_class_config(
+        tmp_path / "config.yaml", [dev.name], extra={"sharing": {"replicas": 3}}
+    )
+    spec_file = _write(config, spec_dirs.dynamic)
+    slots = [f"{dev.name}-{i}" for i in range(3)]
+    assert _spec_device_names(spec_file) == set(slots)
+    assert go_cdi.validate(spec_file)[str(spec_file)]["ok"]
+    major, minor = dev.rdev()
+    names = [f"{VENDOR}/{CLASS}={slots[0]}", f"{VENDOR}/{CLASS}={slots[2]}"]
+    proc = podman.run_container(spec_dirs, f"stat -c '%t:%T' {dev.path}", devices=names)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{major:x}:{minor:x}"
