@@ -103,3 +103,19 @@ def test_spec_dirs_report_conflicts_shadowing_and_our_broken_files(tmp_path: Pat
     lines = [c.line() for c in doctor.check_spec_dirs([etc, run], run, "example.com")]
     assert any(line.startswith("WARN shadowing: example.com/loop=loop200") for line in lines)
     assert any(line.startswith("FAIL spec files:") and "broken" in line for line in lines)
+
+
+def test_files_that_crash_old_runtimes_are_a_failure(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "other-null.json").write_text(
+        '{"cdiVersion": "0.3.0", "kind": "other.com/bb", "devices": [{"name": "x", '
+        '"containerEdits": {"deviceNodes": [null]}}]}'
+    )
+    (run / "other-short.json").write_text(
+        '{"cdiVersion": "0.3.0", "kind": "o/bb", "devices": [{"name": "x", '
+        '"containerEdits": {"env": ["A=1"]}}]}'
+    )
+    lines = [c.line() for c in doctor.check_spec_dirs([run], run, "example.com")]
+    crashes = [line for line in lines if "crashes podman" in line]
+    assert len(crashes) == 2 and all(line.startswith("FAIL") for line in crashes)
