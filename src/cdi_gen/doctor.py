@@ -242,8 +242,19 @@ def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[
     for msg in reg.dir_errors.values():
         checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
     for path, msgs in sorted(reg.errors.items()):
-        level = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
+        level: Status = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
         for msg in msgs:
+            if _crashes_runtimes(msg):
+                checks.append(
+                    Check(
+                        "FAIL",
+                        "spec files",
+                        f"{path}: {msg}: this crashes podman "
+                        "4.3 and containerd 1.7.24 on every CDI request",
+                        "remove the file now",
+                    )
+                )
+                continue
             checks.append(
                 Check(
                     level,
@@ -279,6 +290,14 @@ def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[
         )
     )
     return checks
+
+
+def _crashes_runtimes(message: str) -> bool:
+    """Problems that make old CDI libraries panic instead of skipping the file: a one-character
+    vendor or class name, a null where an object belongs (``deviceNodes: [null]``)."""
+    return "must be at least 2 characters" in message or (
+        "Input should be a valid dictionary" in message and "(got None)" in message
+    )
 
 
 def check_kubelet(plugin_dir: Path) -> list[Check]:
