@@ -242,7 +242,7 @@ def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[
     for msg in reg.dir_errors.values():
         checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
     for path, msgs in sorted(reg.errors.items()):
-        level: Status = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
+        level = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
         for msg in msgs:
             if _crashes_runtimes(msg):
                 checks.append(
