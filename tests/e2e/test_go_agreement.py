@@ -125,8 +125,7 @@ DIVERGENCES: dict[str, Divergence] = {
 }
 
 # cdi-gen accepts these although every CDI version (and the Go library) rejects them.
-CDI_GEN_BUGS: dict[str, str] = {
-}
+CDI_GEN_BUGS: dict[str, str] = {}
 
 
 def _go_verdict(result: Json) -> str:
