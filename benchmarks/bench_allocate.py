@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from _table import Row, percentile, print_table
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.plugin import DevicePlugin
@@ -33,8 +34,6 @@ KIND = f"{VENDOR}/{CLASS}"
 ADVERTISED = 1000
 CLIENTS = 8
 TARGET_RATIO = 1.3
-
-Row = tuple[str, str, str]
 
 
 def _devices(flip: bool = False) -> list[AdvertisedDevice]:
@@ -85,11 +84,6 @@ async def _timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
         await call()
         samples.append(time.perf_counter() - start)
     return samples
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _throughput(make_call: Callable[[int], Callable[[], Awaitable[object]]], n: int) -> float:
@@ -178,26 +172,26 @@ async def _bench(quick: bool) -> list[Row]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
-    floor50 = _pct(floor_s, 0.5)
+    floor50 = percentile(floor_s, 50)
 
     def ms(value: float) -> str:
         return f"{value * 1e3:.3f} ms"
 
     def vs_floor(samples: list[float]) -> str:
-        p50 = _pct(samples, 0.5)
+        p50 = percentile(samples, 50)
         return f"{ms(p50)} ({p50 / floor50:.2f}x floor)"
 
     return [
         ("floor: bare grpc.aio unary p50 (unix socket)", ms(floor50), "-"),
-        ("floor: bare grpc.aio unary p99", ms(_pct(floor_s, 0.99)), "-"),
+        ("floor: bare grpc.aio unary p99", ms(percentile(floor_s, 99)), "-"),
         (
             f"Allocate p50, 1 device ({ADVERTISED:,} advertised)",
             vs_floor(one_s),
             f"<= {TARGET_RATIO}x floor",
         ),
-        ("Allocate p99, 1 device", ms(_pct(one_s, 0.99)), "-"),
+        ("Allocate p99, 1 device", ms(percentile(one_s, 99)), "-"),
         ("Allocate p50, 8 devices", vs_floor(eight_s), f"<= {TARGET_RATIO}x floor"),
-        ("Allocate p99, 8 devices", ms(_pct(eight_s, 0.99)), "-"),
+        ("Allocate p99, 8 devices", ms(percentile(eight_s, 99)), "-"),
         (f"floor throughput, {CLIENTS} clients", f"{floor_tp:,.0f} calls/s", "-"),
         (
             f"Allocate throughput, {CLIENTS} clients, 1 device",
@@ -206,10 +200,10 @@ async def _bench(quick: bool) -> list[Row]:
         ),
         (
             f"ListAndWatch publish -> client p50 ({ADVERTISED:,} devices)",
-            ms(_pct(lag, 0.5)),
+            ms(percentile(lag, 50)),
             "-",
         ),
-        ("ListAndWatch publish -> client p99", ms(_pct(lag, 0.99)), "-"),
+        ("ListAndWatch publish -> client p99", ms(percentile(lag, 99)), "-"),
     ]
 
 
@@ -238,12 +232,5 @@ def run(quick: bool = False) -> list[Row]:
     return asyncio.run(_bench(quick))
 
 
-def print_table(rows: list[Row]) -> None:
-    header = ("metric", "measured", "target")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-
-
 if __name__ == "__main__":
-    print_table(run(quick="--quick" in sys.argv[1:]))
+    print_table("allocate", run(quick="--quick" in sys.argv[1:]))

@@ -22,11 +22,12 @@ import json
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _table import Row, percentile, print_table
 
 from cdi_gen.config import load_config, parse_config
 from cdi_gen.discovery import Discovery
@@ -41,16 +42,9 @@ from cdi_gen.writer import spec_filename, write_spec
 
 HERE = Path(__file__).resolve().parent
 
-Row = tuple[str, str, str]
 LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_REMOVE = 0x4C81
 DATA = HERE.parent / "tests" / "data" / "udev"
-
-
-def _pct(samples: list[float], q: int) -> float:
-    if len(samples) < 2:
-        return samples[0]
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
 
 
 def _free_numbers(count: int) -> list[int]:
@@ -163,11 +157,19 @@ async def _hotplug(cycles: int) -> list[Row]:
         shutil.rmtree(spec_dir, ignore_errors=True)
     label = f"{cycles} cycles"
     return [
-        (f"hotplug add → spec on disk p50 ({label})", f"{_pct(adds, 50):.2f} ms", ""),
-        (f"hotplug add → spec on disk p99 ({label})", f"{_pct(adds, 99):.2f} ms", "≤ 50 ms"),
-        (f"hotplug remove → entry gone p50 ({label})", f"{_pct(removes, 50):.2f} ms", ""),
-        (f"hotplug remove → entry gone p99 ({label})", f"{_pct(removes, 99):.2f} ms", "≤ 50 ms"),
-        ("LOOP_CTL_REMOVE ioctl itself p50 (kernel)", f"{_pct(remove_ioctl, 50):.1f} ms", "info"),
+        (f"hotplug add → spec on disk p50 ({label})", f"{percentile(adds, 50):.2f} ms", ""),
+        (f"hotplug add → spec on disk p99 ({label})", f"{percentile(adds, 99):.2f} ms", "≤ 50 ms"),
+        (f"hotplug remove → entry gone p50 ({label})", f"{percentile(removes, 50):.2f} ms", ""),
+        (
+            f"hotplug remove → entry gone p99 ({label})",
+            f"{percentile(removes, 99):.2f} ms",
+            "≤ 50 ms",
+        ),
+        (
+            "LOOP_CTL_REMOVE ioctl itself p50 (kernel)",
+            f"{percentile(remove_ioctl, 50):.1f} ms",
+            "info",
+        ),
     ]
 
 
@@ -269,12 +271,5 @@ def run(quick: bool = False) -> list[Row]:
     return asyncio.run(_hotplug(20 if quick else 100)) + rows
 
 
-def print_table(rows: list[Row]) -> None:
-    header = ("metric", "measured", "target")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-
-
 if __name__ == "__main__":
-    print_table(run(quick="--quick" in sys.argv[1:]))
+    print_table("hotplug", run(quick="--quick" in sys.argv[1:]))
