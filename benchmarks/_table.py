@@ -1,10 +1,20 @@
-"""Shared helpers of the benchmark scripts: timing and the result table."""
+"""Shared helpers of the benchmark scripts: timing and the result table.
+
+Importing it also puts the repository root on ``sys.path``, so that benchmarks run as
+``python benchmarks/bench_x.py`` can use the test fixtures (fake kubelet, loop devices).
+"""
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(1, _REPO)
 
 Row = tuple[str, str, str]
 

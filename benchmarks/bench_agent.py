@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -25,14 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(HERE), str(REPO)]
+from _table import Row, percentile
 
-from _table import Row, percentile  # noqa: E402
-
-LOOP_CTL_ADD = 0x4C80
-LOOP_CTL_REMOVE = 0x4C81
+from tests.loopdev import add_loop, free_loop_numbers, remove_loop
 
 CONFIG = """
 vendor: example.com
@@ -40,28 +33,6 @@ classes:
   - name: loop
     match: {subsystem: block, kernel: "loop[5-9][0-9][0-9]"}
 """
-
-
-def _loop_ctl(request: int, number: int) -> None:
-    fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, request, number)
-    finally:
-        os.close(fd)
-
-
-def _remove_loop(number: int) -> None:
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            _loop_ctl(LOOP_CTL_REMOVE, number)
-            return
-        except OSError as exc:
-            if exc.errno in (6, 19):  # ENXIO, ENODEV: gone already
-                return
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
 
 
 async def _startup(rounds: int) -> list[float]:
@@ -154,11 +125,6 @@ def _memory() -> tuple[float, float, int]:
     return int(out[0]) / 1024, int(out[1]) / 1024, int(out[2])
 
 
-def _free_loop_numbers(count: int) -> list[int]:
-    free = [n for n in range(500, 1000) if not os.path.exists(f"/sys/block/loop{n}")]
-    return random.sample(free, count)
-
-
 async def _hotplug(cycles: int) -> list[float]:
     import yaml
 
@@ -172,7 +138,7 @@ async def _hotplug(cycles: int) -> list[float]:
         config, AgentOptions(spec_dir=tmp / "cdi", plugin_dir=tmp / "dp", udev_source="kernel")
     )
     samples: list[float] = []
-    numbers = _free_loop_numbers(cycles)
+    numbers = free_loop_numbers(cycles, 500, 999)
     try:
         async with FakeKubelet(tmp / "dp") as kubelet:
             task = asyncio.create_task(agent.run())
@@ -181,11 +147,11 @@ async def _hotplug(cycles: int) -> list[float]:
             for n in numbers:
                 name = f"loop{n}"
                 start = time.perf_counter()
-                _loop_ctl(LOOP_CTL_ADD, n)
+                add_loop(n)
                 while name not in await plugin.next_devices(within=5):
                     pass
                 samples.append((time.perf_counter() - start) * 1e3)
-                _remove_loop(n)
+                remove_loop(n)
                 while name in await plugin.next_devices(within=5):
                     pass
             agent.stop()
@@ -193,7 +159,7 @@ async def _hotplug(cycles: int) -> list[float]:
     finally:
         for n in numbers:
             with contextlib.suppress(OSError):
-                _remove_loop(n)
+                remove_loop(n)
         shutil.rmtree(tmp, ignore_errors=True)
     return samples
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -39,39 +36,15 @@ from cdi_gen.udev import (
     records_from_export_db,
 )
 from cdi_gen.writer import spec_filename, write_spec
+from tests.loopdev import add_loop, free_loop_numbers, remove_loop
 
 HERE = Path(__file__).resolve().parent
 
-LOOP_CTL_ADD = 0x4C80
-LOOP_CTL_REMOVE = 0x4C81
 DATA = HERE.parent / "tests" / "data" / "udev"
 
 
-def _free_numbers(count: int) -> list[int]:
-    out: list[int] = []
-    while len(out) < count:
-        n = random.randrange(300, 1000)
-        if n not in out and not os.path.exists(f"/sys/block/loop{n}"):
-            out.append(n)
-    return out
-
-
-def _remove(fd: int, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            fcntl.ioctl(fd, LOOP_CTL_REMOVE, n)
-            return
-        except OSError as exc:
-            if exc.errno == errno.ENODEV:
-                return
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.002)
-
-
 async def _hotplug(cycles: int) -> list[Row]:
-    keep, probe = _free_numbers(2)
+    keep, probe = free_loop_numbers(2)
     config = parse_config(
         {
             "vendor": "example.com",
@@ -115,7 +88,7 @@ async def _hotplug(cycles: int) -> list[Row]:
     remove_ioctl: list[float] = []
     task: asyncio.Task[None] | None = None
     try:
-        fcntl.ioctl(fd, LOOP_CTL_ADD, keep)
+        add_loop(keep, fd)
         created.add(keep)
         discovery.replace(watcher.start())
         spec = discovery.spec("loop")
@@ -125,7 +98,7 @@ async def _hotplug(cycles: int) -> list[Row]:
         await asyncio.sleep(0)
         for _ in range(cycles):
             written.clear()
-            fcntl.ioctl(fd, LOOP_CTL_ADD, probe)
+            add_loop(probe, fd)
             start = time.perf_counter()
             created.add(probe)
             while True:
@@ -135,7 +108,7 @@ async def _hotplug(cycles: int) -> list[Row]:
                     break
             adds.append((time.perf_counter() - start) * 1e3)
             before = time.perf_counter()
-            _remove(fd, probe)
+            remove_loop(probe, fd)
             start = time.perf_counter()
             remove_ioctl.append((start - before) * 1e3)
             created.discard(probe)
@@ -152,7 +125,7 @@ async def _hotplug(cycles: int) -> list[Row]:
                 await asyncio.wait_for(task, 5)
         for n in created:
             with contextlib.suppress(OSError):
-                _remove(fd, n)
+                remove_loop(n, fd)
         os.close(fd)
         shutil.rmtree(spec_dir, ignore_errors=True)
     label = f"{cycles} cycles"

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from consumers import (
     GoCDI,
-    LoopDevices,
     Podman,
     Runc,
     SpecDirs,
@@ -23,6 +22,7 @@ from consumers import (
     require_tool,
     setup_podman,
 )
+from loopdev import LoopDevices
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,19 +12,14 @@ test folder without ``__init__.py`` on ``sys.path``; a generic name could shadow
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tarfile
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,118 +109,7 @@ def cdi_gen(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProce
 # Loop devices
 
 
-LOOP_CTL_ADD = 0x4C80
-LOOP_CTL_REMOVE = 0x4C81
-LOOP_SET_FD = 0x4C00
-LOOP_CLR_FD = 0x4C01
-LOOP_MAJOR = 7
-
-
-@dataclass(frozen=True)
-class LoopDevice:
-    number: int
-
-    @property
-    def name(self) -> str:
-        return f"loop{self.number}"
-
-    @property
-    def path(self) -> Path:
-        return Path(f"/dev/loop{self.number}")
-
-    def rdev(self) -> tuple[int, int]:
-        """major:minor of the node as the host kernel reports it."""
-        st = os.stat(self.path)
-        return os.major(st.st_rdev), os.minor(st.st_rdev)
-
-
-@dataclass
-class LoopDevices:
-    """Creates loop devices numbered 200-299 and guarantees their removal.
-
-    Numbers start at a random point because other engineers' tests create loop devices in the
-    same range at the same time; an existing number (EEXIST) is simply skipped.
-    """
-
-    low: int = 200
-    high: int = 299
-    created: list[LoopDevice] = field(default_factory=list)
-    backing: dict[int, Path] = field(default_factory=dict)
-
-    def _control(self, request: int, number: int) -> int:
-        fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            return fcntl.ioctl(fd, request, number)
-        finally:
-            os.close(fd)
-
-    def reserve(self) -> LoopDevice:
-        """A number that is free now, without creating the device (for hotplug tests)."""
-        span = self.high - self.low + 1
-        start = random.randrange(span)
-        for i in range(span):
-            number = self.low + (start + i) % span
-            taken = {d.number for d in self.created}
-            if number not in taken and not os.path.exists(f"/sys/block/loop{number}"):
-                return LoopDevice(number)
-        raise RuntimeError(f"no free loop number in {self.low}-{self.high}")
-
-    def add(self, device: LoopDevice | None = None) -> LoopDevice:
-        for _ in range(20):
-            dev = device or self.reserve()
-            try:
-                self._control(LOOP_CTL_ADD, dev.number)
-            except OSError as exc:
-                if exc.errno == errno.EEXIST and device is None:
-                    continue
-                raise
-            self.created.append(dev)
-            _wait_for(dev.path.exists, f"{dev.path} to appear")
-            return dev
-        raise RuntimeError("could not create a loop device")
-
-    def attach(self, dev: LoopDevice, backing_file: Path) -> None:
-        """Bind a backing file so that reads from the device return its content."""
-        with open(backing_file, "rb+") as f, open(dev.path, "rb") as d:
-            fcntl.ioctl(d.fileno(), LOOP_SET_FD, f.fileno())
-        self.backing[dev.number] = backing_file
-
-    def remove(self, dev: LoopDevice) -> None:
-        if self.backing.pop(dev.number, None) is not None:
-            with contextlib.suppress(OSError), open(dev.path, "rb") as d:
-                fcntl.ioctl(d.fileno(), LOOP_CLR_FD, 0)
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self._control(LOOP_CTL_REMOVE, dev.number)
-                break
-            except OSError as exc:
-                if exc.errno in (errno.ENODEV, errno.ENXIO, errno.ENOENT):
-                    break  # already gone
-                # udevd (when running) may hold it open for a moment after an event
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        if dev in self.created:
-            self.created.remove(dev)
-
-    def cleanup(self) -> None:
-        errors = []
-        for dev in list(self.created):
-            try:
-                self.remove(dev)
-            except OSError as exc:
-                errors.append(f"{dev.path}: {exc}")
-        if errors:
-            raise RuntimeError("could not remove loop devices: " + "; ".join(errors))
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+# Loop devices: tests/loopdev.py, shared with the integration tests and benchmarks.
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,13 +24,12 @@ from consumers import (
     DYNAMIC_DIR,
     STATIC_DIR,
     GoCDI,
-    LoopDevice,
-    LoopDevices,
     Podman,
     SpecDirs,
     cdi_gen,
     loop_class_config,
 )
+from loopdev import LoopDevice, LoopDevices
 
 VENDOR = "example.com"
 CLASS = "loop"

@@ -7,7 +7,8 @@ import json
 import uuid
 from pathlib import Path
 
-from consumers import GoCDI, LoopDevices, Runc, cdi_gen
+from consumers import GoCDI, Runc, cdi_gen
+from loopdev import LoopDevices
 
 MARKER = b"runc reads the loop device\n"
 

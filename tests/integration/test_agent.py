@@ -15,8 +15,8 @@ import pytest
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.agent import Agent, AgentOptions
 from cdi_gen.config import parse_config
-from tests.e2e.consumers import LoopDevices
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
+from tests.loopdev import LoopDevices
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
 

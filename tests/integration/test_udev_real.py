@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import os
-import random
 import shutil
 import subprocess
 import time
@@ -23,6 +20,7 @@ from typing import Literal
 
 import orjson
 import pytest
+from loopdev import LoopDevices
 
 from cdi_gen.config import AgentConfig, parse_config
 from cdi_gen.discovery import Discovery
@@ -31,62 +29,19 @@ from cdi_gen.writer import remove_spec, spec_filename, write_spec
 
 pytestmark = pytest.mark.kernel
 
-LOOP_CTL_ADD = 0x4C80
-LOOP_CTL_REMOVE = 0x4C81
 UDEVD = Path("/lib/systemd/systemd-udevd")
 TIMEOUT = 5.0
 
 
-class Loops:
-    """Creates loop devices and removes every one of them at the end, whatever happens."""
-
-    def __init__(self) -> None:
-        self.created: set[int] = set()
-        self.fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-
-    def free_number(self) -> int:
-        while True:
-            n = random.randrange(300, 1000)
-            if n not in self.created and not os.path.exists(f"/sys/block/loop{n}"):
-                return n
-
-    def add(self, n: int) -> None:
-        fcntl.ioctl(self.fd, LOOP_CTL_ADD, n)
-        self.created.add(n)
-
-    def remove(self, n: int) -> None:
-        # With udevd running, its probe may still hold the device open: EBUSY, retry.
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            try:
-                fcntl.ioctl(self.fd, LOOP_CTL_REMOVE, n)
-                break
-            except OSError as exc:
-                if exc.errno == errno.ENODEV:
-                    break
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
-        self.created.discard(n)
-
-    def close(self) -> None:
-        try:
-            for n in sorted(self.created):
-                with contextlib.suppress(OSError):
-                    self.remove(n)
-        finally:
-            os.close(self.fd)
-
-
 @pytest.fixture
-def loops() -> Iterator[Loops]:
+def loops() -> Iterator[LoopDevices]:
     if not os.path.exists("/dev/loop-control"):
         pytest.fail("/dev/loop-control is missing: these tests need the loop driver and root")
-    created = Loops()
+    created = LoopDevices(low=300, high=999)
     try:
         yield created
     finally:
-        created.close()
+        created.cleanup()
 
 
 @pytest.fixture
@@ -203,7 +158,7 @@ async def _until(predicate: object, what: str) -> None:
 
 
 async def _follow_add_remove(
-    loops: Loops, tmp_path: Path, source: Literal["udev", "kernel"]
+    loops: LoopDevices, tmp_path: Path, source: Literal["udev", "kernel"]
 ) -> Follower:
     a, b = loops.free_number(), loops.free_number()
     while b == a:
@@ -233,20 +188,22 @@ async def _follow_add_remove(
     return follower
 
 
-async def test_kernel_source_follows_loop_hotplug(loops: Loops, tmp_path: Path) -> None:
+async def test_kernel_source_follows_loop_hotplug(loops: LoopDevices, tmp_path: Path) -> None:
     follower = await _follow_add_remove(loops, tmp_path, "kernel")
     actions = [r.action for b in follower.batches for r in b.records]
     assert actions.count("add") == 1 and actions.count("remove") == 2
 
 
-async def test_udev_source_follows_loop_hotplug(udevd: None, loops: Loops, tmp_path: Path) -> None:
+async def test_udev_source_follows_loop_hotplug(
+    udevd: None, loops: LoopDevices, tmp_path: Path
+) -> None:
     follower = await _follow_add_remove(loops, tmp_path, "udev")
     added = [r for b in follower.batches for r in b.records if r.action == "add"]
     # Processed by udevd, not raw kernel events: udevd stamps its own properties.
     assert added and "USEC_INITIALIZED" in added[0].properties
 
 
-async def test_resync_enumerates_again(loops: Loops, tmp_path: Path) -> None:
+async def test_resync_enumerates_again(loops: LoopDevices, tmp_path: Path) -> None:
     n = loops.free_number()
     follower = Follower(_config([n]), tmp_path, "kernel")
     async with follower.running():
@@ -272,7 +229,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def test_cli_discover_and_write_see_a_new_loop(
-    loops: Loops, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    loops: LoopDevices, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     n = loops.free_number()
     loops.add(n)
@@ -303,7 +260,7 @@ def test_cli_discover_and_write_see_a_new_loop(
     )
 
 
-async def test_overflow_recovers_by_enumeration(loops: Loops, tmp_path: Path) -> None:
+async def test_overflow_recovers_by_enumeration(loops: LoopDevices, tmp_path: Path) -> None:
     """A storm overflows a tiny receive buffer (ENOBUFS): a full batch, then events again."""
     numbers = [loops.free_number() for _ in range(30)]
     numbers = sorted(set(numbers))

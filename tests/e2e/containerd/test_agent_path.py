@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumers import LoopDevice, LoopDevices
+from loopdev import LoopDevice, LoopDevices
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 

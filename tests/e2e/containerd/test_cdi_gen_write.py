@@ -12,7 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumers import LoopDevices, run
+from consumers import run
+from loopdev import LoopDevices
 
 from .agent import RESOURCE, agent_config
 from .conftest import Pods, SpecFolders

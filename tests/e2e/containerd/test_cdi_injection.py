@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumers import LoopDevice, LoopDevices
+from loopdev import LoopDevice, LoopDevices
 
 from .conftest import ContainerdFactory, Pods, SpecFolders
 from .cri import CRIClient, Finished

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from consumers import LoopDevices, run
+from consumers import run
+from loopdev import LoopDevices
 
 from .agent import agent_config
 from .conftest import ContainerdFactory, Pods, SpecFolders

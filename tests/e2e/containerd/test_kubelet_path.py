@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from consumers import LoopDevices
 from fakes.kubelet import ConnectedPlugin, FakeKubelet
+from loopdev import LoopDevices
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.plugin import DevicePlugin

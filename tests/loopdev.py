@@ -1,0 +1,161 @@
+"""Brand-new loop devices through /dev/loop-control: real kernel add/remove uevents.
+
+Shared by the integration and e2e tests and the benchmarks, so that every suite creates and
+removes devices the same way: numbers from a range of its own (other suites run at the same
+time), EBUSY retried on removal (udevd may still hold a new device open), and every device
+removed again at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+LOOP_SET_FD = 0x4C00
+LOOP_CLR_FD = 0x4C01
+LOOP_MAJOR = 7
+#: A removal that reports the device is not there (any more).
+_GONE = (errno.ENODEV, errno.ENXIO, errno.ENOENT)
+
+
+def _control(request: int, number: int, fd: int | None = None) -> None:
+    own = fd is None
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC) if fd is None else fd
+    try:
+        fcntl.ioctl(ctl, request, number)
+    finally:
+        if own:
+            os.close(ctl)
+
+
+def add_loop(number: int, fd: int | None = None) -> None:
+    """LOOP_CTL_ADD: create /dev/loop<number> (EEXIST if it exists). ``fd``: an open
+    /dev/loop-control, for callers timing the ioctl alone."""
+    _control(LOOP_CTL_ADD, number, fd)
+
+
+def remove_loop(number: int, fd: int | None = None, timeout: float = 5.0) -> None:
+    """LOOP_CTL_REMOVE, retrying EBUSY for up to ``timeout`` s; a device already gone is fine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _control(LOOP_CTL_REMOVE, number, fd)
+            return
+        except OSError as exc:
+            if exc.errno in _GONE:
+                return
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def free_loop_numbers(count: int, low: int = 300, high: int = 999) -> list[int]:
+    """``count`` distinct numbers in [low, high] with no loop device now."""
+    free = [n for n in range(low, high + 1) if not os.path.exists(f"/sys/block/loop{n}")]
+    if len(free) < count:
+        raise RuntimeError(f"only {len(free)} free loop numbers in {low}-{high}")
+    return random.sample(free, count)
+
+
+@dataclass(frozen=True)
+class LoopDevice:
+    number: int
+
+    @property
+    def name(self) -> str:
+        return f"loop{self.number}"
+
+    @property
+    def path(self) -> Path:
+        return Path(f"/dev/loop{self.number}")
+
+    def rdev(self) -> tuple[int, int]:
+        """major:minor of the node as the host kernel reports it."""
+        st = os.stat(self.path)
+        return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+@dataclass
+class LoopDevices:
+    """Creates loop devices numbered ``low``-``high`` and guarantees their removal.
+
+    Numbers start at a random point because other suites create loop devices at the same
+    time; an existing number (EEXIST) is simply skipped.
+    """
+
+    low: int = 200
+    high: int = 299
+    created: list[LoopDevice] = field(default_factory=list)
+    backing: dict[int, Path] = field(default_factory=dict)
+
+    def reserve(self) -> LoopDevice:
+        """A number that is free now, without creating the device (for hotplug tests)."""
+        span = self.high - self.low + 1
+        start = random.randrange(span)
+        taken = {d.number for d in self.created}
+        for i in range(span):
+            number = self.low + (start + i) % span
+            if number not in taken and not os.path.exists(f"/sys/block/loop{number}"):
+                return LoopDevice(number)
+        raise RuntimeError(f"no free loop number in {self.low}-{self.high}")
+
+    def free_number(self) -> int:
+        return self.reserve().number
+
+    def add(self, device: LoopDevice | int | None = None) -> LoopDevice:
+        """Create ``device`` (or any free one) and wait for its node."""
+        wanted = LoopDevice(device) if isinstance(device, int) else device
+        for _ in range(20):
+            dev = wanted or self.reserve()
+            try:
+                add_loop(dev.number)
+            except OSError as exc:
+                if exc.errno == errno.EEXIST and wanted is None:
+                    continue
+                raise
+            self.created.append(dev)
+            _wait_for(dev.path.exists, f"{dev.path} to appear")
+            return dev
+        raise RuntimeError("could not create a loop device")
+
+    def attach(self, dev: LoopDevice, backing_file: Path) -> None:
+        """Bind a backing file so that reads from the device return its content."""
+        with open(backing_file, "rb+") as f, open(dev.path, "rb") as d:
+            fcntl.ioctl(d.fileno(), LOOP_SET_FD, f.fileno())
+        self.backing[dev.number] = backing_file
+
+    def remove(self, device: LoopDevice | int) -> None:
+        dev = LoopDevice(device) if isinstance(device, int) else device
+        if self.backing.pop(dev.number, None) is not None:
+            with contextlib.suppress(OSError), open(dev.path, "rb") as d:
+                fcntl.ioctl(d.fileno(), LOOP_CLR_FD, 0)
+        remove_loop(dev.number)
+        if dev in self.created:
+            self.created.remove(dev)
+
+    def cleanup(self) -> None:
+        errors = []
+        for dev in list(self.created):
+            try:
+                self.remove(dev)
+            except OSError as exc:
+                errors.append(f"{dev.path}: {exc}")
+        if errors:
+            raise RuntimeError("could not remove loop devices: " + "; ".join(errors))
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.005)
