@@ -490,15 +490,16 @@ def check_config(path: Path) -> None:
 # --- the node agent and the preflight doctor (issue 5) -------------------------------------
 
 
-@cli.command()
-@click.option(
+# Options the agent and the doctor share, with the same environment variables, so that
+# `cdi-gen doctor` run inside the agent's pod judges exactly what the agent uses.
+_AGENT_CONFIG_OPTION = click.option(
     "--config",
     "config_path",
     type=click.Path(path_type=Path, dir_okay=False),
     envvar="CDI_GEN_CONFIG",
     help="Agent config (YAML or JSON). Default: the embedded catalogue.  [env: CDI_GEN_CONFIG]",
 )
-@click.option(
+_SPEC_DIR_OPTION = click.option(
     "--spec-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default="/var/run/cdi",
@@ -506,7 +507,7 @@ def check_config(path: Path) -> None:
     envvar="CDI_GEN_SPEC_DIR",
     help="Folder our spec files go to (/etc/cdi for static mode).  [env: CDI_GEN_SPEC_DIR]",
 )
-@click.option(
+_RUNTIME_SPEC_DIRS_OPTION = click.option(
     "--runtime-spec-dir",
     "runtime_spec_dirs",
     multiple=True,
@@ -516,7 +517,7 @@ def check_config(path: Path) -> None:
     "checks names against them. Default: /etc/cdi and --spec-dir.  "
     "[env: CDI_GEN_RUNTIME_SPEC_DIRS, space-separated]",
 )
-@click.option(
+_PLUGIN_DIR_OPTION = click.option(
     "--device-plugin-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default="/var/lib/kubelet/device-plugins",
@@ -524,6 +525,13 @@ def check_config(path: Path) -> None:
     envvar="CDI_GEN_DEVICE_PLUGIN_DIR",
     help="The kubelet's device plugin folder.  [env: CDI_GEN_DEVICE_PLUGIN_DIR]",
 )
+
+
+@cli.command()
+@_AGENT_CONFIG_OPTION
+@_SPEC_DIR_OPTION
+@_RUNTIME_SPEC_DIRS_OPTION
+@_PLUGIN_DIR_OPTION
 @click.option(
     "--udev-source",
     type=click.Choice(["auto", "udev", "kernel"]),
@@ -623,21 +631,9 @@ def run(
 
 
 @cli.command()
-@_CONFIG_OPTION
-@click.option(
-    "--spec-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default="/var/run/cdi",
-    show_default=True,
-    help="The folder the agent writes to.",
-)
-@click.option(
-    "--runtime-spec-dir",
-    "runtime_spec_dirs",
-    multiple=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Folders the runtime reads (repeatable). Default: /etc/cdi and /var/run/cdi.",
-)
+@_AGENT_CONFIG_OPTION
+@_SPEC_DIR_OPTION
+@_RUNTIME_SPEC_DIRS_OPTION
 @click.option(
     "--containerd-config",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -656,12 +652,7 @@ def run(
     help="CRI-O config file or drop-in folder (repeatable). Default: /etc/crio/crio.conf and "
     "/etc/crio/crio.conf.d.",
 )
-@click.option(
-    "--device-plugin-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default="/var/lib/kubelet/device-plugins",
-    show_default=True,
-)
+@_PLUGIN_DIR_OPTION
 @_RECORDS_OPTION
 def doctor(
     *,
@@ -690,7 +681,11 @@ def doctor(
         version: tuple[int, int, int] | None = (int(m[1]), int(m[2]), int(m[3]))
     else:
         version = dr.containerd_version()
-    dirs = runtime_spec_dirs or tuple(Path(d) for d in dr.DEFAULT_RUNTIME_SPEC_DIRS)
+    from cdi_gen.agent import AgentOptions
+
+    dirs = AgentOptions(
+        spec_dir=spec_dir, runtime_spec_dirs=runtime_spec_dirs
+    ).spec_dirs_for_runtime()
     discovery = _discover(config_path, (), records_path)
     checks = dr.check_containerd(containerd_config, spec_dir, version)
     checks += dr.check_crio(
