@@ -93,23 +93,43 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-@functools.cache
-def _yaml_loader() -> Any:
+def _strict_mapping(loader: Any, node: Any) -> dict[Any, Any]:
     import yaml
 
-    class StrictLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark
-                    )
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
 
+
+@functools.cache
+def _strict_loader() -> Any:
+    import yaml
+
+    # libyaml's parser when PyYAML has it: ~10x faster than the pure-Python one.
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class StrictLoader(base):  # type: ignore[misc, valid-type]
+        """A safe loader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
     return StrictLoader
+
+
+def load_yaml(text: str | bytes) -> Any:
+    """Parse YAML safely and strictly (a key given twice is an error, as for the runtimes).
+
+    Raises ``yaml.YAMLError`` (with line and column where known).
+    """
+    import yaml
+
+    return yaml.load(text, Loader=_strict_loader())
 
 
 def parse_document(data: bytes, fmt: Format = "json") -> Any:
@@ -120,9 +140,7 @@ def parse_document(data: bytes, fmt: Format = "json") -> Any:
     try:
         if fmt == "json":
             return json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-        import yaml
-
-        return yaml.load(data, Loader=_yaml_loader())
+        return load_yaml(data)
     except ValueError as exc:
         raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly

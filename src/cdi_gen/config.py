@@ -36,6 +36,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from cdi_gen import names
+from cdi_gen.codec import load_yaml
 from cdi_gen.errors import ConfigError, InvalidNameError, Problem
 from cdi_gen.version import KNOWN_VERSIONS, normalize
 
@@ -631,26 +632,6 @@ class _FieldError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
-
-
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    out: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in out:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
-            )
-        out[key] = loader.construct_object(value_node, deep=True)
-    return out
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
 def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
     out = ""
     node = raw
@@ -778,7 +759,7 @@ def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
                 f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
