@@ -50,3 +50,11 @@ def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
         assert (K8S / resource).exists()
+
+
+def test_readme_config_example_is_a_valid_config() -> None:
+    text = (REPO / "README.md").read_text()
+    start = text.index("```yaml\nvendor: example.com")
+    block = text[start + len("```yaml\n") : text.index("```", start + 8)]
+    config = parse_config(yaml.safe_load(block), "README.md")
+    assert config.classes[0].group is not None
