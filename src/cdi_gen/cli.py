@@ -72,16 +72,19 @@ def emit_spec(
     needs a newer version than ``cdi_version``, and :class:`~cdi_gen.errors.SpecError` when it
     breaks a runtime rule.
     """
-    from cdi_gen.codec import dump_spec
+    from cdi_gen.codec import dump_document, spec_document
     from cdi_gen.errors import SpecError
-    from cdi_gen.validation import check_spec
-    from cdi_gen.version import apply_version
+    from cdi_gen.validation import check_document
+    from cdi_gen.version import choose_version, document_requirements
 
-    final = apply_version(spec, cdi_version)
-    problems = check_spec(final)
+    # One wire document for the version choice, the checks and the output: converting a
+    # large spec from the models costs more than all three.
+    doc = spec_document(spec)
+    doc["cdiVersion"] = choose_version(list(document_requirements(doc)), cdi_version, spec.kind)
+    problems = check_document(doc)
     if problems:
         raise SpecError(problems, spec.kind)
-    data = dump_spec(final, fmt)
+    data = dump_document(doc, fmt)
     if output is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

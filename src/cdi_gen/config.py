@@ -12,6 +12,7 @@ rendering itself is in :mod:`cdi_gen.discovery`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -290,6 +291,11 @@ class MatchRule(_Strict):
 
     def describe(self) -> str:
         """The rule in udev's own notation, for messages and ``discover`` output."""
+        return self._description
+
+    @functools.cached_property
+    def _description(self) -> str:
+        # Cached: every matched device records its rule, and a class may match thousands.
         out = []
         if self.subsystem is not None:
             out.append(f'SUBSYSTEM=="{self.subsystem}"')
