@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _table import Row, percentile
+from _table import Row, cli_env, percentile
 
 from tests.loopdev import add_loop, free_loop_numbers, remove_loop
 
@@ -61,6 +61,7 @@ async def _startup(rounds: int) -> list[float]:
                     "--metrics-address",
                     "",
                     stderr=asyncio.subprocess.DEVNULL,
+                    env=cli_env(),
                 )
                 try:
                     await kubelet.next_registration(within=20)

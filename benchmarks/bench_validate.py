@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _table import Row, best_ms, print_table
+from _table import Row, best_ms, cli_env, print_table
 
 REPO = Path(__file__).resolve().parents[1]
 CDICHECK_SRC = REPO / "tests" / "e2e" / "cdicheck"
@@ -113,7 +113,7 @@ def _build_cdicheck(workdir: Path) -> Path | None:
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(args, capture_output=True, check=False)
+    return subprocess.run(args, capture_output=True, check=False, env=cli_env())
 
 
 def run(quick: bool = False) -> list[Row]:
