@@ -7,14 +7,16 @@ say which.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .cri import CRIClient, Pod
+from .cri import CRIClient, Finished, Pod
 from .daemon import Containerd, DaemonError, remove_work, work_folder
 from .fetch import FetchError, fetch
 from .image import BUSYBOX, IMAGE_NAME, build_archive
@@ -142,6 +144,23 @@ class Pods:
         pod = self.cri.run_pod(name, self.daemon.work / "logs", self.daemon.cgroup_parent)
         self.ids.append(pod.id)
         return pod
+
+    async def start_allocated(
+        self, name: str, response: Any, script: str, *, use_field: bool = True
+    ) -> Finished:
+        """What the kubelet does with one ContainerAllocateResponse: copy its CDI names into
+        CreateContainer.CDI_devices (unless ``use_field`` is off) and its annotations into the
+        container's, never interpreting them; run ``script`` to its end."""
+        pod = await asyncio.to_thread(self.new, name)
+        return await asyncio.to_thread(
+            self.cri.run_to_end,
+            pod,
+            "consumer",
+            IMAGE_NAME,
+            script,
+            cdi_devices=[d.name for d in response.cdi_devices] if use_field else (),
+            annotations=dict(response.annotations),
+        )
 
     def remove_all(self) -> None:
         for pod_id in self.ids:

@@ -18,11 +18,8 @@ import grpc
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
-from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
-
 from .agent import RESOURCE, RunningAgent, run_agent
 from .conftest import Pods, SpecFolders
-from .cri import Finished
 from .image import IMAGE_NAME
 from .test_cdi_injection import LIST_SCRIPT, nodes
 
@@ -62,26 +59,6 @@ def qualified(dev: LoopDevice) -> str:
     return f"{RESOURCE}={dev.name}"
 
 
-async def start_consumer(
-    pods: Pods,
-    name: str,
-    response: api_pb2.ContainerAllocateResponse,
-    *,
-    use_field: bool = True,
-) -> Finished:
-    """The kubelet's copy of a ContainerAllocateResponse into CreateContainer, then start."""
-    pod = await asyncio.to_thread(pods.new, name)
-    return await asyncio.to_thread(
-        pods.cri.run_to_end,
-        pod,
-        "consumer",
-        IMAGE_NAME,
-        LIST_SCRIPT,
-        cdi_devices=[d.name for d in response.cdi_devices] if use_field else (),
-        annotations=dict(response.annotations),
-    )
-
-
 async def test_a_hotplugged_device_reaches_a_container(
     agent_work: Path, spec_folders: SpecFolders, pods: Pods, loops: LoopDevices
 ) -> None:
@@ -93,7 +70,7 @@ async def test_a_hotplugged_device_reaches_a_container(
         response = await agent.allocate(dev.name)
         assert [d.name for d in response.cdi_devices] == [qualified(dev)]
 
-        result = await start_consumer(pods, "hotplugged", response)
+        result = await pods.start_allocated("hotplugged", response, LIST_SCRIPT)
     assert result.exit_code == 0, result
     assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
     assert result.env["CDI_GEN_CLASS"] == "loop"
@@ -112,7 +89,7 @@ async def test_two_allocated_devices_in_one_container(
         response = await agent.allocate(a.name, b.name)
         assert sorted(d.name for d in response.cdi_devices) == sorted([qualified(a), qualified(b)])
 
-        result = await start_consumer(pods, "two", response)
+        result = await pods.start_allocated("two", response, LIST_SCRIPT)
     assert result.exit_code == 0, result
     assert nodes(result) == {
         str(a.path): ("block special file", *a.rdev()),
@@ -161,7 +138,7 @@ async def test_annotation_mode_reaches_a_container_through_annotations_alone(
         assert any(k.startswith("cdi.k8s.io/") for k in response.annotations), response
 
         # What a runtime that reads only annotations (containerd 1.7.0/1.7.1) gets.
-        result = await start_consumer(pods, "annotated", response, use_field=False)
+        result = await pods.start_allocated("annotated", response, LIST_SCRIPT, use_field=False)
     assert result.exit_code == 0, result
     assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
 
@@ -178,7 +155,7 @@ async def test_specs_outlive_the_agent_so_pods_still_start(
         response = await agent.allocate(dev.name)
     assert agent.process.returncode == 0, agent.log()
 
-    result = await start_consumer(pods, "after-agent", response)
+    result = await pods.start_allocated("after-agent", response, LIST_SCRIPT)
     assert result.exit_code == 0, result
     assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
 

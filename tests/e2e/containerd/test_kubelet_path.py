@@ -25,7 +25,6 @@ from cdi_gen.registry import SpecCache
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
 
 from .conftest import Pods, SpecFolders
-from .cri import Finished
 from .image import IMAGE_NAME
 from .test_cdi_injection import LIST_SCRIPT, nodes, write_spec
 
@@ -75,22 +74,6 @@ async def start_node(
         await kubelet.stop()
 
 
-async def start_container(
-    pods: Pods, name: str, response: api_pb2.ContainerAllocateResponse, *, use_field: bool = True
-) -> Finished:
-    """What the kubelet does with one ContainerAllocateResponse: copy, never interpret."""
-    pod = await asyncio.to_thread(pods.new, name)
-    return await asyncio.to_thread(
-        pods.cri.run_to_end,
-        pod,
-        "consumer",
-        IMAGE_NAME,
-        LIST_SCRIPT,
-        cdi_devices=[d.name for d in response.cdi_devices] if use_field else (),
-        annotations=dict(response.annotations),
-    )
-
-
 async def test_allocated_cdi_names_start_a_container_with_the_device(
     short_dir: Path, pods: Pods, spec_folders: SpecFolders, loops: LoopDevices
 ) -> None:
@@ -105,7 +88,7 @@ async def test_allocated_cdi_names_start_a_container_with_the_device(
         response = await node.allocate(dev.name)
         assert [d.name for d in response.cdi_devices] == [f"{VENDOR}/{CLASS}={dev.name}"]
 
-        result = await start_container(pods, "allocated", response)
+        result = await pods.start_allocated("allocated", response, LIST_SCRIPT)
         assert result.exit_code == 0, result
         assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
         assert result.env["CDI_GEN_CLASS"] == "loop"
@@ -122,7 +105,7 @@ async def test_allocated_annotation_alone_starts_a_container_with_the_device(
         assert any(k.startswith("cdi.k8s.io/") for k in response.annotations), response
 
         # A runtime that reads only annotations (containerd 1.7.0/1.7.1) sees just these.
-        result = await start_container(pods, "annotated", response, use_field=False)
+        result = await pods.start_allocated("annotated", response, LIST_SCRIPT, use_field=False)
         assert result.exit_code == 0, result
         assert nodes(result) == {str(dev.path): ("block special file", *dev.rdev())}
 
