@@ -5,8 +5,10 @@ PIP ?= $(PYTHON) -m pip
 
 .PHONY: setup run test lint bench proto
 
+# Debian 12's python3 is "externally managed" (PEP 668); this installs into it on purpose,
+# as the project's own machines and CI do, rather than into a venv the commands would miss.
 setup:
-	$(PIP) install -q -e '.[test,lint]'
+	PIP_BREAK_SYSTEM_PACKAGES=1 $(PIP) install -q -e '.[test,lint]'
 
 run: setup
 	cdi-gen run
