@@ -92,7 +92,11 @@ class _ClassRunner:
 
     def apply(self, change: ClassChange, received: float | None) -> None:
         """Bring the board and the spec file to ``change`` in the safe order."""
+        # Logged per physical device: a shared device is one event, not one line per slot.
+        self._log_transitions(change)
         change = expand_change(change, self.config.sharing.replicas)
+        for name in change.removed:
+            self.entries.pop(name, None)
         for warning in change.warnings:
             log.warning(
                 "device skipped: %s",
@@ -108,7 +112,6 @@ class _ClassRunner:
                 continue
             interim.append(now if not now.healthy else old)
         self.board.publish(interim)
-        self._log_transitions(change)
         self.devices = change.devices
         self.target = change.after_write
         self.sync(received)
@@ -176,6 +179,8 @@ class _ClassRunner:
 
     def _log_transitions(self, change: ClassChange) -> None:
         by_name = {d.name: d for d in change.devices}
+        replicas = self.config.sharing.replicas
+        slots = {"slots": replicas} if replicas > 1 else {}
         for name in change.added:
             d = by_name[name]
             log.info(
@@ -185,10 +190,10 @@ class _ClassRunner:
                     device=name,
                     nodes=",".join(n.host_path for n in d.nodes),
                     healthy=d.healthy,
+                    **slots,
                 ),
             )
         for name in change.removed:
-            self.entries.pop(name, None)
             log.info("device removed", extra=fields(resource=self.resource, device=name))
         for name in change.changed:
             d = by_name[name]
