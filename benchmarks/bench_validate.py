@@ -12,7 +12,6 @@ be read correctly.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,11 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _table import Row, best_ms, cli_env, print_table
 
+from tests.e2e.cdicheck.build import CDICHECK_SRC, GO_CDI_SRC, build_command
+
 REPO = Path(__file__).resolve().parents[1]
-CDICHECK_SRC = REPO / "tests" / "e2e" / "cdicheck"
-GO_CDI_SRC = Path(
-    "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface"
-)
 # Python start-up plus imports is a fixed cost a Go binary does not have; beyond this the
 # validator itself is slow.
 TARGET_RATIO = 10.0
@@ -92,23 +89,8 @@ def _build_cdicheck(workdir: Path) -> Path | None:
     go = shutil.which("go")
     if go is None or not GO_CDI_SRC.is_dir():
         return None
-    binary = workdir / "cdicheck"
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOPATH": f"{workdir / 'gopath'}:/usr/share/gocode",
-        "GOPROXY": "off",
-        "GOFLAGS": "",
-        "GOCACHE": str(workdir / "gocache"),
-        "CGO_ENABLED": "0",
-    }
-    subprocess.run(
-        [go, "build", "-o", str(binary), "."],
-        cwd=CDICHECK_SRC,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    argv, env, binary = build_command(go, workdir)
+    subprocess.run(argv, cwd=CDICHECK_SRC, env=env, check=True, capture_output=True)
     return binary
 
 

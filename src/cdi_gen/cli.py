@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from cdi_gen.codec import Format
     from cdi_gen.spec import Spec
 
-DEFAULT_LIST_DIRS = ("/etc/cdi", "/var/run/cdi")
-
 
 class _State:
     debug = False
@@ -178,9 +176,9 @@ def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
     Applies folder priority (a later folder wins) and same-folder conflicts (the device is
     dropped, both files named) the way the runtimes' CDI library does.
     """
-    from cdi_gen.registry import load_registry
+    from cdi_gen.registry import DEFAULT_SPEC_DIRS, load_registry
 
-    dirs = list(spec_dirs) or [Path(d) for d in DEFAULT_LIST_DIRS]
+    dirs = list(spec_dirs) or list(DEFAULT_SPEC_DIRS)
     reg = load_registry(dirs)
     if as_json:
         import orjson

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cdi_gen.registry import load_registry
+from cdi_gen.registry import DEFAULT_SPEC_DIRS, load_registry
 
 Status = Literal["OK", "WARN", "FAIL"]
 DEFAULT_CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
 DEFAULT_CRIO_CONFIG = Path("/etc/crio/crio.conf")
-DEFAULT_RUNTIME_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+#: The runtimes' own default folders, as strings to compare with their config files.
+DEFAULT_RUNTIME_SPEC_DIRS = tuple(str(d) for d in DEFAULT_SPEC_DIRS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,12 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdicheck.build import CDICHECK_SRC, GO_CDI_SRC, build_command
 
 REPO = Path(__file__).resolve().parents[2]
-CDICHECK_SRC = Path(__file__).resolve().parent / "cdicheck"
-GO_CDI_SRC = Path(
-    "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface"
-)
 BUSYBOX = Path("/bin/busybox")
 Json = dict[str, Any]  # a decoded JSON object from cdicheck or cdi-gen
 IMAGE = "localhost/cdi-gen-test:1"
@@ -290,17 +287,8 @@ def build_cdicheck(workdir: Path) -> GoCDI:
     if not GO_CDI_SRC.is_dir():
         pytest.fail(f"e2e: Go CDI library source {GO_CDI_SRC} missing; {APT_HINT}", False)
     workdir.mkdir(parents=True, exist_ok=True)
-    binary = workdir / "cdicheck"
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOPATH": f"{workdir / 'gopath'}:/usr/share/gocode",
-        "GOPROXY": "off",
-        "GOFLAGS": "",
-        "GOCACHE": str(workdir / "gocache"),
-        "CGO_ENABLED": "0",
-    }
-    run([go, "build", "-o", binary, "."], cwd=CDICHECK_SRC, env=env, timeout=300, check=True)
+    argv, env, binary = build_command(go, workdir)
+    run(argv, cwd=CDICHECK_SRC, env=env, timeout=300, check=True)
     return GoCDI(binary)
 
 
