@@ -11,9 +11,36 @@ from typing import Any
 import orjson
 import pytest
 
+pytest_plugins = ["tests.plugins.no_skips"]
+
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-UPSTREAM_SCHEMA_DIR = SHARED / "cdi-schema"
+# The upstream CDI schema and its good/bad test data, as Debian's package of the Go CDI library
+# installs them (scripts/setup.sh test installs it for the e2e tests anyway). Nothing outside
+# the repository is read except what that setup installs.
+UPSTREAM_SCHEMA_DIR = Path(
+    "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema"
+)
+SETUP_HINT = "run `make test` (scripts/setup.sh test installs it)"
+
+
+def upstream_schema_file(name: str) -> Path:
+    """A file of the installed upstream schema, or a test failure saying how to get it."""
+    path = UPSTREAM_SCHEMA_DIR / name
+    if not path.is_file():
+        pytest.fail(f"upstream CDI schema file {path} missing; {SETUP_HINT}", False)
+    return path
+
+
+def upstream_testdata(kind: str) -> list[Path]:
+    """The upstream schema's ``testdata/good`` or ``testdata/bad`` files; never an empty list,
+    which would turn a parametrised test into a silent skip."""
+    files = sorted((UPSTREAM_SCHEMA_DIR / "testdata" / kind).glob("*.json"))
+    if not files:
+        raise pytest.UsageError(
+            f"no upstream CDI schema test data in {UPSTREAM_SCHEMA_DIR / 'testdata' / kind}; "
+            + SETUP_HINT
+        )
+    return files
 
 
 @pytest.fixture
@@ -32,8 +59,9 @@ def upstream_validator() -> Any:
     from referencing import Registry
     from referencing.jsonschema import DRAFT7
 
-    schema = orjson.loads((UPSTREAM_SCHEMA_DIR / "schema.json").read_bytes())
-    defs = orjson.loads((UPSTREAM_SCHEMA_DIR / "defs.json").read_bytes())
+    schema = orjson.loads(upstream_schema_file("schema.json").read_bytes())
+    defs = orjson.loads(upstream_schema_file("defs.json").read_bytes())
     registry = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema, registry=registry)
+

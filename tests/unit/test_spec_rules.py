@@ -17,10 +17,10 @@ from cdi_gen.errors import SpecError
 from cdi_gen.schema import cdi_spec_schema, dump_schema
 from cdi_gen.spec import Spec
 from cdi_gen.version import apply_version
-from tests.conftest import REPO, UPSTREAM_SCHEMA_DIR, upstream_validator
+from tests.conftest import REPO, upstream_testdata, upstream_validator
 
-GOOD = sorted((UPSTREAM_SCHEMA_DIR / "testdata" / "good").glob("*.json"))
-BAD = sorted((UPSTREAM_SCHEMA_DIR / "testdata" / "bad").glob("*.json"))
+GOOD = upstream_testdata("good")
+BAD = upstream_testdata("bad")
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)
