@@ -1,28 +1,33 @@
 # The two commands a newcomer needs: `make run` (set up, then run the node agent on the
-# embedded default config) and `make test` (the whole suite, as CI runs it).
+# embedded default config) and `make test` (set up, then the whole suite, as CI runs it).
+# Both set up through scripts/setup.sh, which installs only what is missing.
 PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
+export PYTHON
 
-.PHONY: setup run test lint bench proto
+.PHONY: run test lint fuzz bench proto setup-run setup-test setup-lint
 
-# Debian 12's python3 is "externally managed" (PEP 668); this installs into it on purpose,
-# as the project's own machines and CI do, rather than into a venv the commands would miss.
-setup:
-	PIP_BREAK_SYSTEM_PACKAGES=1 $(PIP) install -q -e '.[test,lint]'
+setup-run:
+	scripts/setup.sh run
 
-run: setup
+setup-test:
+	scripts/setup.sh test
+
+setup-lint:
+	scripts/setup.sh lint
+
+run: setup-run
 	cdi-gen run
 
-test:
+test: setup-test
 	$(PYTHON) -m pytest
 
-lint:
-	ruff check src tests benchmarks
-	ruff format --check src tests benchmarks
+lint: setup-lint
+	ruff check src tests benchmarks scripts
+	ruff format --check src tests benchmarks scripts
 	mypy
 
-bench:
+bench: setup-test
 	$(PYTHON) benchmarks/run.py
 
-proto:
+proto: setup-test
 	proto/generate.sh
