@@ -125,7 +125,11 @@ def run(quick: bool = False) -> list[Row]:
         binary = _build_cdicheck(work)
         if binary is None:
             rows.append(
-                ("Go CDI 0.5.2 validate", "not run: needs go and the Go CDI library", ".ci/run")
+                (
+                    "Go CDI 0.5.2 validate",
+                    "not run: needs go and the Go CDI library",
+                    "scripts/setup.sh test",
+                )
             )
             return rows
         go_cmd = [str(binary), "validate", *paths]

@@ -1,7 +1,7 @@
 """Fixtures for the end-to-end tests against real CDI consumers.
 
 Every test in this folder is marked ``e2e``. A missing tool fails the test with the package to
-install (.ci/run installs them all); nothing here skips.
+install (`make test` installs them all through scripts/setup.sh); nothing here skips.
 """
 
 from __future__ import annotations

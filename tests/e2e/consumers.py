@@ -35,12 +35,8 @@ IMAGE = "localhost/cdi-gen-test:1"
 STATIC_DIR = Path("/etc/cdi")
 DYNAMIC_DIR = Path(os.path.realpath("/var/run")) / "cdi"
 
-# What .ci/run installs; named in failures so a missing tool is fixed, not skipped.
-APT_HINT = (
-    "install it with .ci/run (apt-get install podman runc conmon containernetworking-plugins "
-    "catatonit iptables busybox-static udev golang-go "
-    "golang-github-container-orchestrated-devices-container-device-interface-dev)"
-)
+# What scripts/setup.sh installs; named in failures so a missing tool is fixed, not skipped.
+APT_HINT = "run `make test` as root: scripts/setup.sh test installs it from Debian's packages"
 
 # The VM lacks CAP_SYS_RESOURCE (podman's default ulimits fail) and crun refuses the hybrid
 # cgroup layout; events go to a file because there is no journald.
