@@ -16,7 +16,7 @@ setup-lint:
 	scripts/setup.sh lint
 
 run: setup-run
-	cdi-gen run
+	$(PYTHON) -m cdi_gen run
 
 test: setup-test
 	$(PYTHON) -m pytest

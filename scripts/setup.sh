@@ -78,10 +78,14 @@ ensure_python_package() {
     fi
     "$PYTHON" -m pip --version >/dev/null 2>&1 \
         || fail "$PYTHON has no pip; install Debian's python3-pip (as root this script does)"
-    local target="."
+    local target="." user=()
     [ -n "$extras" ] && target=".[$extras]"
-    say "pip install -e '$target'"
-    "$PYTHON" -m pip install -q -e "$target" >&2 || fail "pip install -e '$target' failed"
+    # Not root: into the user's site-packages (the Makefile runs `python3 -m cdi_gen`, so
+    # ~/.local/bin need not be on PATH).
+    is_root || user=(--user)
+    say "pip install ${user[*]} -e '$target'"
+    "$PYTHON" -m pip install -q --no-warn-script-location "${user[@]}" -e "$target" >&2 \
+        || fail "pip install ${user[*]} -e '$target' failed"
     mkdir -p "$(dirname "$stamp")"
     printf '%s\n' "$want" >"$stamp"
 }
