@@ -64,4 +64,3 @@ def upstream_validator() -> Any:
     registry = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema, registry=registry)
-
