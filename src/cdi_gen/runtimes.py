@@ -1,0 +1,319 @@
+"""Container runtime releases and the newest ``cdiVersion`` each one can read.
+
+A runtime embeds the Go CDI library; a spec whose ``cdiVersion`` is newer than that library
+knows is refused as a whole, and only when a container is created, far from its cause (the
+most reported CDI failure in the peers' trackers). This module answers "can the runtime on
+this node read this spec?" before that happens: it finds each runtime's version and the CDI
+library it was built with, in this order of trust:
+
+1. the Go build information in the runtime's binary, which names the CDI module and its
+   version exactly (upstream release binaries and anything built with Go modules carry it);
+2. a known distribution build (Debian builds from its own packaged library; the library's
+   version is the package's ``Built-Using``);
+3. the release table below, by the runtime's own version.
+
+The table is the single place these facts live. Source: the ``require`` of
+``container-device-interface`` in each runtime's ``go.mod`` at its release tags, read with
+``go mod graph`` / ``go list -m`` through the Go module proxy (containerd, podman) and from the
+release tags of the CRI-O repository, on 2026-11-30. A row holds from its release up to the
+next row of the same runtime.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdi_gen.errors import ConfigError, Problem
+from cdi_gen.spec import Spec
+from cdi_gen.version import KNOWN_VERSIONS, minimum_of, requirements
+
+Version = tuple[int, ...]
+
+#: The Go module paths of the CDI library, old and new.
+CDI_MODULES = (
+    "tags.cncf.io/container-device-interface",
+    "github.com/container-orchestrated-devices/container-device-interface",
+)
+RUNTIMES = ("containerd", "cri-o", "podman")
+#: The binary that reports each runtime's version.
+BINARIES = {"containerd": "containerd", "cri-o": "crio", "podman": "podman"}
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """From ``first`` on (to the next row of the same runtime), ``runtime`` embeds ``library``."""
+
+    runtime: str
+    first: Version
+    library: str
+
+
+RELEASES: tuple[Release, ...] = (
+    Release("containerd", (1, 7, 0), "0.5.4"),
+    Release("containerd", (1, 7, 12), "0.6.1"),
+    Release("containerd", (1, 7, 15), "0.6.2"),
+    Release("containerd", (1, 7, 16), "0.7.2"),
+    Release("containerd", (1, 7, 27), "0.8.1"),
+    Release("containerd", (2, 0, 0), "0.8.0"),
+    Release("containerd", (2, 0, 4), "0.8.1"),
+    Release("containerd", (2, 0, 5), "1.0.0"),
+    Release("containerd", (2, 1, 0), "1.0.1"),
+    Release("containerd", (2, 2, 1), "1.1.0"),
+    Release("cri-o", (1, 28, 0), "0.6.0"),
+    Release("cri-o", (1, 29, 0), "0.6.2"),
+    Release("cri-o", (1, 30, 0), "0.7.2"),
+    Release("cri-o", (1, 31, 0), "0.8.0"),
+    Release("cri-o", (1, 32, 2), "0.8.1"),
+    Release("cri-o", (1, 33, 0), "1.0.1"),
+    Release("cri-o", (1, 35, 0), "1.1.0"),
+    Release("podman", (4, 3, 1), "0.5.2"),
+    Release("podman", (4, 4, 0), "0.5.3"),
+    Release("podman", (4, 5, 0), "0.5.4"),
+    Release("podman", (4, 7, 0), "0.6.1"),
+    Release("podman", (4, 8, 0), "0.6.2"),
+    Release("podman", (5, 1, 0), "0.7.2"),
+    Release("podman", (5, 2, 0), "0.8.0"),
+    Release("podman", (5, 5, 0), "1.0.1"),
+)
+
+#: Distribution builds that embed another library than the upstream release of the same
+#: version, by the exact version string the binary prints.
+DISTRIBUTION_BUILDS: dict[tuple[str, str], tuple[str, str]] = {
+    # Debian 13's containerd 1.7.24~ds1-6+deb13u1 is built against Debian's packaged library:
+    # Built-Using: golang-tags.cncf-container-device-interface (= 0.8.0-5); upstream 1.7.24
+    # embeds 0.7.2. Measured here: it accepts cdiVersion 0.8.0.
+    ("containerd", "1.7.24~ds1"): ("0.8.0", "Debian 13 build, Built-Using CDI library 0.8.0"),
+}
+
+
+def parse_release(text: str) -> Version:
+    """``"v1.7.24~ds1"`` → ``(1, 7, 24)``; ValueError when there is no X.Y.Z in it."""
+    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a version X.Y.Z")
+    return (int(m[1]), int(m[2]), int(m[3]))
+
+
+def spec_version_of_library(library: str) -> str:
+    """The newest ``cdiVersion`` a CDI library release reads: its major.minor, patch 0.
+
+    Every library release from 0.5 on reads exactly the specification versions up to its own
+    major.minor (``specs-go`` CurrentVersion); patch releases add none.
+    """
+    major, minor, _ = parse_release(library)
+    version = f"{major}.{minor}.0"
+    if version not in KNOWN_VERSIONS:
+        # A library newer than this cdi-gen: it reads everything cdi-gen can write.
+        return KNOWN_VERSIONS[-1]
+    return version
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """A runtime release and the newest ``cdiVersion`` it reads (None: no CDI at all)."""
+
+    name: str
+    version: str
+    limit: str | None
+    #: How the limit is known: which library, from where.
+    source: str
+
+    def describe(self) -> str:
+        shown = f"{self.name} {self.version}"
+        if self.limit is None:
+            return f"{shown} (no CDI support; {self.source})"
+        return f"{shown} (reads cdiVersion <= {self.limit}; {self.source})"
+
+
+def canonical_name(name: str) -> str:
+    """``crio`` and ``cri-o`` are one runtime; anything unknown is a ConfigError."""
+    lowered = name.strip().lower()
+    if lowered == "crio":
+        lowered = "cri-o"
+    if lowered not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {name[:40]!r}, known: {', '.join(RUNTIMES)}")
+    return lowered
+
+
+def from_table(name: str, version: str, library: str | None = None, source: str = "") -> Runtime:
+    """The runtime ``name`` at ``version``; ``library`` (from build info) overrides the table."""
+    name = canonical_name(name)
+    try:
+        release = parse_release(version)
+    except ValueError as exc:
+        raise ConfigError(f"{name} version: {exc}") from None
+    shown = version.strip().removeprefix("v")
+    if library is not None:
+        return Runtime(name, shown, spec_version_of_library(library), source)
+    distro = DISTRIBUTION_BUILDS.get((name, shown.split()[0]))
+    if distro is not None:
+        return Runtime(name, shown, distro[0], distro[1])
+    rows = [r for r in RELEASES if r.runtime == name and r.first <= release]
+    if not rows:
+        first = min(r.first for r in RELEASES if r.runtime == name)
+        return Runtime(name, shown, None, f"CDI arrived in {name} {'.'.join(map(str, first))}")
+    row = max(rows, key=lambda r: r.first)
+    return Runtime(
+        name,
+        shown,
+        spec_version_of_library(row.library),
+        f"CDI library {row.library}, release table",
+    )
+
+
+def parse_reference(text: str) -> Runtime:
+    """``containerd@1.7.24`` (as given to ``--runtime`` or ``validate --for``) → its Runtime."""
+    name, sep, version = text.partition("@")
+    if not sep or not version:
+        raise ConfigError(f"runtime {text[:60]!r}: expected NAME@VERSION, e.g. containerd@1.7.24")
+    return from_table(name, version)
+
+
+def go_module_versions(binary: Path) -> dict[str, str]:
+    """The module dependencies recorded in a Go binary's build information ({} if none).
+
+    Go 1.18+ binaries hold a header starting ``\\xff Go buildinf:`` (16-byte aligned); with
+    flag bit 2 set, two varint-length-prefixed strings follow at offset 32: the Go version
+    and the module information, whose ``dep`` lines are ``dep<TAB>path<TAB>version``
+    (a ``=>`` line after one gives the replacement actually built).
+    """
+    try:
+        with binary.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            start = data.find(b"\xff Go buildinf:")
+            while start != -1 and start % 16:
+                start = data.find(b"\xff Go buildinf:", start + 1)
+            if start == -1 or not data[start + 15] & 0x2:
+                return {}
+            pos = start + 32
+            texts: list[str] = []
+            for _ in range(2):
+                length, shift = 0, 0
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    if not byte & 0x80:
+                        break
+                texts.append(data[pos : pos + length].decode("utf-8", "replace"))
+                pos += length
+    except (OSError, ValueError, IndexError):
+        return {}
+    deps: dict[str, str] = {}
+    last = ""
+    for line in texts[1].splitlines():
+        fields = line.split("\t")
+        if fields[0] == "dep" and len(fields) >= 3:
+            last = fields[1]
+            deps[last] = fields[2]
+        elif fields[0] == "=>" and len(fields) >= 3 and last and fields[2] not in ("", "(devel)"):
+            # A replacement by another module version is what was built; one by a local
+            # folder has none ("(devel)"), and the required one is the best there is.
+            deps[last] = fields[2]
+    return deps
+
+
+def _version_output(binary: str) -> str | None:
+    try:
+        proc = subprocess.run(
+            [binary, "--version"], check=False, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout + proc.stderr
+
+
+def version_from_output(name: str, output: str) -> str | None:
+    """The version in a runtime's ``--version`` output, as printed (``1.7.24~ds1``)."""
+    if name == "containerd":
+        # "containerd github.com/containerd/containerd[/v2] v2.2.1 <revision>"
+        m = re.search(r"^containerd \S+ v?(\d+\.\d+\.\d+\S*)", output, re.M)
+    else:
+        # podman: "podman version 4.3.1"; CRI-O: "crio version 1.30.0" or "Version:  1.30.0"
+        m = re.search(r"(?i)version:?\s+v?(\d+\.\d+\.\d+\S*)", output)
+    return m[1] if m else None
+
+
+def detect(name: str, binary: str | None = None) -> Runtime | None:
+    """The runtime ``name`` installed here (None when its binary is not on PATH)."""
+    name = canonical_name(name)
+    path = shutil.which(binary or BINARIES[name])
+    if path is None:
+        return None
+    output = _version_output(path)
+    version = version_from_output(name, output or "")
+    if version is None:
+        raise ConfigError(f"{path} --version: no version in {(output or '').strip()[:80]!r}")
+    deps = go_module_versions(Path(path))
+    for module in CDI_MODULES:
+        if module in deps:
+            library = deps[module].removeprefix("v")
+            return from_table(
+                name, version, library, f"CDI library {library}, build info of {path}"
+            )
+    return from_table(name, version)
+
+
+def detect_all(explicit: Sequence[str] = ()) -> list[Runtime]:
+    """The runtimes of this node: the ``NAME@VERSION`` references given, else every runtime
+    whose binary is on PATH."""
+    if explicit:
+        return [parse_reference(text) for text in explicit]
+    found = [detect(name) for name in RUNTIMES]
+    return [r for r in found if r is not None]
+
+
+def node_limit(runtimes: Iterable[Runtime]) -> str:
+    """The newest ``cdiVersion`` every runtime given reads (a spec must suit all of them).
+
+    Raises ConfigError when there is no runtime, or none with CDI.
+    """
+    listed = list(runtimes)
+    limits = [r.limit for r in listed if r.limit is not None]
+    if not listed:
+        raise ConfigError(
+            "cdiVersion runtime: no container runtime found (containerd, crio, podman on PATH); "
+            "name it with --runtime NAME@VERSION, e.g. containerd@1.7.24"
+        )
+    if len(limits) < len(listed):
+        broken = ", ".join(r.describe() for r in listed if r.limit is None)
+        raise ConfigError(f"cdiVersion runtime: {broken}")
+    return min(limits, key=KNOWN_VERSIONS.index)
+
+
+def readability_problems(spec: Spec, runtime: Runtime) -> list[Problem]:
+    """Why ``runtime`` cannot read ``spec`` (empty when it can), naming what needs the version.
+
+    The runtime's library refuses a ``cdiVersion`` newer than its own, whatever the content;
+    so the spec's declared version decides, and the fields that need more than the runtime's
+    limit (if any) say whether the file could be written for this runtime at all.
+    """
+    if runtime.limit is None:
+        return [Problem("cdiVersion", f"{runtime.describe()}: it reads no CDI spec")]
+    declared = spec.cdi_version
+    if KNOWN_VERSIONS.index(declared) <= KNOWN_VERSIONS.index(runtime.limit):
+        return []
+    reqs = [r for r in requirements(spec) if not r.at_most]
+    too_new = [
+        r for r in reqs if KNOWN_VERSIONS.index(r.version) > KNOWN_VERSIONS.index(runtime.limit)
+    ]
+    if too_new:
+        first = max(too_new, key=lambda r: KNOWN_VERSIONS.index(r.version))
+        why = f"{first.path} ({first.reason}) needs {first.version}" + (
+            f" and {len(too_new) - 1} more field(s)" if len(too_new) > 1 else ""
+        )
+    else:
+        why = f"nothing in it needs more than {minimum_of(reqs)}: write it with that version"
+    return [
+        Problem(
+            "cdiVersion",
+            f"{declared} is newer than {runtime.name} {runtime.version} reads "
+            f"(<= {runtime.limit}, {runtime.source}); {why}",
+        )
+    ]
