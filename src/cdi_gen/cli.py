@@ -130,15 +130,26 @@ def _spec_files(paths: Sequence[str]) -> list[Path]:
 @cli.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--quiet", "-q", is_flag=True, help="Print problems only, no OK lines.")
-def validate(paths: tuple[str, ...], quiet: bool) -> None:
+@click.option(
+    "--for",
+    "for_runtimes",
+    multiple=True,
+    metavar="NAME@VERSION",
+    help="Also check that this runtime release can read each file, e.g. containerd@1.7.24, "
+    "cri-o@1.30.0, podman@4.3.1 (repeatable).",
+)
+def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...]) -> None:
     """Validate CDI spec files (or every *.json/*.yaml in folders) as runtimes would.
 
-    Checks strict fields, names, cdiVersion against the fields used and the semantic rules.
-    Prints one line per problem and exits 1 if there is any.
+    Checks strict fields, names, cdiVersion against the fields used and the semantic rules,
+    and with --for whether a runtime release reads the file's cdiVersion. Prints one line per
+    problem and exits 1 if there is any.
     """
     from cdi_gen.codec import format_of, load_spec
     from cdi_gen.errors import SpecError
+    from cdi_gen.runtimes import parse_reference, readability_problems
 
+    runtimes = [parse_reference(ref) for ref in for_runtimes]
     failed = False
     for path in _spec_files(paths):
         fmt = format_of(path.name) or "json"
@@ -149,11 +160,17 @@ def validate(paths: tuple[str, ...], quiet: bool) -> None:
             failed = True
             continue
         try:
-            load_spec(data, fmt)
+            spec = load_spec(data, fmt)
         except SpecError as exc:
             failed = True
             for problem in exc.problems:
                 click.echo(f"{path}: {problem}")
+            continue
+        unreadable = [p for r in runtimes for p in readability_problems(spec, r)]
+        for problem in unreadable:
+            click.echo(f"{path}: {problem}")
+        if unreadable:
+            failed = True
             continue
         if not quiet:
             click.echo(f"{path}: OK")
@@ -239,20 +256,82 @@ _RECORDS_OPTION = click.option(
     "records) instead of this machine's devices.",
 )
 
+_CDI_VERSION_OPTION = click.option(
+    "--cdi-version",
+    envvar="CDI_GEN_CDI_VERSION",
+    help="Pin cdiVersion for classes without a pin of their own: X.Y.Z, or 'runtime' for the "
+    "newest the node's container runtime reads. A class whose spec needs more is refused, "
+    "naming the field. Default: the minimum each spec needs.  [env: CDI_GEN_CDI_VERSION]",
+)
+_RUNTIME_OPTION = click.option(
+    "--runtime",
+    "runtime_refs",
+    multiple=True,
+    envvar="CDI_GEN_RUNTIME",
+    help="The node's container runtime(s) as NAME@VERSION (containerd, cri-o, podman; "
+    "repeatable), for the 'runtime' pin and the doctor. Default: every runtime on PATH, "
+    "asked for its version.  [env: CDI_GEN_RUNTIME, space-separated]",
+)
+
+
+def _resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) -> str | None:
+    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now."""
+    from cdi_gen.config import RUNTIME_PIN
+    from cdi_gen.errors import ConfigError
+    from cdi_gen.runtimes import detect_all, node_limit
+    from cdi_gen.version import normalize
+
+    if value is None:
+        return None
+    if value == RUNTIME_PIN:
+        return node_limit(detect_all(runtime_refs))
+    try:
+        return normalize(value)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc} or {RUNTIME_PIN!r}") from None
+
+
+def _pin_versions(config: Any, default: str | None, runtime_refs: Sequence[str]) -> Any:
+    """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
+    ``runtime`` resolved once for all classes."""
+    from cdi_gen.config import RUNTIME_PIN
+
+    wanted = {c.cdi_version or default for c in config.classes}
+    if wanted <= {None} and default is None:
+        return config
+    limit = (
+        _resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime")
+        if RUNTIME_PIN in wanted
+        else None
+    )
+    default = limit if default == RUNTIME_PIN else _resolve_version(default, (), "--cdi-version")
+    classes = [
+        c.model_copy(
+            update={
+                "cdi_version": limit if c.cdi_version == RUNTIME_PIN else c.cdi_version or default
+            }
+        )
+        for c in config.classes
+    ]
+    return config.model_copy(update={"classes": classes})
+
 
 def _discover(
     config_path: Path | None,
     classes: Sequence[str],
     records_path: Path | None,
     vendor: str | None = None,
+    *,
+    cdi_version: str | None = None,
+    runtime_refs: Sequence[str] = (),
 ) -> Any:
-    """Load the config, read the devices and return a fed :class:`Discovery`."""
+    """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
     from cdi_gen.config import load_config
     from cdi_gen.discovery import Discovery
     from cdi_gen.errors import DiscoveryError
     from cdi_gen.udev import enumerate_records, record_from_json, records_from_export_db
 
-    config = load_config(config_path)
+    config = _pin_versions(load_config(config_path), cdi_version, runtime_refs)
     if vendor is not None:
         config = config.with_vendor(vendor)
     discovery = Discovery(config, classes or None)
@@ -378,9 +457,11 @@ def discover(
 )
 @click.option(
     "--cdi-version",
-    help="Pin cdiVersion (refused if the spec needs newer). Default: the class's pin, or the "
-    "minimum the spec needs.",
+    help="Pin cdiVersion: X.Y.Z, or 'runtime' for the newest the node's container runtime "
+    "reads (refused if the spec needs newer). Default: the class's pin, or the minimum the "
+    "spec needs.",
 )
+@_RUNTIME_OPTION
 @_RECORDS_OPTION
 def render(
     *,
@@ -390,13 +471,15 @@ def render(
     fmt: Format,
     output: Path | None,
     cdi_version: str | None,
+    runtime_refs: tuple[str, ...],
     records_path: Path | None,
 ) -> None:
     """Render the CDI spec of one class from the devices present now."""
     from cdi_gen.config import AgentConfig
     from cdi_gen.errors import DiscoveryError
 
-    discovery = _discover(config_path, [cls], records_path, vendor)
+    pin = _resolve_version(cdi_version, runtime_refs, "--cdi-version")
+    discovery = _discover(config_path, [cls], records_path, vendor, runtime_refs=runtime_refs)
     config: AgentConfig = discovery.config
     _warn(discovery, cls)
     class_config = discovery.config_of(cls)
@@ -406,7 +489,7 @@ def render(
             f"class {cls!r} ({config.vendor}/{cls}) has no device: nothing matches {rules}"
         )
     spec = discovery.spec(cls)
-    emit_spec(spec, fmt=fmt, output=output, cdi_version=cdi_version or class_config.cdi_version)
+    emit_spec(spec, fmt=fmt, output=output, cdi_version=pin or class_config.cdi_version)
 
 
 @cli.command()
@@ -419,11 +502,16 @@ def render(
     help="Spec folder to write into.",
 )
 @click.option("--class", "classes", multiple=True, help="Only this class (repeatable).")
+@_CDI_VERSION_OPTION
+@_RUNTIME_OPTION
 @_RECORDS_OPTION
 def write(
+    *,
     config_path: Path | None,
     spec_dir: Path,
     classes: tuple[str, ...],
+    cdi_version: str | None,
+    runtime_refs: tuple[str, ...],
     records_path: Path | None,
 ) -> None:
     """Write the spec of every class with devices; remove our specs of classes without.
@@ -435,7 +523,9 @@ def write(
     from cdi_gen.validation import check_spec
     from cdi_gen.writer import owned_specs, remove_spec, spec_filename, write_spec
 
-    discovery = _discover(config_path, classes, records_path)
+    discovery = _discover(
+        config_path, classes, records_path, cdi_version=cdi_version, runtime_refs=runtime_refs
+    )
     vendor = discovery.config.vendor
     failures: list[str] = []
     for cls in discovery.class_names:
@@ -585,6 +675,8 @@ _PLUGIN_DIR_OPTION = click.option(
     envvar="CDI_GEN_LOG_LEVEL",
     help="[env: CDI_GEN_LOG_LEVEL]",
 )
+@_CDI_VERSION_OPTION
+@_RUNTIME_OPTION
 def run(
     *,
     config_path: Path | None,
@@ -598,6 +690,8 @@ def run(
     no_kubelet: bool,
     log_format: str,
     log_level: str,
+    cdi_version: str | None,
+    runtime_refs: tuple[str, ...],
 ) -> None:
     """The node agent: follow udev, keep spec files current, serve a device plugin per class.
 
@@ -611,7 +705,8 @@ def run(
     from cdi_gen.logs import setup_logging
     from cdi_gen.metrics import parse_address
 
-    config = load_config(config_path)
+    # Pins are resolved once, at start: the runtime does not change under a running agent.
+    config = _pin_versions(load_config(config_path), cdi_version, runtime_refs)
     if metrics_address:
         try:
             parse_address(metrics_address)
@@ -645,6 +740,7 @@ def run(
     "--containerd-version",
     help="Assume this containerd version (X.Y.Z) instead of asking `containerd --version`.",
 )
+@_RUNTIME_OPTION
 @click.option(
     "--crio-config",
     "crio_configs",
@@ -662,33 +758,52 @@ def doctor(
     runtime_spec_dirs: tuple[Path, ...],
     containerd_config: Path,
     containerd_version: str | None,
+    runtime_refs: tuple[str, ...],
     crio_configs: tuple[Path, ...],
     device_plugin_dir: Path,
     records_path: Path | None,
 ) -> None:
-    """Check this node: runtime CDI config, spec folders, kubelet, udev, class matches.
+    """Check this node: runtime CDI config and the cdiVersion it reads, spec folders, kubelet,
+    udev, class matches.
 
     One line per check (OK, WARN or FAIL with what to do); exit 1 if any check FAILs.
     """
-    import re
-
     from cdi_gen import doctor as dr
-    from cdi_gen.errors import ConfigError
-
-    if containerd_version is not None:
-        m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", containerd_version)
-        if not m:
-            raise ConfigError(f"--containerd-version: {containerd_version!r} is not X.Y.Z")
-        version: tuple[int, int, int] | None = (int(m[1]), int(m[2]), int(m[3]))
-    else:
-        version = dr.containerd_version()
+    from cdi_gen import runtimes as rt
     from cdi_gen.agent import AgentOptions
+    from cdi_gen.errors import ConfigError
+    from cdi_gen.registry import load_registry
+
+    checks: list[dr.Check] = []
+    if runtime_refs:
+        runtimes = [rt.parse_reference(ref) for ref in runtime_refs]
+    else:
+        runtimes = []
+        for name in rt.RUNTIMES:
+            try:
+                found = rt.detect(name)
+            except ConfigError as exc:
+                checks.append(dr.Check("WARN", "runtime", str(exc), "pass --runtime NAME@VERSION"))
+                continue
+            if found is not None:
+                runtimes.append(found)
+    if containerd_version is not None:
+        try:
+            rt.parse_release(containerd_version)
+        except ValueError:
+            raise ConfigError(
+                f"--containerd-version: {containerd_version!r} is not X.Y.Z"
+            ) from None
+        runtimes = [r for r in runtimes if r.name != "containerd"]
+        runtimes.insert(0, rt.from_table("containerd", containerd_version))
+    containerd = next((r for r in runtimes if r.name == "containerd"), None)
+    version = None if containerd is None else rt.parse_release(containerd.version)
 
     dirs = AgentOptions(
         spec_dir=spec_dir, runtime_spec_dirs=runtime_spec_dirs
     ).spec_dirs_for_runtime()
     discovery = _discover(config_path, (), records_path)
-    checks = dr.check_containerd(containerd_config, spec_dir, version)
+    checks += dr.check_containerd(containerd_config, spec_dir, version)
     checks += dr.check_crio(
         crio_configs or (dr.DEFAULT_CRIO_CONFIG, dr.DEFAULT_CRIO_CONFIG.parent / "crio.conf.d"),
         spec_dir,
@@ -702,7 +817,9 @@ def doctor(
                 "write into a folder the runtime reads",
             )
         )
-    checks += dr.check_spec_dirs(dirs, spec_dir, discovery.config.vendor)
+    registry = load_registry(dirs)
+    checks += dr.check_spec_dirs(dirs, spec_dir, discovery.config.vendor, registry)
+    checks += dr.check_runtimes(runtimes, registry)
     checks += dr.check_kubelet(device_plugin_dir)
     checks += dr.check_udev()
     checks += dr.check_classes(

@@ -206,6 +206,11 @@ NameTemplate = Annotated[Template, _template(DEVICE_NAME_FIELDS), _AS_STRING, _S
 # ---------------------------------------------------------------------------------------------
 
 
+#: A cdiVersion pin meaning "the newest the node's container runtime reads", resolved at start
+#: (cdi_gen.runtimes); never written into a spec.
+RUNTIME_PIN = "runtime"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -467,7 +472,8 @@ class ClassConfig(_Strict):
     sharing: SharingConfig = SharingConfig()
     cdi_version: str | None = Field(
         default=None,
-        description="pin cdiVersion for this class (default: the minimum the spec needs)",
+        description="pin cdiVersion for this class: X.Y.Z, or 'runtime' for the newest the "
+        "node's container runtime reads (default: the minimum the spec needs)",
     )
     when_gone: Literal["withdraw", "unhealthy"] = Field(
         default="withdraw",
@@ -491,13 +497,14 @@ class ClassConfig(_Strict):
     @field_validator("cdi_version")
     @classmethod
     def _version(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+        if value is None or value == RUNTIME_PIN:
+            return value
         try:
             return normalize(value)
         except ValueError:
             raise ValueError(
-                f"unknown cdiVersion {value!r}, known: {', '.join(KNOWN_VERSIONS)}"
+                f"unknown cdiVersion {value[:40]!r}, known: {', '.join(KNOWN_VERSIONS)} "
+                f"or {RUNTIME_PIN!r}"
             ) from None
 
     @model_validator(mode="after")

@@ -10,17 +10,15 @@ or FAIL with the fix.
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import stat
-import subprocess
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cdi_gen.registry import DEFAULT_SPEC_DIRS, load_registry
+from cdi_gen.registry import DEFAULT_SPEC_DIRS, Registry, load_registry
+from cdi_gen.runtimes import Runtime, readability_problems
 
 Status = Literal["OK", "WARN", "FAIL"]
 DEFAULT_CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
@@ -48,21 +46,6 @@ def same_dir(a: str, b: Path) -> bool:
     ) == os.path.realpath(b)
 
 
-def containerd_version(binary: str = "containerd") -> tuple[int, int, int] | None:
-    """The version of the containerd on PATH, None if absent or unparseable."""
-    path = shutil.which(binary)
-    if path is None:
-        return None
-    try:
-        out = subprocess.run(
-            [path, "--version"], check=False, capture_output=True, text=True, timeout=5
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"\bv?(\d+)\.(\d+)\.(\d+)", out)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
-
-
 def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]:
     """(section name, section, enable_cdi default) for the config's schema version."""
     version = doc.get("version", 1)
@@ -76,9 +59,7 @@ def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]
     return "plugins.cri", plugins.get("cri"), False
 
 
-def check_containerd(
-    config: Path, spec_dir: Path, version: tuple[int, int, int] | None
-) -> list[Check]:
+def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:
     """Whether containerd will inject CDI devices from ``spec_dir``."""
     topic = "containerd"
     checks: list[Check] = []
@@ -212,8 +193,12 @@ def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
     ]
 
 
-def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[Check]:
-    """Folders present and readable, our files valid and world-readable, conflicts, shadowing."""
+def check_spec_dirs(
+    spec_dirs: Sequence[Path], ours: Path, vendor: str, reg: Registry | None = None
+) -> list[Check]:
+    """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
+
+    ``reg``: the folders already scanned (the same scan serves :func:`check_runtimes`)."""
     checks: list[Check] = []
     topic = "spec folders"
     for d in spec_dirs:
@@ -239,7 +224,7 @@ def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[
                     f"chmod 755 {d}",
                 )
             )
-    reg = load_registry(spec_dirs)
+    reg = reg if reg is not None else load_registry(spec_dirs)
     for msg in reg.dir_errors.values():
         checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
     for path, msgs in sorted(reg.errors.items()):
@@ -290,6 +275,57 @@ def check_spec_dirs(spec_dirs: Sequence[Path], ours: Path, vendor: str) -> list[
             f"({ours_count} of vendor {vendor}) in {', '.join(map(str, spec_dirs))}",
         )
     )
+    return checks
+
+
+def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
+    """Each runtime of the node, and every spec file in its folders it could not read.
+
+    A runtime refuses a whole file whose ``cdiVersion`` is newer than its CDI library, and
+    only when a container asks for one of its devices: FAIL here names the file, its version,
+    the field that needs it and the runtime's limit, before a pod meets it.
+    """
+    if not runtimes:
+        return [
+            Check(
+                "WARN",
+                "runtime",
+                "no container runtime found (containerd, crio, podman on PATH): "
+                "cannot tell which cdiVersion this node reads",
+                "name it with --runtime NAME@VERSION, e.g. containerd@1.7.24",
+            )
+        ]
+    checks: list[Check] = []
+    for runtime in runtimes:
+        if runtime.limit is None:
+            checks.append(Check("FAIL", "runtime", runtime.describe(), f"upgrade {runtime.name}"))
+            continue
+        checks.append(Check("OK", "runtime", runtime.describe()))
+        unreadable = 0
+        for file in reg.files:
+            if file.spec is None:
+                continue  # already reported with the reason it does not load
+            for problem in readability_problems(file.spec, runtime):
+                unreadable += 1
+                checks.append(
+                    Check(
+                        "FAIL",
+                        "cdiVersion",
+                        f"{file.path}: {problem.message}: {runtime.name} refuses the whole "
+                        "file when a container asks for one of its devices",
+                        f"write it with cdiVersion <= {runtime.limit} (cdi-gen: "
+                        f"--cdi-version runtime) or upgrade {runtime.name}",
+                    )
+                )
+        readable = sum(1 for f in reg.files if f.spec is not None) - unreadable
+        if not unreadable:
+            checks.append(
+                Check(
+                    "OK",
+                    "cdiVersion",
+                    f"{readable} spec file(s) readable by {runtime.name} {runtime.version}",
+                )
+            )
     return checks
 
 

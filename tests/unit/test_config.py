@@ -158,7 +158,7 @@ BAD = [
         "cdi-version",
         _cfg(match={"subsystem": "block"}, cdiVersion="0.9.0"),
         "config.yaml: classes[0].cdiVersion: unknown cdiVersion '0.9.0', known: 0.1.0, 0.2.0, "
-        "0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0, 1.0.0, 1.1.0",
+        "0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0, 1.0.0, 1.1.0 or 'runtime'",
     ),
     (
         "env-without-key",
