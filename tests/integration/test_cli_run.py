@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
@@ -102,3 +103,51 @@ def test_run_bad_config_exits_2(short_dir: Path, text: str, message: str) -> Non
     assert proc.returncode == 2, proc.stderr
     assert f"{config}: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+RUNTIME_PIN_CONFIG = """
+vendor: example.com
+classes:
+  - name: loop
+    match: {subsystem: block, kernel: "loop[0-7]"}
+  - name: gids
+    match: {subsystem: block, kernel: "loop[0-7]"}
+    containerEdits: {additionalGids: [44]}
+"""
+
+
+async def test_run_pins_the_runtime_limit_and_serves_the_classes_that_fit(
+    short_dir: Path,
+) -> None:
+    """--cdi-version runtime with podman 4.3.1 (reads <= 0.5.0): loop's spec is written as
+    0.5.0 and served; gids needs 0.7.0 (additionalGids), so it is refused with the field-level
+    error and written nowhere, and the agent carries on."""
+    config = short_dir / "config.yaml"
+    config.write_text(RUNTIME_PIN_CONFIG)
+    env = {
+        **os.environ,
+        "CDI_GEN_CONFIG": str(config),
+        "CDI_GEN_SPEC_DIR": str(short_dir / "cdi"),
+        "CDI_GEN_DEVICE_PLUGIN_DIR": str(short_dir / "dp"),
+        "CDI_GEN_UDEV_SOURCE": "kernel",
+        "CDI_GEN_METRICS_ADDRESS": f"127.0.0.1:{_free_port()}",
+        "CDI_GEN_CDI_VERSION": "runtime",
+        "CDI_GEN_RUNTIME": "podman@4.3.1",
+    }
+    async with FakeKubelet(short_dir / "dp") as kubelet:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cdi_gen", "run", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            plugin = await kubelet.next_registration(within=20)
+            assert plugin.request.resource_name == "example.com/loop"
+            spec = orjson.loads((short_dir / "cdi" / "example.com-loop.json").read_bytes())
+            assert spec["cdiVersion"] == "0.5.0"
+            assert proc.returncode is None, "the agent stopped"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode == 0, stderr.decode()
+    assert not (short_dir / "cdi" / "example.com-gids.json").exists()
+    text = stderr.decode()
+    assert "additionalGids needs cdiVersion 0.7.0 or newer, the target is 0.5.0" in text, text
