@@ -139,8 +139,13 @@ async def test_run_pins_the_runtime_limit_and_serves_the_classes_that_fit(
             sys.executable, "-m", "cdi_gen", "run", env=env, stderr=asyncio.subprocess.PIPE
         )
         try:
-            plugin = await kubelet.next_registration(within=20)
-            assert plugin.request.resource_name == "example.com/loop"
+            plugins = {}
+            while len(plugins) < 2:
+                plugin = await kubelet.next_registration(within=20)
+                plugins[plugin.request.resource_name] = plugin
+            assert set(await plugins["example.com/loop"].next_devices()) >= {"loop0", "loop7"}
+            # Every device of gids is refused, so it advertises none, and the agent runs on.
+            assert await plugins["example.com/gids"].next_devices() == {}
             spec = orjson.loads((short_dir / "cdi" / "example.com-loop.json").read_bytes())
             assert spec["cdiVersion"] == "0.5.0"
             assert proc.returncode is None, "the agent stopped"
