@@ -15,6 +15,13 @@ the CDI grammar, a name another device already holds) is skipped with a
 Device names stay with the device that holds them: when a newcomer renders a name that an
 advertised device already has, the newcomer is the one skipped, so a pod's allocation never
 silently moves to other hardware.
+
+udev values are not trusted: anyone who can name a USB serial number or a loop device's
+backing file chooses them. A value substituted into a template must be at most
+:data:`MAX_VALUE_BYTES` long and hold no control character, and the rendered edits must pass
+:func:`~cdi_gen.validation.edits_problems` (no ``..`` path component, no newline in an
+environment entry); otherwise the device is skipped with a warning quoting the field and the
+value, truncated.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Literal
 
 from cdi_gen import names
 from cdi_gen.config import AgentConfig, ClassConfig, Field_, MatchRule, Template
-from cdi_gen.errors import InvalidNameError
+from cdi_gen.errors import InvalidNameError, excerpt
 from cdi_gen.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from cdi_gen.state import AdvertisedDevice
 from cdi_gen.udev import DeviceRecord, RecordWants
@@ -37,6 +44,7 @@ from cdi_gen.validation import edits_problems
 from cdi_gen.version import apply_version
 
 __all__ = [
+    "MAX_VALUE_BYTES",
     "ClassChange",
     "DiscoveredDevice",
     "Discovery",
@@ -187,6 +195,27 @@ def _value(f: Field_, ctx: RenderContext) -> str | None:
     raise TemplateError(f, "unknown field")  # pragma: no cover - config refuses these
 
 
+#: Longest udev value a template takes. Identifying values (serial numbers, models, by-path
+#: names, modaliases) stay well under 256 bytes; sysfs attributes can be a whole page (4 KiB),
+#: and such a blob is no name. 1 KiB leaves room for long identifiers while a rendered path
+#: stays far below PATH_MAX and a class of a thousand devices keeps a spec of bounded size.
+MAX_VALUE_BYTES = 1024
+#: C0 controls, DEL and C1 controls: none belongs in a name, a path or an environment value.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _unsafe(value: str) -> str | None:
+    """Why a udev value may not be substituted, or None."""
+    if (
+        len(value) > MAX_VALUE_BYTES // 4
+        and len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES
+    ):
+        return f"value {excerpt(value)} is longer than {MAX_VALUE_BYTES} bytes"
+    if (bad := _CONTROL_RE.search(value)) is not None:
+        return f"value {excerpt(value)} has control character {bad.group()!r}"
+    return None
+
+
 _WHY_MISSING = {
     "number": "the kernel name has no trailing number",
     "major": "the device has no major number",
@@ -217,6 +246,8 @@ def render_template(template: Template, ctx: RenderContext) -> str:
             else:
                 reason = _WHY_MISSING.get(part.name, "no value")
             raise TemplateError(part, reason)
+        if (why := _unsafe(value)) is not None:
+            raise TemplateError(part, why)
         out.append(value)
     return "".join(out)
 

@@ -7,6 +7,13 @@ produced them) so the agent can judge one device at a time on its hot path. Ever
 is reported as a :class:`~cdi_gen.errors.Problem` with its path in the document
 (``devices[1].containerEdits.env[0]``), so a user fixes a file in one pass. Paths are only
 formatted when a problem is found.
+
+Beyond the CDI library's rules, values that could make the runtime do something else than
+the spec reads are refused: environment entries with control characters (a newline would
+smuggle in a second variable such as ``LD_PRELOAD``, a NUL cuts the entry where C code reads
+it), and paths with control characters, ``..`` components (a templated
+``/var/lib/fw/{serial}`` must not become ``/etc``) or more bytes than the kernel resolves
+(a component over NAME_MAX 255, a path over PATH_MAX 4095). Values are quoted truncated.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi_gen import names
-from cdi_gen.errors import InvalidNameError, Problem
+from cdi_gen.errors import InvalidNameError, Problem, excerpt
 from cdi_gen.spec import Spec
 from cdi_gen.version import document_requirements, minimum_of, parse_version, problems_for
 
@@ -30,24 +37,69 @@ _ANNOTATION_PREFIX_RE = re.compile(
 )
 _ANNOTATION_NAME_RE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _MAX_ANNOTATIONS_SIZE = 256 * 1024
+#: Linux NAME_MAX and PATH_MAX (less the terminating NUL): longer paths cannot be opened.
+MAX_PATH_COMPONENT = 255
+MAX_PATH_BYTES = 4095
+#: Tab is the one control character an environment value may reasonably hold.
+_ENV_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_PATH_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: One pass over a path finds what needs a closer look: a control character or ``..``.
+_PATH_SUSPECT_RE = re.compile(r"[\x00-\x1f\x7f]|(?:^|/)\.\.(?:/|$)")
 
 
 def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
     if not env:
         return []
-    return [
-        Problem(f"{where}[{i}]", f"invalid environment variable {entry!r}, should be KEY=VALUE")
-        for i, entry in enumerate(env)
-        if entry.find("=") <= 0
-    ]
+    problems = []
+    for i, entry in enumerate(env):
+        if entry.find("=") <= 0:
+            problems.append(
+                Problem(
+                    f"{where}[{i}]",
+                    f"invalid environment variable {excerpt(entry)}, should be KEY=VALUE",
+                )
+            )
+        elif (bad := _ENV_CONTROL_RE.search(entry)) is not None:
+            problems.append(
+                Problem(
+                    f"{where}[{i}]",
+                    f"invalid environment variable {excerpt(entry)}: control character "
+                    f"{bad.group()!r} (a newline would add a variable, a NUL cut this one)",
+                )
+            )
+    return problems
+
+
+def _path_shape_problem(value: str, where: str, what: str) -> Problem | None:
+    """Control characters, ``..`` components, or a length the kernel refuses."""
+    if len(value) > MAX_PATH_COMPONENT or _PATH_SUSPECT_RE.search(value):
+        if (bad := _PATH_CONTROL_RE.search(value)) is not None:
+            return Problem(where, f"{what} {excerpt(value)} has control character {bad.group()!r}")
+        if ".." in value.split("/"):
+            return Problem(
+                where, f"{what} {excerpt(value)} has a '..' component (it could leave its folder)"
+            )
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_PATH_BYTES:
+            return Problem(
+                where, f"{what} {excerpt(value)} is longer than {MAX_PATH_BYTES} bytes ({size})"
+            )
+        for part in value.split("/"):
+            if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_COMPONENT:
+                return Problem(
+                    where,
+                    f"{what} {excerpt(value)} has a component longer than "
+                    f"{MAX_PATH_COMPONENT} bytes",
+                )
+    return None
 
 
 def _path_problem(value: str, where: str, what: str) -> Problem | None:
     if value[:1] == "/":
-        return None
+        return _path_shape_problem(value, where, what)
     if not value:
         return Problem(where, f"{what} must not be empty")
-    return Problem(where, f"{what} {value!r} should be an absolute path")
+    return Problem(where, f"{what} {excerpt(value)} should be an absolute path")
 
 
 def _node_problems(node: Mapping[str, Any], at: str) -> list[Problem]:
@@ -60,14 +112,14 @@ def _node_problems(node: Mapping[str, Any], at: str) -> list[Problem]:
     kind = node.get("type")
     if kind and kind not in DEVICE_NODE_TYPES:
         problems.append(
-            Problem(f"{at}.type", f"invalid device type {kind!r}, should be b, c, u or p")
+            Problem(f"{at}.type", f"invalid device type {excerpt(kind)}, should be b, c, u or p")
         )
     perms = node.get("permissions")
     if perms and not _PERMISSIONS.issuperset(perms):
         problems.append(
             Problem(
                 f"{at}.permissions",
-                f"invalid permissions {perms!r}, should be a combination of r, w, m",
+                f"invalid permissions {excerpt(perms)}, should be a combination of r, w, m",
             )
         )
     return problems
@@ -80,7 +132,8 @@ def _hook_problems(hook: Mapping[str, Any], where: str) -> list[Problem]:
         problems.append(
             Problem(
                 f"{where}.hookName",
-                f"invalid hook name {name!r}, should be one of " + ", ".join(sorted(HOOK_NAMES)),
+                f"invalid hook name {excerpt(name)}, should be one of "
+                + ", ".join(sorted(HOOK_NAMES)),
             )
         )
     if (p := _path_problem(hook.get("path", ""), f"{where}.path", "hook path")) is not None:
@@ -97,16 +150,22 @@ def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
     problems = _env_problems(edits.get("env"), f"{where}.env")
     for i, node in enumerate(edits.get("deviceNodes") or ()):
         # Fast path: a plain absolute node with no type/permissions needs no further look.
-        if len(node) == 1 and node.get("path", "")[:1] == "/":
+        if len(node) == 1 and (path := node.get("path", ""))[:1] == "/":
+            if p := _path_shape_problem(path, f"{where}.deviceNodes[{i}].path", "device node path"):
+                problems.append(p)
             continue
         problems += _node_problems(node, f"{where}.deviceNodes[{i}]")
     for i, hook in enumerate(edits.get("hooks") or ()):
         problems += _hook_problems(hook, f"{where}.hooks[{i}]")
     for i, mount in enumerate(edits.get("mounts") or ()):
-        if not mount.get("hostPath"):
+        host = mount.get("hostPath")
+        if not host:
             problems.append(
                 Problem(f"{where}.mounts[{i}].hostPath", "mount hostPath must not be empty")
             )
+        # Not necessarily absolute: the source of a tmpfs or overlay mount is a word.
+        elif p := _path_shape_problem(host, f"{where}.mounts[{i}].hostPath", "mount hostPath"):
+            problems.append(p)
         cpath = mount.get("containerPath", "")
         if p := _path_problem(cpath, f"{where}.mounts[{i}].containerPath", "containerPath"):
             problems.append(p)
@@ -119,13 +178,13 @@ def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
             if not value:
                 problems.append(Problem(at, f"{field} must not be empty"))
             elif value in seen:
-                problems.append(Problem(at, f"duplicate {field} {value!r}"))
+                problems.append(Problem(at, f"duplicate {field} {excerpt(value)}"))
             seen.add(value)
     rdt = edits.get("intelRdt")
     if rdt is not None and rdt.get("closID") not in (None, "/"):
         clos = rdt["closID"]
         if len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos:
-            problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {clos!r}"))
+            problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {excerpt(clos)}"))
     return problems
 
 
@@ -148,8 +207,8 @@ def annotation_problems(annotations: Mapping[str, str] | None, where: str) -> li
         if not ok:
             problems.append(
                 Problem(
-                    f"{where}[{key!r}]",
-                    f"invalid annotation key {key!r}, should be [prefix/]name "
+                    f"{where}[{excerpt(key)}]",
+                    f"invalid annotation key {excerpt(key)}, should be [prefix/]name "
                     "(DNS subdomain prefix, name of A-Z a-z 0-9 - _ . up to 63)",
                 )
             )
@@ -195,7 +254,7 @@ def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> lis
                 problems.append(
                     Problem(
                         "cdiVersion",
-                        f"the spec version must be at least v{needed}, it is {declared!r}",
+                        f"the spec version must be at least v{needed}, it is {excerpt(declared)}",
                     )
                 )
             problems += [p for p in problems_for(reqs, declared) if "only valid up to" in p.message]
@@ -214,7 +273,7 @@ def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> lis
         name = device.get("name", "")
         if name in seen:
             problems.append(
-                Problem(f"devices[{i}].name", f"invalid spec, multiple device {name!r}")
+                Problem(f"devices[{i}].name", f"invalid spec, multiple device {excerpt(name)}")
             )
         seen.add(name)
     if doc.get("containerEdits") is not None:
