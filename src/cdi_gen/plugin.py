@@ -31,7 +31,7 @@ import stat
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import grpc
 
@@ -93,6 +93,7 @@ AllocateHook = Callable[[str, str], None]
 RegisterHook = Callable[[bool, str], None]
 
 _FileId = tuple[int, int, int]
+_Outcome = Literal["ok", "failed", "interrupted"]
 _Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -287,7 +288,7 @@ class DevicePlugin:
         fresh_server = False
         while True:
             try:
-                kubelet_id = await self._register_once(fresh_server)
+                outcome, kubelet_id = await self._register_once(fresh_server)
                 fresh_server = False
             except Exception as exc:
                 # Serving failed (folder gone, bind refused...): keep trying, the kubelet
@@ -297,43 +298,67 @@ class DevicePlugin:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._max_backoff)
                 continue
-            if kubelet_id is None:
-                # Register failed; retry after the backoff, or at once if kubelet.sock is
-                # re-created meanwhile (the kubelet is back).
-                seen = _file_id(self.kubelet_socket)
-                await self._poll(functools.partial(self._kubelet_changed, seen), delay)
+            if outcome == "interrupted":
+                # The kubelet restarted while Register was in flight: its answer no longer
+                # matters (it may never come, the kubelet dialling a socket it wiped).
+                log.info("kubelet restarted during Register; serving %s again", self.resource_name)
+                fresh_server = True
+                continue
+            restarted = functools.partial(self._kubelet_restarted, kubelet_id)
+            if outcome == "failed":
+                # Retry after the backoff, or at once when kubelet.sock is no longer the one
+                # just tried. Its identity was taken before the attempt: read after the
+                # failure it could already be the new kubelet's, which would then look
+                # unchanged and cost the whole backoff.
+                await self._poll(restarted, delay)
                 delay = min(delay * 2, self._max_backoff)
                 continue
             delay = initial
-            await self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
+            await self._poll(restarted)
             log.info("kubelet restarted; serving %s again", self.resource_name)
             self._registered.clear()
             fresh_server = True
 
-    async def _register_once(self, fresh_server: bool) -> _FileId | None:
+    async def _register_once(self, fresh_server: bool) -> tuple[_Outcome, _FileId | None]:
         """Serve anew if asked or if our socket is gone, wait for kubelet.sock, Register.
 
-        Return the identity of the kubelet.sock registered with, or None when Register
-        failed. Raises :class:`RegistrationError` when the socket cannot be served.
+        Return the outcome and the identity of the kubelet.sock tried, read before the
+        attempt: ``ok``, ``failed`` (the kubelet said no or was unreachable) or
+        ``interrupted`` (our socket or kubelet.sock was replaced while Register was in
+        flight). Raises :class:`RegistrationError` when the socket cannot be served.
         """
         if fresh_server or self._server is None or _file_id(self.socket_path) != self._socket_id:
             await self._restart_server()
         await self._poll(lambda: _file_id(self.kubelet_socket) is not None)
         kubelet_id = _file_id(self.kubelet_socket)
-        error = await self._register()
+        register = asyncio.ensure_future(self._register())
+        watch = asyncio.ensure_future(
+            self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
+        )
+        try:
+            await asyncio.wait({register, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not register.done():
+                register.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            with contextlib.suppress(asyncio.CancelledError):
+                await register
+        if register.cancelled():
+            self._registered.clear()
+            return "interrupted", kubelet_id
+        error = register.result()
         self._call_hook(self._on_register, error is None, error or "")
         if error is not None:
             log.warning(
                 "registering %s with %s failed: %s", self.resource_name, self.kubelet_socket, error
             )
-            return None
+            return "failed", kubelet_id
         self.registrations += 1
         self._registered.set()
         log.info("registered %s with the kubelet", self.resource_name)
-        return kubelet_id
-
-    def _kubelet_changed(self, seen: _FileId | None) -> bool:
-        return _file_id(self.kubelet_socket) != seen
+        return "ok", kubelet_id
 
     def _kubelet_restarted(self, registered_with: _FileId | None) -> bool:
         if _file_id(self.socket_path) != self._socket_id:
