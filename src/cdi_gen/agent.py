@@ -16,6 +16,13 @@ re-plugged device with new numbers is injected with its current ones.
 
 Each device's spec entry is validated once, when it appears, and reused (see
 :mod:`cdi_gen.entry`): re-writing a class's spec after an event costs about one serialisation.
+
+Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
+invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
+in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list;
+a class whose spec write or plugin start fails is retried with backoff and reported by
+``/readyz`` until it works; anything unexpected in one class is logged with its traceback,
+counted as ``internal`` and leaves the other classes running.
 """
 
 from __future__ import annotations
@@ -34,15 +41,23 @@ from cdi_gen.codec import dump_document
 from cdi_gen.config import AgentConfig, ClassConfig
 from cdi_gen.discovery import ClassChange, DiscoveredDevice, Discovery
 from cdi_gen.entry import DeviceEntry, assemble, build_entry
-from cdi_gen.errors import CdiGenError, SpecWriteError
+from cdi_gen.errors import CdiGenError, SpecError, SpecWriteError, VersionError
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, parse_address, serve_http
+from cdi_gen.modes import make_folder
 from cdi_gen.registry import SpecCache
 from cdi_gen.sharing import expand_change
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
+from cdi_gen.version import choose_version
 
 log = logging.getLogger("cdi_gen.agent")
 
+#: Each stops the agent cleanly (sockets removed, specs kept or removed per
+#: ``cleanup_on_exit``). SIGHUP included: its default action killed the agent and left both
+#: behind. It means "the terminal or session went away", so a stop is what a user running
+#: ``cdi-gen run`` by hand expects; nothing sends it to a pod for a reload (a changed config
+#: rolls the DaemonSet), and a reload of udev alone would look like one of the config.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
@@ -85,23 +100,45 @@ class _ClassRunner:
     spec_ok: bool = False
     retry: asyncio.TimerHandle | None = None
     failures: int = 0
+    #: Devices left out of the spec and the list: name → (the edits judged, why).
+    rejected: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    #: Why the class's device plugin is not serving, or None.
+    plugin_error: str | None = None
 
     @property
     def resource(self) -> str:
         return f"{self.agent.config.vendor}/{self.config.name}"
 
+    def fail(self, reason: str, message: str, *args: object, device: str = "") -> None:
+        """Log and count one failure of this class (or of one of its devices)."""
+        self.agent.metrics.failures.labels(self.resource, reason).inc()
+        extra = fields(
+            resource=self.resource, reason=reason, **({"device": device} if device else {})
+        )
+        if reason == "internal":
+            log.exception(message, *args, extra=extra)
+        elif reason in ("device-skipped", "version", "invalid-device"):
+            log.warning(message, *args, extra=extra)
+        else:
+            log.error(message, *args, extra=extra)
+
     def apply(self, change: ClassChange, received: float | None) -> None:
-        """Bring the board and the spec file to ``change`` in the safe order."""
+        """Bring the board and the spec file to ``change``; never raises."""
+        try:
+            self._apply(change, received)
+        except Exception as exc:
+            self.fail("internal", "applying a change failed: %s", exc)
+
+    def _apply(self, change: ClassChange, received: float | None) -> None:
         # Logged per physical device: a shared device is one event, not one line per slot.
         self._log_transitions(change)
         change = expand_change(change, self.config.sharing.replicas)
         for name in change.removed:
             self.entries.pop(name, None)
+            self.rejected.pop(name, None)
         for warning in change.warnings:
-            log.warning(
-                "device skipped: %s",
-                warning.message,
-                extra=fields(resource=self.resource, device=warning.sys_path),
+            self.fail(
+                "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
             )
         new = {d.id: d for d in change.after_write}
         # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
@@ -121,16 +158,13 @@ class _ClassRunner:
         self._cancel_retry()
         try:
             changed = self._write_spec()
-        except SpecWriteError as exc:
+        except Exception as exc:
+            # Not published: the kubelet never sees a device the runtime cannot resolve.
             self.spec_ok = False
             self.failures += 1
             delay = min(self.agent.options.retry_max_seconds, 0.5 * 2 ** min(self.failures, 8))
-            log.error(
-                "spec write failed, retrying in %.1fs: %s",
-                delay,
-                exc,
-                extra=fields(resource=self.resource),
-            )
+            reason = "spec-write" if isinstance(exc, CdiGenError) else "internal"
+            self.fail(reason, "spec write failed, retrying in %.1fs: %s", delay, exc)
             self.agent.metrics.spec_writes.labels(self.resource, "error").inc()
             self.retry = asyncio.get_running_loop().call_later(delay, self.sync)
             return
@@ -138,7 +172,10 @@ class _ClassRunner:
         self.spec_ok = True
         if changed:
             self.agent.metrics.spec_writes.labels(self.resource, "written").inc()
-        self.board.publish(self.target)
+        if self.rejected:
+            self.board.publish([d for d in self.target if d.id not in self.rejected])
+        else:
+            self.board.publish(self.target)
         if received is not None:
             self.agent.metrics.hotplug_latency.observe(time.monotonic() - received)
         self._export_gauges()
@@ -146,7 +183,8 @@ class _ClassRunner:
     def _write_spec(self) -> bool:
         spec_dir = self.agent.options.spec_dir
         vendor, cls = self.agent.config.vendor, self.config.name
-        if not self.devices:
+        entries = [e for e in map(self._entry, self.devices) if e is not None]
+        if not entries:
             removed = writer.remove_spec(spec_dir, vendor, cls)
             if removed:
                 log.info(
@@ -154,7 +192,6 @@ class _ClassRunner:
                     extra=fields(resource=self.resource, dir=str(spec_dir)),
                 )
             return removed
-        entries = [self._entry(d) for d in self.devices]
         doc = assemble(f"{vendor}/{cls}", entries, target_version=self.config.cdi_version)
         changed = writer.write_bytes(spec_dir, vendor, cls, dump_document(doc))
         if changed:
@@ -169,11 +206,32 @@ class _ClassRunner:
             )
         return changed
 
-    def _entry(self, device: DiscoveredDevice) -> DeviceEntry:
+    def _entry(self, device: DiscoveredDevice) -> DeviceEntry | None:
+        """The device's validated entry, or None when it cannot be in this class's spec."""
         cached = self.entries.get(device.name)
         if cached is not None and cached[0].edits == device.edits:
             return cached[1]
-        entry = build_entry(device.name, device.edits.to_wire())
+        rejected = self.rejected.get(device.name)
+        if rejected is not None and rejected[0] == device.edits:
+            return None  # logged and counted when it was judged
+        self.rejected.pop(device.name, None)
+        try:
+            entry = build_entry(device.name, device.edits.to_wire())
+            if self.config.cdi_version is not None:
+                # A pinned class: a device needing more than the pin would make the whole
+                # file unreadable for the runtime the pin is for.
+                choose_version(list(entry.requirements), self.config.cdi_version, device.name)
+        except SpecError as exc:
+            reason = "version" if isinstance(exc, VersionError) else "invalid-device"
+            self.rejected[device.name] = (device.edits, reason)
+            self.entries.pop(device.name, None)
+            self.fail(
+                reason,
+                "device skipped: %s",
+                str(exc).replace("\n", "; "),
+                device=device.physical,
+            )
+            return None
         self.entries[device.name] = (device, entry)
         return entry
 
@@ -216,7 +274,7 @@ class _ClassRunner:
 
 
 class Agent:
-    """The node agent. ``await agent.run()`` until :meth:`stop` or SIGTERM/SIGINT."""
+    """The node agent. ``await agent.run()`` until :meth:`stop` or SIGTERM/SIGINT/SIGHUP."""
 
     def __init__(self, config: AgentConfig, options: AgentOptions) -> None:
         self.config = config
@@ -228,6 +286,7 @@ class Agent:
         self._stop = asyncio.Event()
         self._watcher: Any = None
         self._http: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.started = asyncio.Event()
 
     def stop(self) -> None:
@@ -238,11 +297,14 @@ class Agent:
         """For ``/readyz``: every spec in place and every plugin registered."""
         if not self.started.is_set():
             return False, "starting"
-        waiting = [
-            r.resource
-            for r in self.runners.values()
-            if not r.spec_ok or (r.plugin is not None and r.plugin.registrations == 0)
-        ]
+        waiting = []
+        for r in self.runners.values():
+            if r.plugin_error is not None:
+                waiting.append(f"{r.resource} (device plugin not serving: {r.plugin_error})")
+            elif not r.spec_ok:
+                waiting.append(f"{r.resource} (spec not written)")
+            elif r.plugin is not None and r.plugin.registrations == 0:
+                waiting.append(f"{r.resource} (not registered with the kubelet)")
         if waiting:
             return False, "waiting for " + ", ".join(waiting)
         return True, "ready"
@@ -253,7 +315,7 @@ class Agent:
         Raises :class:`~cdi_gen.errors.DiscoveryError` when udev cannot be read at start.
         """
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
         try:
@@ -269,7 +331,7 @@ class Agent:
             stop.cancel()
         finally:
             await self._shutdown()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
 
@@ -325,7 +387,6 @@ class Agent:
         from cdi_gen.plugin import DevicePlugin
 
         opts = self.options
-        opts.plugin_dir.mkdir(parents=True, exist_ok=True)
         for runner in self.runners.values():
             resource = runner.resource
 
@@ -337,42 +398,87 @@ class Agent:
             def on_register(ok: bool, error: str | None, resource: str = resource) -> None:
                 self.metrics.registrations.labels(resource, "ok" if ok else "error").inc()
 
-            runner.plugin = DevicePlugin(
-                self.config.vendor,
-                runner.config.name,
-                runner.board,
-                self.spec_cache,
-                plugin_dir=opts.plugin_dir,
-                kubelet_socket=opts.kubelet_socket,
-                cdi_annotations=opts.cdi_annotations,
-                physical_policy=runner.config.sharing.policy,
-                one_slot_per_device=runner.config.sharing.fail_requests_greater_than_one,
-                on_allocate=on_allocate,
-                on_register=on_register,
-            )
             try:
-                await runner.plugin.start()
+                runner.plugin = DevicePlugin(
+                    self.config.vendor,
+                    runner.config.name,
+                    runner.board,
+                    self.spec_cache,
+                    plugin_dir=opts.plugin_dir,
+                    kubelet_socket=opts.kubelet_socket,
+                    cdi_annotations=opts.cdi_annotations,
+                    physical_policy=runner.config.sharing.policy,
+                    one_slot_per_device=runner.config.sharing.fail_requests_greater_than_one,
+                    on_allocate=on_allocate,
+                    on_register=on_register,
+                )
             except CdiGenError as exc:
-                # One class failing to serve must not stop the others.
-                log.error("device plugin failed to start: %s", exc, extra=fields(resource=resource))
-                runner.plugin = None
+                # Nothing a retry could change (a socket path too long): not ready for good.
+                runner.plugin_error = str(exc)
+                runner.fail("plugin-start", "device plugin cannot be created: %s", exc)
+                continue
+            if not await self._start_plugin(runner, 1):
+                self._tasks.add(
+                    asyncio.create_task(self._keep_starting(runner), name=f"start {resource}")
+                )
+
+    async def _start_plugin(self, runner: _ClassRunner, attempt: int) -> bool:
+        """One attempt to serve the class's plugin; False (logged, counted) if it failed."""
+        plugin = runner.plugin
+        assert plugin is not None
+        try:
+            make_folder(self.options.plugin_dir)
+            await plugin.start()
+        except (CdiGenError, OSError) as exc:
+            # One class failing to serve must not stop the others; /readyz names it.
+            runner.plugin_error = str(exc)
+            runner.fail(
+                "plugin-start", "device plugin failed to start (attempt %d): %s", attempt, exc
+            )
+            with contextlib.suppress(Exception):
+                await plugin.stop(grace=0)
+            return False
+        if runner.plugin_error is not None:
+            log.info("device plugin started", extra=fields(resource=runner.resource))
+        runner.plugin_error = None
+        return True
+
+    async def _keep_starting(self, runner: _ClassRunner) -> None:
+        """Retry a plugin that failed to start, with backoff, until it serves."""
+        attempt = 1
+        while True:
+            delay = min(self.options.retry_max_seconds, 0.5 * 2 ** min(attempt - 1, 8))
+            await asyncio.sleep(delay)
+            attempt += 1
+            if await self._start_plugin(runner, attempt):
+                return
 
     async def _follow_udev(self) -> None:
         watcher = self._watcher
         async for batch in watcher.batches():
-            if batch.full:
-                self.metrics.resyncs.labels("resync").inc()
-                changes = self.discovery.replace(batch.records)
-            else:
-                for record in batch.records:
-                    self.metrics.udev_events.labels(record.action or "change").inc()
-                changes = self.discovery.apply(batch.records)
+            try:
+                if batch.full:
+                    self.metrics.resyncs.labels("resync").inc()
+                    changes = self.discovery.replace(batch.records)
+                else:
+                    for record in batch.records:
+                        self.metrics.udev_events.labels(record.action or "change").inc()
+                    changes = self.discovery.apply(batch.records)
+            except Exception:
+                # Not tied to one class: counted under "*"; a full enumeration starts afresh.
+                self.metrics.failures.labels("*", "internal").inc()
+                log.exception("discovery failed on a batch of %d records", len(batch.records))
+                watcher.request_resync()
+                continue
             for change in changes:
                 self.runners[change.class_name].apply(change, batch.received or None)
 
     async def _shutdown(self) -> None:
         if self._watcher is not None:
             self._watcher.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         plugins = [r.plugin for r in self.runners.values() if r.plugin is not None]
         for runner in self.runners.values():
             runner.board.close()

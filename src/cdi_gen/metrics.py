@@ -70,6 +70,14 @@ class Metrics:
             ["resource", "result"],
             registry=r,
         )
+        self.failures = Counter(
+            "cdi_gen_failures_total",
+            "Failures contained at a class boundary, by class and reason (device-skipped, "
+            "version, invalid-device, spec-write, plugin-start, internal; resource * for "
+            "failures before classes are told apart)",
+            ["resource", "reason"],
+            registry=r,
+        )
         self.hotplug_latency = Histogram(
             "cdi_gen_hotplug_to_spec_seconds",
             "From a udev event's arrival to the spec on disk and the device list published",

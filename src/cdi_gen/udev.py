@@ -394,7 +394,7 @@ class UdevWatcher:
             self._wakeup.set()
 
     def request_resync(self) -> None:
-        """Ask for a full enumeration at the next wakeup (e.g. on SIGHUP)."""
+        """Ask for a full enumeration at the next wakeup (e.g. after discovery failed)."""
         self._resync = True
         if self._wakeup is not None:
             self._wakeup.set()
