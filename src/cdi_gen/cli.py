@@ -695,7 +695,8 @@ def run(
 ) -> None:
     """The node agent: follow udev, keep spec files current, serve a device plugin per class.
 
-    Runs until SIGTERM or SIGINT, then removes its sockets and exits 0.
+    Runs until SIGTERM, SIGINT or SIGHUP, then removes its sockets (and, with
+    --cleanup-on-exit, its spec files) and exits 0.
     """
     import asyncio
 

@@ -45,6 +45,7 @@ from cdi_gen.allocation import (
     preferred_allocation,
 )
 from cdi_gen.errors import ConfigError, RegistrationError
+from cdi_gen.modes import SOCKET_MODE, umask
 from cdi_gen.names import validate_cdi_kind_as_resource
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
 
@@ -255,7 +256,10 @@ class DevicePlugin:
         servicer = _Servicer(self)
         api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
         try:
-            server.add_insecure_port(f"unix://{path}")
+            # Binding creates the socket file: with the umask the launcher gave us (000)
+            # any local user could call Allocate.
+            with umask(0o777 & ~SOCKET_MODE):
+                server.add_insecure_port(f"unix://{path}")
         except RuntimeError as exc:
             raise RegistrationError(f"cannot serve on {str(path)!r}: {exc}") from exc
         # Recorded before start so that a cancelled start is still stopped by stop().

@@ -27,6 +27,7 @@ import orjson
 
 from cdi_gen.codec import dump_document, dump_spec
 from cdi_gen.errors import SpecWriteError
+from cdi_gen.modes import make_folder
 from cdi_gen.spec import Spec
 
 SPEC_MODE = 0o644
@@ -158,7 +159,7 @@ def write_bytes(
     filename = spec_filename(vendor, cls)
     target = spec_dir / filename
     try:
-        spec_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        make_folder(spec_dir, DIR_MODE)  # explicit mode: not 0700 under umask 077
         remove_stale_temps(spec_dir)
         current = _read_nofollow(target)
         hashes = _owned_hashes(spec_dir, filename)
