@@ -3,7 +3,9 @@
 ``/metrics`` (Prometheus text format), ``/healthz`` (the event loop answers) and ``/readyz``
 (every class has written its spec and its plugin is registered) are served by a tiny asyncio
 HTTP server on the agent's own loop, so a stuck loop fails the liveness probe instead of being
-hidden by a healthy side thread.
+hidden by a healthy side thread. The server is bounded (:class:`HttpLimits`): oversize
+requests get 400/431, a request must arrive within a deadline, and connections are capped
+with the slowest evicted first, so that slow or hostile clients cannot starve the probes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -89,33 +92,138 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Bounds of the endpoint server: no client, slow or large, can take it away from the
+    kubelet's probes."""
+
+    #: Connections open at once. A connection over the cap evicts the oldest one still
+    #: sending its request (a slow client); when all are answering, the newcomer is closed.
+    max_connections: int = 64
+    #: Seconds for the whole request line and headers (a deadline, not a per-line timeout:
+    #: a client dripping a byte at a time is cut too). Also bounds writing the answer.
+    header_deadline: float = 5.0
+    #: Longest request line and header line (bytes); over it: 400 or 431.
+    max_line: int = 8192
+    #: Headers in total (bytes, count); over it: 431.
+    max_header_bytes: int = 32768
+    max_headers: int = 100
+
+
+@dataclass(slots=True)
+class _Connection:
+    writer: asyncio.StreamWriter
+    reading: bool = True
+
+
+class _RefusedError(Exception):
+    def __init__(self, status: str, why: str) -> None:
+        super().__init__(status, why)
+        self.status = status
+        self.why = why
+
+
+async def _read_request(reader: asyncio.StreamReader, limits: HttpLimits) -> str | None:
+    """The request path, or None if the client left; raise _RefusedError for an oversize request."""
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError:
+        raise _RefusedError(
+            "400 Bad Request", f"request line over {limits.max_line} bytes"
+        ) from None
+    except asyncio.IncompleteReadError:
+        return None
+    total = count = 0
+    while True:
+        try:
+            header = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            raise _RefusedError(
+                "431 Request Header Fields Too Large", f"header line over {limits.max_line} bytes"
+            ) from None
+        except asyncio.IncompleteReadError:
+            break  # the client closed its side after the headers it had
+        if header in (b"\r\n", b"\n"):
+            break
+        total += len(header)
+        count += 1
+        if total > limits.max_header_bytes or count > limits.max_headers:
+            raise _RefusedError(
+                "431 Request Header Fields Too Large",
+                f"headers over {limits.max_header_bytes} bytes or {limits.max_headers} lines",
+            )
+    parts = line.decode("latin-1").split()
+    return parts[1] if len(parts) > 1 else "/"
+
+
 async def serve_http(
-    host: str, port: int, metrics: Metrics, ready: Callable[[], tuple[bool, str]]
+    host: str,
+    port: int,
+    metrics: Metrics,
+    ready: Callable[[], tuple[bool, str]],
+    limits: HttpLimits = HttpLimits(),
 ) -> asyncio.Server:
     """Start the endpoint server on ``host:port`` (port 0 picks one); return it."""
+    # Insertion order: the first connection still reading is the oldest.
+    connections: dict[asyncio.StreamWriter, _Connection] = {}
+
+    def admit(writer: asyncio.StreamWriter) -> bool:
+        if len(connections) < limits.max_connections:
+            return True
+        victim = next((c for c in connections.values() if c.reading), None)
+        if victim is None:
+            return False
+        del connections[victim.writer]
+        victim.writer.transport.abort()  # its handler sees EOF and ends
+        return True
+
+    async def answer(writer: asyncio.StreamWriter, status: str, ctype: str, body: bytes) -> None:
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not admit(writer):
+            writer.transport.abort()
+            return
+        conn = connections[writer] = _Connection(writer)
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request.decode("latin-1").split()
-            path = parts[1] if len(parts) > 1 else "/"
-            status, ctype, body = _route(path.split("?")[0], metrics, ready)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
+            async with asyncio.timeout(limits.header_deadline):
+                try:
+                    path = await _read_request(reader, limits)
+                except _RefusedError as refused:
+                    conn.reading = False
+                    why = (refused.why + "\n").encode()
+                    await answer(writer, refused.status, "text/plain", why)
+                    await _discard_rest(reader, writer)
+                    return
+                conn.reading = False
+                if path is None or writer not in connections:  # gone, or evicted
+                    return
+                await answer(writer, *_route(path.split("?")[0], metrics, ready))
         except (TimeoutError, ConnectionError):
             pass
         finally:
+            connections.pop(writer, None)
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), 1)
 
-    return await asyncio.start_server(handle, host, port)
+    return await asyncio.start_server(handle, host, port, limit=limits.max_line)
+
+
+async def _discard_rest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read what the client still sends, briefly, so that closing does not reset the
+    connection before it has read our answer (unread input makes the kernel send RST)."""
+    writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(0.5):
+            for _ in range(256):  # at most 256 reads of up to 64 KiB
+                if not await reader.read(65536):
+                    return
 
 
 def _route(
