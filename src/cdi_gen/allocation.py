@@ -17,7 +17,8 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
-from cdi_gen.errors import CdiGenError
+from cdi_gen.errors import CdiGenError, excerpt
+from cdi_gen.names import MAX_SEGMENT_LEN
 from cdi_gen.state import AdvertisedDevice
 
 #: Prefix the runtimes' CDI library scans container annotations for.
@@ -29,6 +30,8 @@ _ANNOTATION_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _ANNOTATION_ID_LEN = 12
 
 PhysicalPolicy = Literal["pack", "spread"]
+#: No device ID we advertise is longer: IDs are CDI device names (slot names included).
+MAX_DEVICE_ID_LEN = MAX_SEGMENT_LEN
 
 
 class Refusal(enum.StrEnum):
@@ -39,6 +42,7 @@ class Refusal(enum.StrEnum):
     UNHEALTHY = "unhealthy"
     UNRESOLVED = "unresolved"
     SAME_PHYSICAL = "same-physical"
+    TOO_LONG = "too-long"
 
 
 class AllocationError(CdiGenError):
@@ -58,6 +62,23 @@ class AllocationError(CdiGenError):
         return self.message
 
 
+def check_id_lengths(device_ids: Iterable[str], resource: str) -> None:
+    """Raise :class:`AllocationError` for the first ID longer than any device name can be.
+
+    Checked before anything else looks at the IDs, so that a hostile 1 MB ID is quoted
+    truncated and never reaches a status message or a log line whole.
+    """
+    for device_id in device_ids:
+        if len(device_id) > MAX_DEVICE_ID_LEN:
+            raise AllocationError(
+                Refusal.TOO_LONG,
+                device_id[:MAX_DEVICE_ID_LEN],
+                f"device ID {excerpt(device_id, 32)} for resource {resource} is "
+                f"{len(device_id)} characters long, longer than {MAX_DEVICE_ID_LEN} "
+                "(the longest CDI device name)",
+            )
+
+
 def check_request(
     device_ids: Sequence[str],
     devices: Mapping[str, AdvertisedDevice],
@@ -67,11 +88,13 @@ def check_request(
 ) -> None:
     """Raise :class:`AllocationError` for the first requested ID that cannot be granted.
 
-    IDs are checked in request order; an ID is refused when it is not advertised, repeated
+    IDs are checked in request order; an ID is refused when it is longer than any device
+    name (see :func:`check_id_lengths`), not advertised, repeated
     within the request, or advertised as unhealthy. With ``one_per_physical`` (a shared
     class whose slots make no sense twice in one container) an ID is also refused when an
     earlier ID of the request is a slot of the same physical device.
     """
+    check_id_lengths(device_ids, resource)
     seen: set[str] = set()
     physical_of: dict[str, str] = {}
     for device_id in device_ids:

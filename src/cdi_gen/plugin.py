@@ -41,6 +41,7 @@ from cdi_gen.allocation import (
     PhysicalPolicy,
     Refusal,
     build_cdi_annotations,
+    check_id_lengths,
     check_request,
     preferred_allocation,
 )
@@ -76,7 +77,17 @@ _STATUS = {
     Refusal.UNHEALTHY: grpc.StatusCode.FAILED_PRECONDITION,
     Refusal.UNRESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
     Refusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
+    Refusal.TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
 }
+#: Longest status message sent (and logged): gRPC refuses metadata over 16 KiB, which
+#: the caller would see as RESOURCE_EXHAUSTED instead of our answer.
+MAX_STATUS_CHARS = 1024
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_STATUS_CHARS:
+        return text
+    return f"{text[:MAX_STATUS_CHARS]}... ({len(text) - MAX_STATUS_CHARS} more characters)"
 
 
 class SpecResolver(Protocol):
@@ -449,6 +460,8 @@ class DevicePlugin:
         devices: Mapping[str, AdvertisedDevice] = self.board.devices
         response = api_pb2.PreferredAllocationResponse()
         for container in request.container_requests:
+            check_id_lengths(container.available_deviceIDs, self.resource_name)
+            check_id_lengths(container.must_include_deviceIDs, self.resource_name)
             ids = preferred_allocation(
                 container.available_deviceIDs,
                 container.must_include_deviceIDs,
@@ -501,7 +514,7 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
                     log.exception("building the device list of %s failed", plugin.resource_name)
                     await context.abort(
                         grpc.StatusCode.INTERNAL,
-                        f"device list of resource {plugin.resource_name} failed: {exc}",
+                        _clip(f"device list of resource {plugin.resource_name} failed: {exc}"),
                     )
                 yield response
                 if board.closed:
@@ -522,11 +535,14 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
         plugin = self.plugin
         try:
             return plugin.preferred(request)
+        except AllocationError as refused:
+            log.info("preferred allocation refused: %s", _clip(refused.message))
+            await context.abort(_STATUS[refused.reason], _clip(refused.message))
         except Exception as exc:
             log.exception("preferred allocation for %s failed", plugin.resource_name)
             await context.abort(
                 grpc.StatusCode.INTERNAL,
-                f"preferred allocation for resource {plugin.resource_name} failed: {exc}",
+                _clip(f"preferred allocation for resource {plugin.resource_name} failed: {exc}"),
             )
 
     async def Allocate(
@@ -537,14 +553,14 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
             response = plugin.allocate(request)
         except AllocationError as refused:
             plugin._call_hook(plugin._on_allocate, "error", str(refused.reason))
-            log.info("allocate refused: %s", refused.message)
-            await context.abort(_STATUS[refused.reason], refused.message)
+            log.info("allocate refused: %s", _clip(refused.message))
+            await context.abort(_STATUS[refused.reason], _clip(refused.message))
         except Exception as exc:
             plugin._call_hook(plugin._on_allocate, "error", "internal")
             log.exception("allocate for %s failed", plugin.resource_name)
             await context.abort(
                 grpc.StatusCode.INTERNAL,
-                f"allocate for resource {plugin.resource_name} failed: {exc}",
+                _clip(f"allocate for resource {plugin.resource_name} failed: {exc}"),
             )
         plugin._call_hook(plugin._on_allocate, "ok", "")
         return response
