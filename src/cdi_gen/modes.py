@@ -39,8 +39,13 @@ def make_folder(path: Path, mode: int = DIR_MODE) -> None:
             if not folder.is_dir():
                 raise
             continue  # created meanwhile by someone else: theirs, keep its mode
-        # mkdir applied the umask; chmod does not.
-        os.chmod(folder, mode)
+        # mkdir applied the umask; fchmod does not. Through a descriptor opened without
+        # following links, so a link swapped in meanwhile is refused, not chmod-ed.
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager

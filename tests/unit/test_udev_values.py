@@ -237,3 +237,32 @@ def test_validate_keeps_ordinary_values() -> None:
             }
         )
     )
+
+
+def test_cdi_gen_validate_flags_them(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(
+        _doc(
+            {
+                "env": ["SERIAL=x\nLD_PRELOAD=/tmp/evil.so"],
+                "mounts": [{"hostPath": "/var/lib/fw/../../../etc", "containerPath": "/fw"}],
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert f"{bad}: devices[0].containerEdits.env[0]: " in lines[0]
+    assert "control character '\\n'" in lines[0]
+    assert f"{bad}: devices[0].containerEdits.mounts[0].hostPath: " in lines[1]
+    assert "'..' component" in lines[1]
