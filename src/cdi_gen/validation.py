@@ -59,7 +59,8 @@ def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
                     f"invalid environment variable {excerpt(entry)}, should be KEY=VALUE",
                 )
             )
-        elif (bad := _ENV_CONTROL_RE.search(entry)) is not None:
+        # isprintable() is the cheap test (most entries pass it); tab is allowed.
+        elif not entry.isprintable() and (bad := _ENV_CONTROL_RE.search(entry)) is not None:
             problems.append(
                 Problem(
                     f"{where}[{i}]",
@@ -70,8 +71,15 @@ def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
     return problems
 
 
+def _plain_path(value: str) -> bool:
+    """Cheap test passed by almost every path: short, printable, no ``..`` at all."""
+    return len(value) <= MAX_PATH_COMPONENT and ".." not in value and value.isprintable()
+
+
 def _path_shape_problem(value: str, where: str, what: str) -> Problem | None:
     """Control characters, ``..`` components, or a length the kernel refuses."""
+    if _plain_path(value):
+        return None
     if len(value) > MAX_PATH_COMPONENT or _PATH_SUSPECT_RE.search(value):
         if (bad := _PATH_CONTROL_RE.search(value)) is not None:
             return Problem(where, f"{what} {excerpt(value)} has control character {bad.group()!r}")
@@ -151,7 +159,9 @@ def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
     for i, node in enumerate(edits.get("deviceNodes") or ()):
         # Fast path: a plain absolute node with no type/permissions needs no further look.
         if len(node) == 1 and (path := node.get("path", ""))[:1] == "/":
-            if p := _path_shape_problem(path, f"{where}.deviceNodes[{i}].path", "device node path"):
+            if not _plain_path(path) and (
+                p := _path_shape_problem(path, f"{where}.deviceNodes[{i}].path", "device node path")
+            ):
                 problems.append(p)
             continue
         problems += _node_problems(node, f"{where}.deviceNodes[{i}]")
