@@ -47,6 +47,7 @@ from cdi_gen.metrics import Metrics, parse_address, serve_http
 from cdi_gen.modes import make_folder
 from cdi_gen.registry import SpecCache
 from cdi_gen.sharing import expand_change
+from cdi_gen.spec import ContainerEdits
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
 from cdi_gen.version import choose_version
 
@@ -101,7 +102,7 @@ class _ClassRunner:
     retry: asyncio.TimerHandle | None = None
     failures: int = 0
     #: Devices left out of the spec and the list: name → (the edits judged, why).
-    rejected: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    rejected: dict[str, tuple[ContainerEdits, str]] = field(default_factory=dict)
     #: Why the class's device plugin is not serving, or None.
     plugin_error: str | None = None
 
@@ -429,7 +430,7 @@ class Agent:
         try:
             make_folder(self.options.plugin_dir)
             await plugin.start()
-        except (CdiGenError, OSError) as exc:
+        except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.
             runner.plugin_error = str(exc)
             runner.fail(

@@ -507,6 +507,16 @@ def build_devices(
                 DiscoveryWarning(cls.name, cand.physical, f"containerEdits: {exc}; device skipped")
             )
             continue
+        except ValueError as exc:
+            # A rendered value the spec models refuse (pydantic errors are ValueErrors):
+            # this device's problem, not its class's.
+            reason = excerpt(str(exc).replace("\n", " "), 200)
+            warnings.append(
+                DiscoveryWarning(
+                    cls.name, cand.physical, f"containerEdits: {reason}; device skipped"
+                )
+            )
+            continue
         problems = edits_problems(device.edits.to_wire(), "containerEdits")
         if problems:
             warnings.append(

@@ -257,7 +257,7 @@ _path = st.from_regex(r"/[a-z0-9_]{1,8}(/[a-z0-9_.-]{1,8}){0,2}", fullmatch=True
 _env = st.builds(
     lambda k, v: f"{k}={v}",
     st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True),
-    st.text(st.characters(blacklist_categories=("Cc",)), max_size=10),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=10),
 )
 _node = st.fixed_dictionaries(
     {"path": _path},
