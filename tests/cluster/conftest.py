@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from loopdev import LoopDevices
 
-from .agent import NodeAgent
+from .agent import VENDOR, NodeAgent
 from .build import BuildError, build
 from .cluster import Cluster, ComponentError
 from .dist import FetchError, fetch_containerd, fetch_etcd
@@ -112,6 +112,14 @@ def node_agent(cluster: Cluster, tmp_path: Path) -> Iterator[AgentFactory]:
         agent.start()
         started.append(agent)
         _TEST_LOGS.append((f"cdi-gen run #{n}", agent.log))
+        # Registered, not only started: until then the Node may still show an earlier
+        # agent's devices, and a pod admitted meanwhile would be refused.
+        before = sum(a.log().count(REGISTERED) for a in started[:-1])
+        deadline = time.monotonic() + 20
+        while sum(a.log().count(REGISTERED) for a in started) <= before:
+            if not agent.running() or time.monotonic() > deadline:
+                pytest.fail(f"cdi-gen run #{n} did not register with the kubelet:\n{agent.log()}")
+            time.sleep(0.05)
         return agent
 
     try:
@@ -122,6 +130,26 @@ def node_agent(cluster: Cluster, tmp_path: Path) -> Iterator[AgentFactory]:
             agent.stop()
         for spec in cluster.cdi_run.glob("*"):
             spec.unlink()
+        if started:
+            _wait_nothing_allocatable(cluster)
+
+
+REGISTERED = "with the kubelet"
+
+
+def _wait_nothing_allocatable(cluster: Cluster, timeout: float = 30) -> None:
+    """The next test starts from a Node where no example.com device is allocatable, so that a
+    stale status never passes for its own agent's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        node = cluster.node() or {}
+        left = {k: v for k, v in node.get("status", {}).get("allocatable", {}).items()
+                if k.startswith(f"{VENDOR}/") and v != "0"}  # fmt: skip
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"stopped agents' devices still allocatable after {timeout} s: {left}")
+        time.sleep(0.1)
 
 
 def wait_capacity(cluster: Cluster, resource: str, count: int, timeout: float = 30) -> float:

@@ -93,6 +93,14 @@ def phase(pod: dict[str, Any] | None) -> str:
     return "" if pod is None else str(pod.get("status", {}).get("phase", ""))
 
 
+def status(pod: dict[str, Any] | None) -> str:
+    """Phase, reason and message: enough to tell why a pod is where it is."""
+    if pod is None:
+        return "(gone)"
+    st = pod.get("status", {})
+    return f"{st.get('phase')} {st.get('reason', '')} {st.get('message', '')}".strip()
+
+
 def unschedulable_message(pod: dict[str, Any] | None) -> str:
     for c in (pod or {}).get("status", {}).get("conditions", []):
         if c["type"] == "PodScheduled" and c["status"] == "False":

@@ -11,7 +11,7 @@ from loopdev import LoopDevice, LoopDevices
 from .agent import class_config
 from .cluster import Cluster
 from .conftest import AgentFactory, wait_capacity
-from .pods import Pods, phase, unschedulable_message
+from .pods import Pods, phase, status, unschedulable_message
 
 RESOURCE = "example.com/fpga"
 
@@ -40,7 +40,7 @@ def test_two_devices_three_pods(
         waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
         if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
             break
-        assert time.monotonic() < deadline, f"pods: {[(n, phase(p)) for n, p in state.items()]}"
+        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
         time.sleep(0.2)
     (pending, message) = next(iter(waiting.items()))
     assert phase(state[pending]) == "Pending"
