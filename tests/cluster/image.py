@@ -50,6 +50,15 @@ DEBIAN_VARIANT = "minbase"  # essential packages plus apt: the Containerfile run
 # Containerfile installs into a venv; libudev1 for pyudev (the Containerfile installs it too,
 # as it must on any base).
 BASE_PACKAGES = ("python3", "python3-venv", "libudev1")
+# What Debian's own slim images leave out (documentation, manuals, translations).
+DPKG_EXCLUDES = (
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+)
 BASE_NAME = "localhost/cdi-gen-base"
 AGENT_NAME = "localhost/cdi-gen"
 # The machine's trust anchors go into the base so that pip inside the build trusts what the
@@ -112,6 +121,7 @@ def base_key(ca_bundle: Path = CA_BUNDLE) -> str:
             "mirror": DEBIAN_MIRROR,
             "variant": DEBIAN_VARIANT,
             "packages": sorted(BASE_PACKAGES),
+            "dpkg": list(DPKG_EXCLUDES),
             "ca": _file_digest(ca_bundle) if ca_bundle.is_file() else None,
         }
     )
@@ -184,6 +194,7 @@ def _build_base_tar(dest: Path, ca_bundle: Path) -> None:
         f"--variant={DEBIAN_VARIANT}",
         f"--include={','.join(BASE_PACKAGES)}",
         "--format=tar",
+        *(f"--dpkgopt={option}" for option in DPKG_EXCLUDES),
     ]
     if ca_bundle.is_file():
         target = f'"$1"{IMAGE_CA_BUNDLE}'
