@@ -1,19 +1,181 @@
-"""Fixtures for the cluster tests: the agent image built from deploy/Containerfile.
+"""Fixtures of the cluster tests: one real single-node cluster per session, and per test the
+``cdi-gen run`` agents, loop devices and pods it needs, all removed at the test's end.
 
-Nothing here skips: a missing tool or a failed build fails the test and says which.
+Every test here is marked ``cluster``. Nothing skips: a component that cannot be built, fetched
+or started fails the session's first test, naming the component and quoting its log. A failing
+test gets the end of every component's log (and the agents') in its report.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
-from image import AgentImage, ImageError, ensure_agent_image
+from loopdev import LoopDevices
+
+from .agent import VENDOR, NodeAgent
+from .build import BuildError, build
+from .cluster import Cluster, ComponentError
+from .dist import FetchError, fetch_containerd, fetch_etcd
+from .image import AgentImage, ImageError, ensure_agent_image
+from .pods import Pods
+
+HERE = Path(__file__).resolve().parent
+#: Loop numbers of the cluster tests; other suites use 200-299 and 300-399.
+LOOP_LOW, LOOP_HIGH = 400, 499
+
+#: Extra logs (name, reader) of the running test, added to its report if it fails.
+_TEST_LOGS: list[tuple[str, Callable[[], str]]] = []
+_CLUSTER: list[Cluster] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or HERE not in Path(str(item.fspath)).resolve().parents:
+        return
+    for name, read in _TEST_LOGS:
+        report.sections.append((f"log: {name}", read()))
+    if _CLUSTER:
+        report.sections.append(("cluster component logs", _CLUSTER[0].log_report()))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A running cluster whose Node is Ready (binaries built on first use, then cached)."""
+    if os.geteuid() != 0:
+        pytest.fail("cluster: needs root (mount namespace, cgroups, containerd, loop devices)")
+    try:
+        etcd = fetch_etcd()
+        containerd = fetch_containerd()
+        binaries = build(allow_build=False)
+    except (FetchError, BuildError) as exc:
+        pytest.fail(f"cluster: cannot get the components: {exc}", False)
+    cluster = Cluster(binaries, etcd, containerd)
+    _CLUSTER.append(cluster)
+    try:
+        try:
+            cluster.start()
+        except (ComponentError, OSError) as exc:
+            pytest.fail(f"cluster did not start: {exc}\n\n{cluster.log_report()}", False)
+        yield cluster
+    finally:
+        problems = cluster.stop()
+        cluster.remove()
+        _CLUSTER.clear()
+        if problems:
+            pytest.fail("cluster teardown left something behind: " + "; ".join(problems))
 
 
 @pytest.fixture(scope="session")
 def agent_image() -> AgentImage:
-    """The image of this checkout (cached under /var/cache/cdi-gen-test/image; a cold build
-    takes about two minutes, which is why the tests using it have a long timeout)."""
+    """The agent image of this checkout from deploy/Containerfile (image.py; cached under
+    /var/cache/cdi-gen-test/image, built here if the setup did not: a cold build takes one to
+    two minutes, which is why the tests using it have a long timeout)."""
     try:
         return ensure_agent_image()
     except ImageError as exc:
         pytest.fail(f"agent image: {exc}", False)
+
+
+@pytest.fixture
+def loops() -> Iterator[LoopDevices]:
+    devices = LoopDevices(LOOP_LOW, LOOP_HIGH)
+    try:
+        yield devices
+    finally:
+        devices.cleanup()
+
+
+@pytest.fixture
+def pods(cluster: Cluster) -> Iterator[Pods]:
+    assert cluster.api is not None
+    p = Pods(cluster.api)
+    try:
+        yield p
+    finally:
+        p.delete_all()
+
+
+AgentFactory = Callable[[str], NodeAgent]
+
+
+@pytest.fixture
+def node_agent(cluster: Cluster, tmp_path: Path) -> Iterator[AgentFactory]:
+    """Start ``cdi-gen run`` on the node with a config text; stopped (SIGTERM) at the end, and
+    the specs it left for running pods removed once the pods are gone."""
+    started: list[NodeAgent] = []
+
+    def factory(config: str) -> NodeAgent:
+        n = len(started)
+        path = tmp_path / f"agent{n}.yaml"
+        path.write_text(config)
+        agent = NodeAgent(cluster, path, tmp_path / f"agent{n}.log")
+        agent.start()
+        started.append(agent)
+        _TEST_LOGS.append((f"cdi-gen run #{n}", agent.log))
+        # Registered, not only started: until then the Node may still show an earlier
+        # agent's devices, and a pod admitted meanwhile would be refused.
+        before = sum(a.log().count(REGISTERED) for a in started[:-1])
+        deadline = time.monotonic() + 20
+        while sum(a.log().count(REGISTERED) for a in started) <= before:
+            if not agent.running() or time.monotonic() > deadline:
+                pytest.fail(f"cdi-gen run #{n} did not register with the kubelet:\n{agent.log()}")
+            time.sleep(0.05)
+        return agent
+
+    try:
+        yield factory
+    finally:
+        _TEST_LOGS.clear()
+        for agent in started:
+            agent.stop()
+        for spec in cluster.cdi_run.glob("*"):
+            spec.unlink()
+        if started:
+            _wait_nothing_allocatable(cluster)
+
+
+REGISTERED = "with the kubelet"
+
+
+def _wait_nothing_allocatable(cluster: Cluster, timeout: float = 30) -> None:
+    """The next test starts from a Node where no example.com device is allocatable, so that a
+    stale status never passes for its own agent's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        node = cluster.node() or {}
+        left = {k: v for k, v in node.get("status", {}).get("allocatable", {}).items()
+                if k.startswith(f"{VENDOR}/") and v != "0"}  # fmt: skip
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"stopped agents' devices still allocatable after {timeout} s: {left}")
+        time.sleep(0.1)
+
+
+def wait_capacity(cluster: Cluster, resource: str, count: int, timeout: float = 30) -> float:
+    """Wait until the Node's capacity and allocatable of ``resource`` are both ``count``;
+    the seconds it took."""
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        seen = cluster.allocatable(resource)
+        if seen == (count, count):
+            return time.monotonic() - start
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Node {resource}: (capacity, allocatable) = {seen}, wanted {count} "
+                f"within {timeout} s"
+            )
+        time.sleep(0.05)

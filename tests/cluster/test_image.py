@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image import REPO, AgentImage
+
+from .image import REPO, AgentImage
 
 # A cold image build (base from Debian, pip from PyPI) takes minutes; the checks themselves
 # take under a second each.

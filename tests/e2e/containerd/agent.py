@@ -78,7 +78,7 @@ class RunningAgent:
         return reply.container_responses[0]
 
 
-def _spawn(
+def spawn_agent(
     config: Path,
     spec_dirs: Sequence[Path],
     plugin_dir: Path,
@@ -88,7 +88,8 @@ def _spawn(
     # Allocate checks names against exactly the folders containerd reads; no metrics port,
     # so parallel agents (other suites, the benchmark) never collide on :9400.
     runtime_dirs = [arg for d in spec_dirs for arg in ("--runtime-spec-dir", str(d))]
-    with open(log_path, "wb") as log:
+    # Appended: an agent restarted on the same log keeps what its first run said.
+    with open(log_path, "ab") as log:
         return subprocess.Popen(
             [
                 sys.executable, "-m", "cdi_gen", "run",
@@ -122,7 +123,7 @@ async def run_agent(
     await kubelet.start()
     process = None
     try:
-        process = _spawn(config, spec_dirs, plugin_dir, log_path, extra_args)
+        process = spawn_agent(config, spec_dirs, plugin_dir, log_path, extra_args)
         try:
             connection = await kubelet.next_registration(within=15)
         except TimeoutError:

@@ -81,6 +81,8 @@ class Containerd:
     spec_dirs: list[Path]
     sandbox_image: str
     enable_cdi: bool | None = None
+    #: Put before the command line, e.g. to enter a mount namespace (the cluster tests' node).
+    command_prefix: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
     cri: CRIClient | None = None
     cgroup_parent: str = ""
@@ -130,7 +132,12 @@ class Containerd:
         self.config_path.write_text(to_toml(self.config))
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [str(self.bin / "containerd"), "--config", str(self.config_path)],
+                [
+                    *self.command_prefix,
+                    str(self.bin / "containerd"),
+                    "--config",
+                    str(self.config_path),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

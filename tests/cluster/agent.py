@@ -1,0 +1,82 @@
+"""``cdi-gen run`` on the cluster's node, as the DaemonSet would run it, from this checkout.
+
+The agent runs in the host's namespaces (like a hostNetwork pod with host folders) and is
+pointed at the node's folders as seen from outside its mount namespace: the kubelet's
+device-plugin folder and containerd's CDI folders. Its config mirrors the seed lab's names
+(``deploy/kubernetes/configmap.yaml``: vendor example.com, class fpga, devices ``fpga-N``, env
+``FPGA_DEVICE``) with loop devices standing in for the FPGA ports.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from containerd.agent import spawn_agent
+
+from .cluster import Cluster
+
+VENDOR = "example.com"
+
+
+def class_config(name: str, kernels: Sequence[str], replicas: int = 1) -> str:
+    """One class of whole loop disks with exactly these kernel names.
+
+    Exact names keep other suites' loop devices (created at the same time) out of the class.
+    JSON is YAML.
+    """
+    cls: dict[str, object] = {
+        "name": name,
+        "match": [
+            {"subsystem": "block", "kernel": k, "properties": {"DEVTYPE": "disk"}} for k in kernels
+        ],
+        "deviceName": f"{name}-{{number}}",
+        "containerEdits": {"env": [f"{name.upper()}_DEVICE={{name}}"]},
+    }
+    if replicas > 1:
+        cls["sharing"] = {"replicas": replicas}
+    return json.dumps({"vendor": VENDOR, "classes": [cls]}, indent=2) + "\n"
+
+
+@dataclass
+class NodeAgent:
+    cluster: Cluster
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = spawn_agent(
+            self.config_path,
+            [self.cluster.cdi_etc, self.cluster.cdi_run],
+            self.cluster.device_plugin_dir,
+            self.log_path,
+            (),
+        )
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, as the kubelet ends a pod; the exit status (None if it had to be killed)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+                return None
+        return self.process.returncode
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no agent log)"

@@ -1,0 +1,535 @@
+"""A single-node Kubernetes cluster of real components, started and stopped as one object.
+
+Control plane on 127.0.0.1 (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) in the
+host's namespaces; containerd 1.7 with CDI on and the kubelet inside the node's private mount
+namespace (``namespace.py``). Every port is picked free at start and every file lives in one
+short work folder under /tmp, so several sessions can run side by side. ``stop()`` undoes
+everything whatever state the start reached, and reports what it could not undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from containerd.daemon import Containerd, DaemonError, remove_work
+from containerd.image import IMAGE_NAME, build_archive
+
+from .api import Api
+from .build import Binaries
+from .namespace import NodeNamespace
+from .pki import Authority, Pair, kubeconfig
+from .process import Component, ComponentError
+
+NODE_NAME = "cdi-gen-node"
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+#: Debian's containernetworking-plugins: only ``loopback`` is used (see _cni).
+CNI_BIN = Path("/usr/lib/cni")
+#: How often the kubelet recomputes its Node status; a changed allocatable reaches the API at
+#: the next tick. The kubelet's default is 10 s; 1 s keeps the tests short.
+NODE_STATUS_SECONDS = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def host_ip() -> str:
+    """The address of the default route's interface: the kubelet refuses a loopback node IP."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.254", 9))  # no packet is sent for a UDP connect
+        except OSError as exc:
+            raise ComponentError(f"no IPv4 default route for the node's address: {exc}") from exc
+        address: str = s.getsockname()[0]
+        return address
+
+
+def _https_ok(port: int, path: str = "/healthz") -> bool:
+    context = ssl.create_default_context()
+    # The scheduler's and controller-manager's serving certificates are self-signed; this
+    # only asks whether they answer.
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}{path}", context=context, timeout=2
+        ) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Cluster:
+    binaries: Binaries
+    etcd_root: Path
+    containerd_root: Path
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
+    components: dict[str, Component] = field(default_factory=dict)
+    namespace: NodeNamespace | None = None
+    containerd: Containerd | None = None
+    api: Api | None = None
+    node_ip: str = ""
+    ports: dict[str, int] = field(default_factory=dict)
+    #: Seconds per start-up step, in order (for the benchmark and the report).
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # ----- paths ---------------------------------------------------------------------------
+
+    @property
+    def pki(self) -> Path:
+        return self.work / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.work / "logs"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.work / "admin.kubeconfig"
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.device_plugin_dir
+
+    @property
+    def cdi_etc(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.cdi_etc
+
+    @property
+    def cdi_run(self) -> Path:
+        """/var/run/cdi of the node: the dynamic spec folder the runtime reads last."""
+        assert self.namespace is not None
+        return self.namespace.cdi_run
+
+    # ----- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Everything up to a Ready Node; on failure the caller still calls ``stop()``."""
+        started = time.monotonic()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.node_ip = host_ip()
+        for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "controller-manager",
+                     "kubelet", "kubelet-healthz"):  # fmt: skip
+            self.ports[name] = free_port()
+        step = time.monotonic()
+        certs = self._certificates()
+        self._timed("certificates", step)
+        self._start_etcd()
+        self._start_apiserver(certs)
+        self._start_controllers()
+        self._start_node(certs)
+        self.timings["total"] = time.monotonic() - started
+
+    def _timed(self, name: str, since: float) -> None:
+        self.timings[name] = time.monotonic() - since
+
+    def _certificates(self) -> dict[str, Pair]:
+        ca = Authority(self.pki)
+        self.ca = ca
+        server = f"https://127.0.0.1:{self.ports['apiserver']}"
+        certs = {
+            "apiserver": ca.issue(
+                "apiserver", "kube-apiserver",
+                dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                     "kubernetes.default.svc.cluster.local"),
+                ips=("127.0.0.1", self.node_ip, SERVICE_IP),
+                server=True,
+            ),
+            "apiserver-kubelet": ca.issue(
+                "apiserver-kubelet", "kube-apiserver-kubelet-client",
+                orgs=("system:masters",), client=True,
+            ),
+            "admin": ca.issue("admin", "cdi-gen-test-admin", orgs=("system:masters",), client=True),
+            "scheduler": ca.issue("scheduler", "system:kube-scheduler", client=True),
+            "controller-manager": ca.issue(
+                "controller-manager", "system:kube-controller-manager", client=True
+            ),
+            "kubelet": ca.issue(
+                "kubelet", f"system:node:{NODE_NAME}", orgs=("system:nodes",), client=True
+            ),
+            "kubelet-serving": ca.issue(
+                "kubelet-serving", NODE_NAME, dns=(NODE_NAME,), ips=(self.node_ip,), server=True
+            ),
+            "service-accounts": ca.service_account_keys(),
+        }  # fmt: skip
+        for user in ("admin", "scheduler", "controller-manager", "kubelet"):
+            kubeconfig(self.work / f"{user}.kubeconfig", server, ca.cert, certs[user], user)
+        self.api = Api("127.0.0.1", self.ports["apiserver"], ca.cert, *_pair(certs["admin"]))
+        return certs
+
+    def _component(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> Component:
+        component = Component(name, argv, self.logs / f"{name}.log", env or {})
+        self.components[name] = component
+        return component
+
+    def _start_etcd(self) -> None:
+        step = time.monotonic()
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        etcd = self._component(
+            "etcd",
+            [
+                str(self.etcd_root / "usr/bin/etcd"),
+                "--name", "node",
+                "--data-dir", str(self.work / "etcd"),
+                "--listen-client-urls", client,
+                "--advertise-client-urls", client,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"node={peer}",
+                # A throwaway store: fsync only slows every write of the tests down.
+                "--unsafe-no-fsync",
+                "--log-level", "warn",
+            ],
+        )  # fmt: skip
+        etcd.start()
+        etcd.wait_ready(lambda: _http_ok(f"{client}/health"), 30, step)
+        self._timed("etcd", step)
+
+    def _start_apiserver(self, certs: dict[str, Pair]) -> None:
+        step = time.monotonic()
+        api = self._component(
+            "kube-apiserver",
+            [
+                str(self.binaries.path("kube-apiserver")),
+                "--bind-address", "127.0.0.1",
+                "--secure-port", str(self.ports["apiserver"]),
+                # Advertised in the "kubernetes" Endpoints, where loopback is not allowed.
+                "--advertise-address", self.node_ip,
+                "--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
+                "--tls-cert-file", str(certs["apiserver"].cert),
+                "--tls-private-key-file", str(certs["apiserver"].key),
+                "--client-ca-file", str(self.ca.cert),
+                "--kubelet-client-certificate", str(certs["apiserver-kubelet"].cert),
+                "--kubelet-client-key", str(certs["apiserver-kubelet"].key),
+                "--kubelet-certificate-authority", str(self.ca.cert),
+                "--kubelet-preferred-address-types", "InternalIP",
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--service-account-key-file", str(certs["service-accounts"].cert),
+                "--service-account-signing-key-file", str(certs["service-accounts"].key),
+                "--service-cluster-ip-range", SERVICE_CIDR,
+                "--authorization-mode", "Node,RBAC",
+                "--enable-admission-plugins", "NodeRestriction",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )  # fmt: skip
+        api.start()
+        assert self.api is not None
+        api.wait_ready(self.api.healthy, 60, step)
+        self._timed("kube-apiserver", step)
+
+    def _start_controllers(self) -> None:
+        step = time.monotonic()
+        pki = self.pki
+        common = ["--bind-address", "127.0.0.1", "--leader-elect=false", "--v=1"]
+        scheduler = self._component(
+            "kube-scheduler",
+            [
+                str(self.binaries.path("kube-scheduler")),
+                "--kubeconfig", str(self.work / "scheduler.kubeconfig"),
+                "--authentication-kubeconfig", str(self.work / "scheduler.kubeconfig"),
+                "--authorization-kubeconfig", str(self.work / "scheduler.kubeconfig"),
+                "--secure-port", str(self.ports["scheduler"]),
+                "--cert-dir", str(self.work / "scheduler-certs"),
+                *common,
+            ],
+        )  # fmt: skip
+        kcm = self.work / "controller-manager.kubeconfig"
+        manager = self._component(
+            "kube-controller-manager",
+            [
+                str(self.binaries.path("kube-controller-manager")),
+                "--kubeconfig", str(kcm),
+                "--authentication-kubeconfig", str(kcm),
+                "--authorization-kubeconfig", str(kcm),
+                "--secure-port", str(self.ports["controller-manager"]),
+                "--cert-dir", str(self.work / "controller-manager-certs"),
+                "--service-account-private-key-file", str(pki / "sa.key"),
+                "--root-ca-file", str(self.ca.cert),
+                "--use-service-account-credentials=true",
+                "--service-cluster-ip-range", SERVICE_CIDR,
+                *common,
+            ],
+        )  # fmt: skip
+        scheduler.start()
+        manager.start()
+        scheduler.wait_ready(lambda: _https_ok(self.ports["scheduler"]), 60, step)
+        manager.wait_ready(lambda: _https_ok(self.ports["controller-manager"]), 60, step)
+        self._timed("scheduler + controller-manager", step)
+
+    def _start_node(self, certs: dict[str, Pair]) -> None:
+        step = time.monotonic()
+        self.namespace = NodeNamespace(self.work)
+        self.namespace.start(self.logs / "namespace.log")
+        self._timed("node namespace", step)
+
+        step = time.monotonic()
+        self._cni()
+        self.containerd = Containerd(
+            self.containerd_root,
+            self.work,
+            # The node's standard folders, which the namespace binds to cdi/etc and cdi/run.
+            [Path("/etc/cdi"), Path("/var/run/cdi")],
+            IMAGE_NAME,
+            command_prefix=self.namespace.enter([]),
+        )
+        try:
+            self.containerd.start()
+        except DaemonError as exc:
+            raise ComponentError(f"containerd: {exc}") from exc
+        self.import_image(build_archive(self.work / "busybox-oci.tar"))
+        self._timed("containerd + busybox image", step)
+
+        step = time.monotonic()
+        self._cgroup_root()
+        kubelet = self._component("kubelet", self._kubelet_argv(certs))
+        kubelet.start()
+        kubelet.wait_ready(self._kubelet_healthy, 60, step)
+        self._timed("kubelet healthz", step)
+        step = time.monotonic()
+        kubelet.wait_ready(self.node_ready, 60, step)
+        self._wait_default_service_account(kubelet)
+        self._timed("node Ready", step)
+
+    def _cni(self) -> None:
+        # containerd reports the pod network not ready (so the Node stays NotReady) until it
+        # loads a CNI config. Pods here use the host's network; a loopback-only network serves
+        # any other pod with its own namespace holding just "lo".
+        if not (CNI_BIN / "loopback").exists():
+            raise ComponentError(
+                f"{CNI_BIN}/loopback missing: apt-get install containernetworking-plugins"
+            )
+        (self.work / "cni/bin").mkdir(parents=True, exist_ok=True)
+        (self.work / "cni/conf").mkdir(parents=True, exist_ok=True)
+        link = self.work / "cni/bin/loopback"
+        if not link.exists():
+            link.symlink_to(CNI_BIN / "loopback")
+        (self.work / "cni/conf/10-loopback.conflist").write_text(
+            json.dumps(
+                {"cniVersion": "1.0.0", "name": "cdi-gen-lo", "plugins": [{"type": "loopback"}]}
+            )
+        )
+
+    def _cgroup_root(self) -> None:
+        # The kubelet wants its cgroupRoot to exist in every hierarchy; it is containerd's
+        # parent, so containerd's teardown removes it with everything the kubelet made in it.
+        assert self.containerd is not None
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split(" - ")[0].split()[4] for line in f
+                      if line.split(" - ")[1].split()[0] in ("cgroup", "cgroup2")]  # fmt: skip
+        for mount in mounts:
+            Path(mount, self.containerd.cgroup_parent.lstrip("/")).mkdir(exist_ok=True)
+
+    def kubelet_config(self, certs: dict[str, Pair]) -> dict[str, Any]:
+        assert self.containerd is not None
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cgroupDriver": "cgroupfs",
+            # From 1.35 the kubelet refuses cgroup v1 hosts unless told otherwise.
+            "failCgroupV1": False,
+            # Under containerd's own parent, which its teardown removes.
+            "cgroupRoot": self.containerd.cgroup_parent,
+            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
+            "address": "0.0.0.0",
+            "port": self.ports["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.ports["kubelet-healthz"],
+            "tlsCertFile": str(certs["kubelet-serving"].cert),
+            "tlsPrivateKeyFile": str(certs["kubelet-serving"].key),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.ca.cert)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "nodeStatusUpdateFrequency": f"{NODE_STATUS_SECONDS}s",
+            "failSwapOn": False,
+            # The machine is shared: never evict or collect images because of its disk.
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "volumePluginDir": str(self.work / "volume-plugins"),
+            "serializeImagePulls": False,
+        }
+
+    def _kubelet_argv(self, certs: dict[str, Pair]) -> list[str]:
+        assert self.namespace is not None
+        config = self.work / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(self.kubelet_config(certs), sort_keys=False))
+        return self.namespace.enter(
+            [
+                str(self.binaries.path("kubelet")),
+                "--config", str(config),
+                "--kubeconfig", str(self.work / "kubelet.kubeconfig"),
+                "--hostname-override", NODE_NAME,
+                "--node-ip", self.node_ip,
+                "--v=2",
+            ]
+        )  # fmt: skip
+
+    def _kubelet_healthy(self) -> bool:
+        return _http_ok(f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz")
+
+    def node(self) -> dict[str, Any] | None:
+        assert self.api is not None
+        return self.api.get_or_none(f"/api/v1/nodes/{NODE_NAME}")
+
+    def node_ready(self) -> bool:
+        node = self.node()
+        if node is None:
+            return False
+        conditions = node.get("status", {}).get("conditions", [])
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        # The controller-manager lifts the not-ready taint shortly after Ready.
+        taints = node.get("spec", {}).get("taints", [])
+        return ready and not taints
+
+    def _wait_default_service_account(self, waiter: Component) -> None:
+        # Pods are refused until the controller-manager created the namespace's account.
+        assert self.api is not None
+        api = self.api
+        waiter.wait_ready(
+            lambda: (
+                api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default") is not None
+            ),
+            60,
+            time.monotonic(),
+        )
+
+    # ----- use -----------------------------------------------------------------------------
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI/docker image archive into the node's containerd (namespace k8s.io),
+        as ``ctr images import`` does; pods then use it with ``imagePullPolicy: Never``."""
+        assert self.containerd is not None
+        try:
+            self.containerd.import_image(archive)
+        except DaemonError as exc:
+            raise ComponentError(f"importing {archive}: {exc}") from exc
+
+    def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> str:
+        """Run the release's kubectl as the cluster admin, e.g. ``kubectl("apply", "-k", d)``."""
+        proc = subprocess.run(
+            [str(self.binaries.path("kubectl")), "--kubeconfig", str(self.admin_kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise ComponentError(
+                f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+            )
+        return proc.stdout
+
+    def allocatable(self, resource: str) -> tuple[int, int]:
+        """The Node's (capacity, allocatable) of ``resource`` (0 when absent)."""
+        node = self.node() or {}
+        status = node.get("status", {})
+        return (
+            int(status.get("capacity", {}).get(resource, "0")),
+            int(status.get("allocatable", {}).get(resource, "0")),
+        )
+
+    def restart_kubelet(self) -> float:
+        """SIGTERM the kubelet and start it again; seconds until its healthz answers."""
+        kubelet = self.components["kubelet"]
+        kubelet.stop()
+        step = time.monotonic()
+        kubelet.start()
+        kubelet.wait_ready(self._kubelet_healthy, 60, step)
+        return time.monotonic() - step
+
+    def log_report(self, lines: int = 40) -> str:
+        """The end of every component's log, for a failing test's report."""
+        parts = [f"cluster work folder: {self.work}"]
+        for component in self.components.values():
+            parts.append(
+                f"----- {component.name} ({component.log_path})\n{component.log_tail(lines)}"
+            )
+        if self.containerd is not None:
+            parts.append(
+                f"----- containerd ({self.containerd.log_path})\n{self.containerd.log_tail(lines)}"
+            )
+        return "\n".join(parts)
+
+    # ----- stop ----------------------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """Stop everything that was started, in reverse order; returns what was left behind."""
+        problems: list[str] = []
+        kubelet = self.components.get("kubelet")
+        if kubelet is not None:
+            kubelet.stop()
+        if self.containerd is not None:
+            problems += self.containerd.stop()
+        if self.namespace is not None:
+            self.namespace.stop()
+        for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
+            component = self.components.get(name)
+            if component is not None:
+                component.stop()
+        for component in self.components.values():
+            if component.running():
+                pid = component.process.pid if component.process else None
+                problems.append(f"{component.name} (pid {pid}) still running")
+        return problems
+
+    def remove(self) -> None:
+        """Delete the work folder (unless something is still mounted in it)."""
+        remove_work(self.work)
+
+
+def _pair(pair: Pair) -> tuple[Path, Path]:
+    return pair.cert, pair.key
+
+
+@contextlib.contextmanager
+def running_cluster(binaries: Binaries, etcd_root: Path, containerd_root: Path) -> Any:
+    """A started cluster, always stopped and removed at the end (for scripts and benchmarks)."""
+    cluster = Cluster(binaries, etcd_root, containerd_root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        problems = cluster.stop()
+        cluster.remove()
+        if problems:
+            raise ComponentError("cluster teardown left: " + "; ".join(problems))

@@ -1,0 +1,185 @@
+"""Consumer pods on the cluster: what they ask for, what they see, and their removal.
+
+A consumer prints, every two seconds, the block devices it sees under /dev and the class's env
+variable, between BEGIN and END lines; the tests read the last complete block from the pod's log
+(through the API server and the kubelet, as ``kubectl logs`` does). Printing repeatedly shows
+that a pod still has its device after a kubelet or agent restart, not only at its start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from containerd.image import IMAGE_NAME
+
+from .api import Api, ApiError
+
+NAMESPACE = "default"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+_SCRIPT = """\
+trap 'exit 0' TERM
+while true; do
+  echo BEGIN
+  for f in /dev/loop*; do [ -b "$f" ] && echo "DEV $f $(stat -c %t:%T "$f")"; done
+  echo "ENV {env}=${{{env}:-}}"
+  echo END
+  sleep 2 & wait
+done
+"""
+
+
+def consumer(name: str, limits: dict[str, int], env: str = "FPGA_DEVICE") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "cdi-gen-cluster-test"}},
+        "spec": {
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            # No token volume: nothing in these pods talks to the API.
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": IMAGE_NAME,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", _SCRIPT.format(env=env)],
+                    "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+                }
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One complete block of a consumer's output."""
+
+    devices: dict[str, str]  # /dev/loopN -> "major:minor" (hex, as stat prints it)
+    env: dict[str, str]
+
+
+def parse(log: str) -> Seen | None:
+    """The last complete BEGIN..END block of a consumer log, or None."""
+    block: list[str] | None = None
+    last: list[str] | None = None
+    for line in log.splitlines():
+        if line == "BEGIN":
+            block = []
+        elif line == "END" and block is not None:
+            last, block = block, None
+        elif block is not None:
+            block.append(line)
+    if last is None:
+        return None
+    devices: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for line in last:
+        kind, _, rest = line.partition(" ")
+        if kind == "DEV":
+            path, _, numbers = rest.partition(" ")
+            devices[path] = numbers
+        elif kind == "ENV":
+            key, _, value = rest.partition("=")
+            env[key] = value
+    return Seen(devices, env)
+
+
+def phase(pod: dict[str, Any] | None) -> str:
+    return "" if pod is None else str(pod.get("status", {}).get("phase", ""))
+
+
+def status(pod: dict[str, Any] | None) -> str:
+    """Phase, reason and message: enough to tell why a pod is where it is."""
+    if pod is None:
+        return "(gone)"
+    st = pod.get("status", {})
+    return f"{st.get('phase')} {st.get('reason', '')} {st.get('message', '')}".strip()
+
+
+def unschedulable_message(pod: dict[str, Any] | None) -> str:
+    for c in (pod or {}).get("status", {}).get("conditions", []):
+        if c["type"] == "PodScheduled" and c["status"] == "False":
+            return str(c.get("message", ""))
+    return ""
+
+
+@dataclass
+class Pods:
+    """The pods of one test; all deleted (and waited for) at its end."""
+
+    api: Api
+    names: list[str] = field(default_factory=list)
+
+    def path(self, name: str) -> str:
+        return f"{PODS}/{name}"
+
+    def create(self, name: str, limits: dict[str, int], env: str = "FPGA_DEVICE") -> None:
+        self.api.create(PODS, consumer(name, limits, env))
+        self.names.append(name)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.api.get_or_none(self.path(name))
+
+    def wait_running(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        def ready(pod: dict[str, Any] | None) -> bool:
+            if phase(pod) in ("Failed", "Succeeded"):
+                raise AssertionError(f"pod {name} ended: {pod and pod.get('status')}")
+            return phase(pod) == "Running"
+
+        pod = self.api.wait_for(self.path(name), ready, timeout, f"pod {name} Running")
+        assert pod is not None
+        return pod
+
+    def wait_unschedulable(self, name: str, timeout: float = 30) -> str:
+        pod = self.api.wait_for(
+            self.path(name),
+            lambda p: bool(unschedulable_message(p)),
+            timeout,
+            f"pod {name} unschedulable",
+        )
+        return unschedulable_message(pod)
+
+    def seen(self, name: str, timeout: float = 30, after: float = 0.0) -> Seen:
+        """What the pod's container sees: the last block printed (at least ``after`` seconds
+        from now, so that the block is current)."""
+        not_before = time.monotonic() + after
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                log = self.api.text(f"{self.path(name)}/log?container=app")
+            except ApiError as exc:
+                log, error = "", str(exc)
+            else:
+                error = ""
+            result = parse(log)
+            if result is not None and time.monotonic() >= not_before:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pod {name}: no complete output within {timeout} s {error}")
+            time.sleep(0.5)
+
+    def restarts(self, name: str) -> tuple[int, str]:
+        """(restart count, container ID) of the pod's container."""
+        pod = self.get(name) or {}
+        status = pod.get("status", {}).get("containerStatuses", [{}])[0]
+        return int(status.get("restartCount", 0)), str(status.get("containerID", ""))
+
+    def delete(self, name: str, timeout: float = 60) -> None:
+        """Delete gracefully and wait until the object is gone: the kubelet has stopped the
+        container and released its devices by then."""
+        self.api.delete(self.path(name))
+        self.api.wait_for(self.path(name), lambda p: p is None, timeout, f"pod {name} deleted")
+        if name in self.names:
+            self.names.remove(name)
+
+    def delete_all(self) -> None:
+        for name in self.names:
+            self.api.delete(self.path(name))
+        for name in list(self.names):
+            self.api.wait_for(self.path(name), lambda p: p is None, 60, f"pod {name} deleted")
+        self.names.clear()
