@@ -37,6 +37,12 @@ def test_daemonset_shape() -> None:
     assert container["resources"]["requests"]
     env = {e["name"] for e in container["env"]}
     assert {"CDI_GEN_SPEC_DIR", "CDI_GEN_DEVICE_PLUGIN_DIR", "CDI_GEN_CONFIG"} <= env
+    # The runtime creates the termination-log file before the process starts; under a host
+    # folder mounted read-only (/dev) that fails and the container never starts (seen on a real
+    # kubelet: "read-only file system"), and under a writable one it would land on the host.
+    termination = container.get("terminationMessagePath", "/dev/termination-log")
+    for mount in mounts:
+        assert not (termination + "/").startswith(mount.rstrip("/") + "/"), (termination, mount)
 
 
 def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
