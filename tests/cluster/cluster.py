@@ -307,6 +307,8 @@ class Cluster:
                 "--root-ca-file", str(self.ca.cert),
                 "--use-service-account-credentials=true",
                 "--service-cluster-ip-range", SERVICE_CIDR,
+                # Its default, /usr/libexec/kubernetes/..., would be created on the host.
+                "--flex-volume-plugin-dir", str(self.work / "volume-plugins"),
                 *common,
             ],
         )  # fmt: skip
@@ -347,8 +349,10 @@ class Cluster:
         self._timed("kubelet healthz", step)
         step = time.monotonic()
         kubelet.wait_ready(self.node_ready, 60, step)
+        self._timed("node Ready, untainted", step)
+        step = time.monotonic()
         self._wait_default_service_account(kubelet)
-        self._timed("node Ready", step)
+        self._timed("default service account", step)
 
     def _cni(self) -> None:
         # containerd reports the pod network not ready (so the Node stays NotReady) until it
@@ -493,8 +497,15 @@ class Cluster:
 
     def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> str:
         """Run the release's kubectl as the cluster admin, e.g. ``kubectl("apply", "-k", d)``."""
+        argv = [
+            str(self.binaries.path("kubectl")),
+            "--kubeconfig", str(self.admin_kubeconfig),
+            # not ~/.kube/cache: nothing of a test cluster outlives it
+            "--cache-dir", str(self.work / "kubectl-cache"),
+            *args,
+        ]  # fmt: skip
         proc = subprocess.run(
-            [str(self.binaries.path("kubectl")), "--kubeconfig", str(self.admin_kubeconfig), *args],
+            argv,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from loopdev import LoopDevices
 
 from .agent import VENDOR, NodeAgent
 from .build import BuildError, build
-from .cluster import Cluster, ComponentError
+from .cluster import Cluster
 from .dist import FetchError, fetch_containerd, fetch_etcd
 from .image import AgentImage, ImageError, ensure_agent_image
 from .pods import Pods
+from .process import ComponentError
 
 HERE = Path(__file__).resolve().parent
 #: Loop numbers of the cluster tests; other suites use 200-299 and 300-399.
@@ -39,9 +41,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
-    report = outcome.get_result()
+    report: pytest.TestReport = outcome.get_result()
     if not report.failed or HERE not in Path(str(item.fspath)).resolve().parents:
         return
     for name, read in _TEST_LOGS:

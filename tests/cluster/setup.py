@@ -55,9 +55,9 @@ def main() -> int:
         print(f"cluster setup: {exc}", file=sys.stderr)
         return 1
     state = (
-        f"built now in {binaries.build_seconds:.0f} s"
+        f"go build took {binaries.build_seconds:.0f} s"
         if binaries.build_seconds
-        else f"cached; its cold build took {binaries.cold_seconds:.0f} s"
+        else f"cached; its go build took {binaries.cold_seconds:.0f} s"
     )
     print(f"Kubernetes {binaries.version} in {binaries.bin} ({state})")
     for command in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
