@@ -107,7 +107,11 @@ def shipped_daemonset(
         yield overlay, port
     finally:
         _TEST_LOGS.clear()
-        cluster.kubectl("delete", "--wait", "--ignore-not-found", "-f", str(EXAMPLE))
+        # The example's shell is PID 1 and ignores SIGTERM: without a short grace period the
+        # delete would wait the default 30 s for the SIGKILL.
+        cluster.kubectl(
+            "delete", "--wait", "--grace-period=1", "--ignore-not-found", "-f", str(EXAMPLE)
+        )
         if overlay.exists():
             # Foreground: --wait then also waits for the DaemonSet's pod to be gone.
             cluster.kubectl(
@@ -143,14 +147,19 @@ def test_daemonset_as_shipped_serves_the_example_consumer(
     # The readiness the kubelet saw, asked directly: every spec written, every plugin registered.
     assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
 
-    # Registered: the kubelet advertises the one loop device as example.com/fpga.
+    # Registered: the agent says so (its JSON log, through the API as `kubectl logs` reads it)
+    # and the kubelet advertises the one loop device as example.com/fpga.
+    assert cluster.api is not None
+    agent_log = cluster.api.text(
+        f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}/log"
+    )
+    assert f'"msg":"registered {RESOURCE} with the kubelet"' in agent_log, agent_log
     wait_capacity(cluster, RESOURCE, 1, timeout=60)
     spec = (cluster.cdi_run / "example.com-fpga.json").read_text()
     assert f'"fpga-{device.number}"' in spec
 
     out = cluster.kubectl("apply", "-f", str(EXAMPLE))
     assert "pod/fpga-consumer created" in out, out
-    assert cluster.api is not None
     cluster.api.wait_for(
         EXAMPLE_POD,
         lambda p: p is not None and p.get("status", {}).get("phase") == "Running",
@@ -168,3 +177,4 @@ def test_daemonset_as_shipped_serves_the_example_consumer(
     assert node is not None, log
     assert node.group(1) == f"/dev/dfl-port.{device.number}", log
     assert f"FPGA_DEVICE=fpga-{device.number}" in log.splitlines(), log
+    print(f"example pod output:\n{log}")
