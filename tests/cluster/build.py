@@ -22,8 +22,11 @@ from pathlib import Path
 
 MODULE_DIR = Path(__file__).resolve().parent / "k8s"
 CACHE = Path(os.environ.get("CDI_GEN_KUBERNETES_CACHE", "/var/cache/cdi-gen-test/kubernetes"))
-#: Go 1.26 (Debian's /usr/bin/go is 1.19, far too old for Kubernetes 1.35).
-GO = Path(os.environ.get("CDI_GEN_GO", "/usr/local/go/bin/go"))
+#: Kubernetes 1.35 needs Go >= 1.25; Debian 12's /usr/bin/go is 1.19.
+MIN_GO = (1, 25)
+#: The toolchain fetched through the Go module proxy when no Go on the machine is new enough.
+TOOLCHAIN = "go1.26.8"
+_GO_VERSION = re.compile(r"go version go(\d+)\.(\d+)")
 COMMANDS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
 _REQUIRE = re.compile(r"^require k8s\.io/kubernetes (v\d+\.\d+\.\d+)$", re.MULTILINE)
 
@@ -76,14 +79,75 @@ def _ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-def _go_version() -> str:
+def _go_version(go: Path) -> tuple[str, tuple[int, int]]:
+    """``go version``'s line and (major, minor); ("", (0, 0)) when it does not run."""
     try:
         out = subprocess.run(
-            [str(GO), "version"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BuildError(f"{GO} version: {exc} (Go >= 1.25 is needed; set CDI_GEN_GO)") from exc
-    return out.strip()
+            [str(go), "version"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "", (0, 0)
+    found = _GO_VERSION.match(out)
+    return out, (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def _fetch_toolchain(old_go: Path, cache: Path) -> Path:
+    """Go ``TOOLCHAIN`` from the module proxy (the module ``golang.org/toolchain`` that Go's own
+    toolchain switching uses), downloaded and checksum-verified by an older ``go``."""
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    dest = cache / TOOLCHAIN
+    if (dest / "bin/go").exists():
+        return dest / "bin/go"
+    module = f"golang.org/toolchain@v0.0.1-{TOOLCHAIN}.linux-{arch}"
+    cache.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [str(old_go), "mod", "download", "-json", module],
+        cwd=cache,
+        env={**os.environ, "GO111MODULE": "on", "GOFLAGS": ""},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"{old_go} mod download {module} failed:\n{proc.stdout}{proc.stderr}")
+    source = Path(json.loads(proc.stdout)["Dir"])
+    staging = cache / f"{TOOLCHAIN}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    # Module zips keep no file modes: the commands must be made executable again.
+    for tool in [*(staging / "bin").iterdir(), *(staging / "pkg/tool").glob("*/*")]:
+        tool.chmod(0o755)
+    staging.rename(dest)
+    return dest / "bin/go"
+
+
+def find_go(cache: Path) -> tuple[Path, str]:
+    """A Go new enough for the pinned release, and its ``go version`` line.
+
+    ``CDI_GEN_GO`` if set, else /usr/local/go/bin/go or the ``go`` on PATH; when none is
+    new enough, ``TOOLCHAIN`` is fetched into ``cache`` with whichever Go there is.
+    """
+    override = os.environ.get("CDI_GEN_GO")
+    candidates = [Path(override)] if override else [Path("/usr/local/go/bin/go")]
+    if not override and (on_path := shutil.which("go")):
+        candidates.append(Path(on_path))
+    runnable = []
+    for go in candidates:
+        line, version = _go_version(go)
+        if version >= MIN_GO:
+            return go, line
+        if line:
+            runnable.append(go)
+    if not runnable:
+        raise BuildError(
+            f"no Go found (tried {', '.join(map(str, candidates))}): apt-get install golang-go"
+        )
+    go = _fetch_toolchain(runnable[0], cache)
+    line, version = _go_version(go)
+    if version < MIN_GO:
+        raise BuildError(f"the fetched {go} does not run or is too old: {line!r}")
+    return go, line
 
 
 SETUP_COMMAND = "python3 tests/cluster/setup.py"
@@ -111,7 +175,7 @@ def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:
                 f"Kubernetes {version} is not built in {entry} (go.mod or go.sum changed, or "
                 f"setup never ran): run `{SETUP_COMMAND}` first"
             )
-        go = _go_version()
+        go, go_line = find_go(cache / "go")
         staging = entry / "bin.new"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -123,7 +187,7 @@ def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:
             "GOFLAGS": "-mod=readonly -buildvcs=false",
         }
         args = [
-            str(GO), "build", "-trimpath", "-ldflags", _ldflags(version),
+            str(go), "build", "-trimpath", "-ldflags", _ldflags(version),
             "-o", f"{staging}/",
             *(f"k8s.io/kubernetes/cmd/{c}" for c in COMMANDS),
         ]  # fmt: skip
@@ -134,8 +198,8 @@ def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise BuildError(
-                f"go build of Kubernetes {version} failed (exit {proc.returncode}) with {go}:\n"
-                f"{proc.stdout}{proc.stderr[-6000:]}"
+                f"go build of Kubernetes {version} failed (exit {proc.returncode}), "
+                f"{go_line}:\n{proc.stdout}{proc.stderr[-6000:]}"
             )
         missing = [c for c in COMMANDS if not (staging / c).exists()]
         if missing:
@@ -143,6 +207,6 @@ def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:
         shutil.rmtree(bin_dir, ignore_errors=True)
         staging.rename(bin_dir)
         record.write_text(
-            json.dumps({"version": version, "go": go, "seconds": round(seconds, 1)}) + "\n"
+            json.dumps({"version": version, "go": go_line, "seconds": round(seconds, 1)}) + "\n"
         )
         return Binaries(version, bin_dir, seconds, seconds)

@@ -427,6 +427,9 @@ class Cluster:
             "authorization": {"mode": "AlwaysAllow"},
             "nodeStatusUpdateFrequency": f"{NODE_STATUS_SECONDS}s",
             "failSwapOn": False,
+            # Pods use the host's network namespace: the kubelet's KUBE-FIREWALL and canary
+            # chains would land in the host's firewall and outlive the cluster.
+            "makeIPTablesUtilChains": False,
             # The machine is shared: never evict or collect images because of its disk.
             "evictionHard": {
                 "memory.available": "50Mi",
