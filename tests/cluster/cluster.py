@@ -10,7 +10,9 @@ everything whatever state the start reached, and reports what it could not undo.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
+import random
 import socket
 import ssl
 import subprocess
@@ -34,11 +36,36 @@ from .process import Component, ComponentError
 NODE_NAME = "cdi-gen-node"
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
-#: Debian's containernetworking-plugins: only ``loopback`` is used (see _cni).
+#: Debian's containernetworking-plugins; containerd sets up each pod's ``lo`` with loopback,
+#: its ``eth0`` with ptp and host-local (see _cni).
 CNI_BIN = Path("/usr/lib/cni")
+CNI_PLUGINS = ("loopback", "ptp", "host-local")
 #: How often the kubelet recomputes its Node status; a changed allocatable reaches the API at
 #: the next tick. The kubelet's default is 10 s; 1 s keeps the tests short.
 NODE_STATUS_SECONDS = 1
+
+
+def _routed_networks() -> list[ipaddress.IPv4Network]:
+    networks = []
+    with open("/proc/net/route") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            # Destination and mask are little-endian hex.
+            dest, mask = (socket.inet_ntoa(bytes.fromhex(h)[::-1]) for h in (fields[1], fields[7]))
+            networks.append(ipaddress.IPv4Network(f"{dest}/{mask}", strict=False))
+    return networks
+
+
+def _free_pod_subnet() -> ipaddress.IPv4Network:
+    """A /24 in 10.244.0.0/16 that no route of the host (nor another cluster's pod) uses."""
+    routed = [n for n in _routed_networks() if n.prefixlen > 0]  # not the default route
+    candidates = list(ipaddress.IPv4Network("10.244.0.0/16").subnets(new_prefix=24))
+    random.shuffle(candidates)
+    for subnet in candidates:
+        if not any(subnet.overlaps(n) for n in routed):
+            return subnet
+    raise ComponentError("no free /24 in 10.244.0.0/16 for the pod network")
 
 
 def free_port() -> int:
@@ -94,6 +121,8 @@ class Cluster:
     api: Api | None = None
     node_ip: str = ""
     ports: dict[str, int] = field(default_factory=dict)
+    #: Addresses of pods without hostNetwork (chosen free at start).
+    pod_subnet: ipaddress.IPv4Network | None = None
     #: Seconds per start-up step, in order (for the benchmark and the report).
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -327,22 +356,40 @@ class Cluster:
 
     def _cni(self) -> None:
         # containerd reports the pod network not ready (so the Node stays NotReady) until it
-        # loads a CNI config. Pods here use the host's network; a loopback-only network serves
-        # any other pod with its own namespace holding just "lo".
-        if not (CNI_BIN / "loopback").exists():
+        # loads a CNI config, and a pod without hostNetwork (deploy/'s example consumers) needs
+        # an address on eth0: containerd refuses a sandbox whose CNI result has none ("failed to
+        # find network info"). ptp gives each such pod a veth pair and a /32 route on the host,
+        # both gone with the pod; no bridge, no NAT rules, nothing else on the shared machine.
+        missing = [p for p in CNI_PLUGINS if not (CNI_BIN / p).exists()]
+        if missing:
             raise ComponentError(
-                f"{CNI_BIN}/loopback missing: apt-get install containernetworking-plugins"
+                f"CNI plugins {', '.join(missing)} missing in {CNI_BIN}: "
+                "apt-get install containernetworking-plugins"
             )
         (self.work / "cni/bin").mkdir(parents=True, exist_ok=True)
         (self.work / "cni/conf").mkdir(parents=True, exist_ok=True)
-        link = self.work / "cni/bin/loopback"
-        if not link.exists():
-            link.symlink_to(CNI_BIN / "loopback")
-        (self.work / "cni/conf/10-loopback.conflist").write_text(
-            json.dumps(
-                {"cniVersion": "1.0.0", "name": "cdi-gen-lo", "plugins": [{"type": "loopback"}]}
-            )
-        )
+        for plugin in CNI_PLUGINS:
+            link = self.work / "cni/bin" / plugin
+            if not link.exists():
+                link.symlink_to(CNI_BIN / plugin)
+        self.pod_subnet = _free_pod_subnet()
+        network = {
+            "cniVersion": "1.0.0",
+            "name": "cdi-gen-pods",
+            "plugins": [
+                {
+                    "type": "ptp",
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": str(self.pod_subnet)}]],
+                        # The addresses handed out live and die with the cluster's folder.
+                        "dataDir": str(self.work / "cni/ipam"),
+                    },
+                }
+            ],
+        }
+        (self.work / "cni/conf/10-pods.conflist").write_text(json.dumps(network))
 
     def _cgroup_root(self) -> None:
         # The kubelet wants its cgroupRoot to exist in every hierarchy; it is containerd's

@@ -21,6 +21,7 @@ from .agent import VENDOR, NodeAgent
 from .build import BuildError, build
 from .cluster import Cluster
 from .dist import FetchError, fetch_containerd, fetch_etcd
+from .image import AgentImage, ImageError, ensure_agent_image
 from .pods import Pods
 from .process import ComponentError
 
@@ -78,6 +79,17 @@ def cluster() -> Iterator[Cluster]:
         _CLUSTER.clear()
         if problems:
             pytest.fail("cluster teardown left something behind: " + "; ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def agent_image() -> AgentImage:
+    """The agent image of this checkout from deploy/Containerfile (image.py; cached under
+    /var/cache/cdi-gen-test/image, built here if the setup did not: a cold build takes one to
+    two minutes, which is why the tests using it have a long timeout)."""
+    try:
+        return ensure_agent_image()
+    except ImageError as exc:
+        pytest.fail(f"agent image: {exc}", False)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.build import BuildError, build
-from cluster.cluster import CNI_BIN
+from cluster.cluster import CNI_BIN, CNI_PLUGINS
 from cluster.dist import FetchError, etcd_version, fetch_containerd, fetch_etcd
 
 HOST_TOOLS = {
@@ -38,8 +38,9 @@ def _version(argv: list[str]) -> str:
 def main() -> int:
     missing = [f"{tool} (apt-get install {pkg})" for tool, pkg in HOST_TOOLS.items()
                if shutil.which(tool) is None]  # fmt: skip
-    if not (CNI_BIN / "loopback").exists():
-        missing.append(f"{CNI_BIN}/loopback (apt-get install containernetworking-plugins)")
+    for plugin in CNI_PLUGINS:
+        if not (CNI_BIN / plugin).exists():
+            missing.append(f"{CNI_BIN}/{plugin} (apt-get install containernetworking-plugins)")
     # The node's mount namespace binds its own folders over these (tests/cluster/namespace.py).
     missing += [f"{d} (mkdir -p {d})" for d in ("/etc/cdi", "/var/run/cdi") if not Path(d).is_dir()]
     if missing:

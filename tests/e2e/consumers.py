@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from cdicheck.build import CDICHECK_SRC, GO_CDI_SRC, build_command
+from podman_store import PodmanStore
 
 REPO = Path(__file__).resolve().parents[2]
 BUSYBOX = Path("/bin/busybox")
@@ -37,18 +38,6 @@ DYNAMIC_DIR = Path(os.path.realpath("/var/run")) / "cdi"
 
 # What scripts/setup.sh installs; named in failures so a missing tool is fixed, not skipped.
 APT_HINT = "run `make test` as root: scripts/setup.sh test installs it from Debian's packages"
-
-# The VM lacks CAP_SYS_RESOURCE (podman's default ulimits fail) and crun refuses the hybrid
-# cgroup layout; events go to a file because there is no journald.
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-
-[engine]
-runtime = "runc"
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-"""
 
 
 def require_tool(name: str) -> str:
@@ -184,32 +173,10 @@ def isolated(spec_dirs: SpecDirs, argv: Sequence[str | Path]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Podman:
-    """podman with a private image store and containers.conf under ``home``."""
+class Podman(PodmanStore):
+    """podman with a private image store (tests/podman_store.py) holding the busybox image."""
 
-    home: Path
     image: str = IMAGE
-
-    @property
-    def conf(self) -> Path:
-        return self.home / "containers.conf"
-
-    def argv(self, args: Sequence[str | Path]) -> list[str]:
-        return [
-            "podman",
-            "--root",
-            str(self.home / "storage"),
-            "--runroot",
-            str(self.home / "runroot"),
-            "--tmpdir",
-            str(self.home / "tmp"),
-            "--storage-driver",
-            "overlay",
-            *map(str, args),
-        ]
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
 
     def run_isolated(
         self, spec_dirs: SpecDirs, args: Sequence[str | Path], timeout: float = 60
@@ -236,7 +203,7 @@ def setup_podman(home: Path) -> Podman:
         require_tool(tool)
     home.mkdir(parents=True, exist_ok=True)
     podman = Podman(home)
-    podman.conf.write_text(CONTAINERS_CONF)
+    podman.write_conf()
     ensure_mount_points()
     tar = rootfs_tar(build_rootfs(home / "rootfs"), home / "rootfs.tar")
     run(podman.argv(["import", tar, podman.image]), env=podman.env(), check=True)

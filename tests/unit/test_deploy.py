@@ -37,6 +37,12 @@ def test_daemonset_shape() -> None:
     assert container["resources"]["requests"]
     env = {e["name"] for e in container["env"]}
     assert {"CDI_GEN_SPEC_DIR", "CDI_GEN_DEVICE_PLUGIN_DIR", "CDI_GEN_CONFIG"} <= env
+    # The runtime creates the termination-log file before the process starts; under a host
+    # folder mounted read-only (/dev) that fails and the container never starts (seen on a real
+    # kubelet: "read-only file system"), and under a writable one it would land on the host.
+    termination = container.get("terminationMessagePath", "/dev/termination-log")
+    for mount in mounts:
+        assert not (termination + "/").startswith(mount.rstrip("/") + "/"), (termination, mount)
 
 
 def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
@@ -58,3 +64,22 @@ def test_readme_config_example_is_a_valid_config() -> None:
     block = text[start + len("```yaml\n") : text.index("```", start + 8)]
     config = parse_config(yaml.safe_load(block), "README.md")
     assert config.classes[0].group is not None
+
+
+def test_containerfile_base_is_a_build_argument_defaulting_to_public_python() -> None:
+    """Registry-less builds pass --build-arg BASE; users without it get the public image, whose
+    Python must satisfy requires-python."""
+    lines = [
+        line.strip()
+        for line in (REPO / "deploy" / "Containerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert lines[0].startswith("ARG BASE=")
+    default = lines[0].removeprefix("ARG BASE=")
+    assert default.startswith("docker.io/library/python:3.11-slim")
+    assert lines[1] == "FROM ${BASE}"
+    assert sum(line.startswith("FROM ") for line in lines) == 1
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in pyproject
+    readme = (REPO / "README.md").read_text()
+    assert "podman build -f deploy/Containerfile -t cdi-gen:0.1.0 ." in readme

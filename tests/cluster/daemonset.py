@@ -1,0 +1,99 @@
+"""The kustomize overlay scenario 6 applies: deploy/kubernetes as shipped, changed only where a
+test on this machine must differ from a user's node.
+
+The overlay lists ``deploy/kubernetes`` as its only resource, exactly the folder the README
+tells users to ``kubectl apply -k``, and changes three things:
+
+- the image: the agent image built from deploy/Containerfile and imported into the node's
+  containerd (no registry here), with ``imagePullPolicy: Never`` so a missing import fails at
+  once instead of trying a registry;
+- the config: the shipped ConfigMap's ``fpga`` class matches loop devices instead of DFL ports
+  (this machine has no FPGA), and shows each in the container at a DFL-port path so that the
+  example consumer's ``ls -l /dev/dfl-port.*`` lists it; its other classes stay as shipped;
+- the metrics port: a free one instead of 9400, because the machine is shared and the pod uses
+  the host's network.
+
+The host folders stay as shipped: the cluster's node namespace (``namespace.py``) puts the
+kubelet's device-plugin folder and containerd's CDI folders at the standard paths.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .image import REPO
+
+DEPLOY = REPO / "deploy" / "kubernetes"
+NAMESPACE = "kube-system"
+NAME = "cdi-gen"
+CONFIGMAP = "cdi-gen-config"
+SELECTOR = "app.kubernetes.io/name=cdi-gen"
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def shipped_config() -> dict[str, Any]:
+    """The config of deploy/kubernetes/configmap.yaml."""
+    (cm,) = _documents(DEPLOY / "configmap.yaml")
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return config
+
+
+def loop_fpga_config(kernel_names: Sequence[str]) -> dict[str, Any]:
+    """The shipped config with its ``fpga`` class matching exactly these loop devices.
+
+    Exact names: other suites create loop devices at the same time. Each device appears in the
+    container as ``/dev/dfl-port.<number>``, where a real DFL port would be.
+    """
+    config = copy.deepcopy(shipped_config())
+    (fpga,) = [c for c in config["classes"] if c["name"] == "fpga"]
+    fpga["match"] = [
+        {"subsystem": "block", "kernel": k, "properties": {"DEVTYPE": "disk"}} for k in kernel_names
+    ]
+    fpga["node"] = {"path": "/dev/dfl-port.{number}"}
+    return config
+
+
+def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_port: int) -> Path:
+    """A kustomization folder at ``dest`` over deploy/kubernetes; returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    repository, tag = image_name.rsplit(":", 1)
+    configmap_patch = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+        "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+    }
+    container = "/spec/template/spec/containers/0"
+    daemonset_patch = [
+        # "test" ops make the patch fail loudly if the shipped DaemonSet's layout moves.
+        {"op": "test", "path": f"{container}/name", "value": "agent"},
+        {"op": "add", "path": f"{container}/imagePullPolicy", "value": "Never"},
+        {"op": "test", "path": f"{container}/ports/0/name", "value": "metrics"},
+        {"op": "replace", "path": f"{container}/ports/0/containerPort", "value": metrics_port},
+        {"op": "test", "path": f"{container}/env/3/name", "value": "CDI_GEN_METRICS_ADDRESS"},
+        {"op": "replace", "path": f"{container}/env/3/value", "value": f"0.0.0.0:{metrics_port}"},
+    ]
+    (dest / "configmap-patch.yaml").write_text(yaml.safe_dump(configmap_patch, sort_keys=False))
+    (dest / "daemonset-patch.yaml").write_text(yaml.safe_dump(daemonset_patch, sort_keys=False))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize refuses absolute paths; a relative one may leave the overlay's folder.
+        "resources": [os.path.relpath(DEPLOY, dest)],
+        "images": [{"name": NAME, "newName": repository, "newTag": tag}],
+        "patches": [
+            {"path": "configmap-patch.yaml"},
+            {"path": "daemonset-patch.yaml", "target": {"kind": "DaemonSet", "name": NAME}},
+        ],
+    }
+    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return dest
