@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up this machine for one purpose, idempotently: `run` (the agent alone), `test` (the
-# whole suite: the real runtimes, udev, the Go CDI library, containerd 1.7, the Kubernetes
-# node) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it, so CI proves
+# whole suite: the real runtimes, udev, the Go CDI library, containerd 1.7, a Kubernetes node
+# and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it, so CI proves
 # the very path a newcomer takes.
 #
 # Each part is checked first and installed only when missing, so a second run costs about a
@@ -38,7 +38,7 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 run_packages=(python3 python3-pip libudev1)
 test_packages=(
     ca-certificates make git util-linux mount udev busybox-static iptables
-    podman runc conmon containernetworking-plugins catatonit
+    podman runc conmon containernetworking-plugins catatonit mmdebstrap
     golang-go golang-github-container-orchestrated-devices-container-device-interface-dev
 )
 
@@ -115,6 +115,15 @@ ensure_containerd() {
     "$root/usr/bin/containerd" --version >&2
 }
 
+ensure_cluster() {
+    # The real node (tests/cluster): etcd from Debian 13, Kubernetes built from its Go module
+    # (about 10 minutes cold on 2 cores, cached outside the checkout), then the agent image
+    # from deploy/Containerfile on a base made from Debian's packages. Both scripts check
+    # their caches first and print what they found.
+    "$PYTHON" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
+    "$PYTHON" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"
+}
+
 case "$mode" in
     run)
         if ! is_root && [ -n "$(missing_packages "${run_packages[@]}")" ]; then
@@ -129,6 +138,7 @@ case "$mode" in
         check_test_machine
         ensure_python_package "test"
         ensure_containerd
+        ensure_cluster
         ;;
     lint)
         ensure_python_package "lint"
