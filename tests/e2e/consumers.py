@@ -87,6 +87,35 @@ def cdi_gen(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProce
     return run([sys.executable, "-m", "cdi_gen", *args], timeout=timeout)
 
 
+def doctor(
+    work: Path,
+    spec_dir: Path,
+    runtime_dirs: Sequence[Path],
+    *extra: str | Path,
+    path: str | None = None,
+) -> tuple[int, list[str]]:
+    """``cdi-gen doctor`` on test folders alone: no CRI-O config, no kubelet, and (unless
+    ``extra`` names a config) no devices. ``path``: the PATH it finds runtimes on; the code
+    under test is the one this test runs. Returns (exit code, output lines)."""
+    records = work / "no-devices.json"
+    records.write_text("[]")
+    if "--config" not in extra:
+        extra = (*extra, "--records", records)
+    env = None if path is None else {"PATH": path, "PYTHONPATH": ":".join(sys.path)}
+    proc = run(
+        [
+            sys.executable, "-m", "cdi_gen", "doctor",
+            "--spec-dir", spec_dir,
+            *(a for d in runtime_dirs for a in ("--runtime-spec-dir", d)),
+            "--crio-config", work / "no-crio.conf",
+            "--device-plugin-dir", work,
+            *extra,
+        ],
+        env=env,
+    )  # fmt: skip
+    return proc.returncode, (proc.stdout + proc.stderr).splitlines()
+
+
 # ---------------------------------------------------------------------------------------------
 # Loop devices
 

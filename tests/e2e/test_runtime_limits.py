@@ -9,11 +9,10 @@ version and the limit. (The containerd twin: tests/e2e/containerd/test_runtime_l
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from consumers import Podman, SpecDirs, run
+from consumers import Podman, SpecDirs, doctor
 
 VENDOR = "example.com"
 CLASS = "limit"
@@ -22,21 +21,14 @@ PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 
 
 def _doctor(spec_dirs: SpecDirs, work: Path) -> tuple[int, list[str]]:
-    (work / "records.json").write_text("[]")
-    proc = run(
-        [
-            sys.executable, "-m", "cdi_gen", "doctor",
-            "--spec-dir", spec_dirs.dynamic,
-            "--runtime-spec-dir", spec_dirs.static,
-            "--runtime-spec-dir", spec_dirs.dynamic,
-            "--containerd-config", work / "none.toml",
-            "--crio-config", work / "none.conf",
-            "--device-plugin-dir", work,
-            "--records", work / "records.json",
-        ],
-        env={"PATH": PATH, "PYTHONPATH": ":".join(sys.path)},
-    )  # fmt: skip
-    return proc.returncode, (proc.stdout + proc.stderr).splitlines()
+    return doctor(
+        work,
+        spec_dirs.dynamic,
+        [spec_dirs.static, spec_dirs.dynamic],
+        "--containerd-config",
+        work / "none.toml",
+        path=PATH,
+    )
 
 
 @pytest.mark.parametrize(("version", "readable"), [("0.5.0", True), ("0.6.0", False)])

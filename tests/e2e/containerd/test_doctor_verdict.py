@@ -7,11 +7,10 @@ binary: the config that injected devices passes, the one that silently dropped t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from consumers import run
+from consumers import doctor as run_doctor
 from loopdev import LoopDevices
 
 from .agent import agent_config
@@ -28,20 +27,13 @@ def doctor(daemon: Containerd, spec_dir: Path, work: Path, loops: LoopDevices) -
     config = work / "agent.yaml"
     config.write_text(agent_config([dev.name]))  # a class that matches, so that check is OK
     version = containerd_version(daemon.dist).split("~")[0]  # "1.7.24~ds1" -> "1.7.24"
-    folders = [a for d in daemon.spec_dirs for a in ("--runtime-spec-dir", str(d))]
-    proc = run(
-        [
-            sys.executable, "-m", "cdi_gen", "doctor",
-            "--config", config,
-            "--spec-dir", spec_dir,
-            *folders,
-            "--containerd-config", daemon.config_path,
-            "--containerd-version", version,
-            "--crio-config", work / "no-crio.conf",
-            "--device-plugin-dir", work,
-        ]
+    code, lines = run_doctor(
+        work, spec_dir, daemon.spec_dirs,
+        "--config", config,
+        "--containerd-config", daemon.config_path,
+        "--containerd-version", version,
     )  # fmt: skip
-    return proc.returncode, proc.stdout + proc.stderr
+    return code, "\n".join(lines)
 
 
 def containerd_lines(output: str) -> list[str]:

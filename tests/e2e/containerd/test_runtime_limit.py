@@ -8,12 +8,11 @@ doctor FAILs naming the file, its version and the limit.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
-from consumers import run
+from consumers import doctor
 from loopdev import LoopDevices
 
 from .conftest import Pods, SpecFolders
@@ -25,22 +24,11 @@ pytestmark = pytest.mark.e2e
 
 
 def _doctor(daemon: Containerd, spec_dir: Path, work: Path) -> tuple[int, list[str]]:
-    (work / "records.json").write_text("[]")
-    folders = [a for d in daemon.spec_dirs for a in ("--runtime-spec-dir", str(d))]
     # The tested binary first on PATH, and no podman: the verdict is containerd's alone.
     path = f"{daemon.dist / 'usr/bin'}:/usr/sbin:/sbin"
-    proc = run(
-        [
-            sys.executable, "-m", "cdi_gen", "doctor",
-            "--spec-dir", spec_dir, *folders,
-            "--containerd-config", daemon.config_path,
-            "--crio-config", work / "none.conf",
-            "--device-plugin-dir", work,
-            "--records", work / "records.json",
-        ],
-        env={"PATH": path, "PYTHONPATH": ":".join(sys.path)},
-    )  # fmt: skip
-    return proc.returncode, (proc.stdout + proc.stderr).splitlines()
+    return doctor(
+        work, spec_dir, daemon.spec_dirs, "--containerd-config", daemon.config_path, path=path
+    )
 
 
 @pytest.mark.parametrize("version", ["0.8.0", "1.0.0"])
