@@ -121,7 +121,9 @@ def _spec_files(paths: Sequence[str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.iterdir() if format_of(p.name) and p.is_file()))
+            # Everything a runtime would try (sub-folders aside), FIFOs and devices included,
+            # so each gets its line instead of being skipped in silence.
+            files.extend(sorted(p for p in path.iterdir() if format_of(p.name) and not p.is_dir()))
         else:
             files.append(path)
     return files
@@ -147,6 +149,7 @@ def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...])
     """
     from cdi_gen.codec import format_of, load_spec
     from cdi_gen.errors import SpecError
+    from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
     from cdi_gen.runtimes import parse_reference, readability_problems
 
     runtimes = [parse_reference(ref) for ref in for_runtimes]
@@ -154,9 +157,13 @@ def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...])
     for path in _spec_files(paths):
         fmt = format_of(path.name) or "json"
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            click.echo(f"{path}: cannot read: {exc.strerror or exc}")
+            data = read_regular(path, SPEC_MAX_BYTES)
+        except FileNotFoundError:
+            click.echo(f"{path}: no such file")
+            failed = True
+            continue
+        except FileRefused as exc:
+            click.echo(f"{path}: {exc}")
             failed = True
             continue
         try:

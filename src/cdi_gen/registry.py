@@ -13,12 +13,14 @@ changed, so the device plugin can check every Allocate against the folders cheap
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi_gen.codec import format_of, load_spec
 from cdi_gen.errors import SpecError
+from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.spec import Device, Spec
 
 DEFAULT_SPEC_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -98,9 +100,13 @@ def load_file(path: Path, priority: int) -> SpecFile:
     fmt = format_of(path.name)
     assert fmt is not None
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return SpecFile(path, priority, None, (f"cannot read: {exc.strerror or exc}",))
+        # Anyone who can write a folder may plant a FIFO, a link to /dev/zero or a huge file
+        # there; runtimes follow links, so a link to a regular file is read like one.
+        data = read_regular(path, SPEC_MAX_BYTES)
+    except FileNotFoundError:
+        return SpecFile(path, priority, None, ("cannot read: removed while scanning",))
+    except FileRefused as exc:
+        return SpecFile(path, priority, None, (str(exc),))
     try:
         spec = load_spec(data, fmt)
     except SpecError as exc:
@@ -145,8 +151,19 @@ def build_registry(
     return reg
 
 
+def unique_dirs(dirs: Iterable[Path]) -> tuple[Path, ...]:
+    """``dirs`` with each folder once, at its last (highest-priority) place.
+
+    A folder given twice must not conflict with itself (same priority, every device dropped);
+    the runtimes' library gives its files the later priority, so that place is kept.
+    """
+    normal = [Path(os.path.normpath(d)) for d in dirs]
+    return tuple(d for i, d in enumerate(normal) if d not in normal[i + 1 :])
+
+
 def load_registry(dirs: Sequence[Path] = DEFAULT_SPEC_DIRS) -> Registry:
     """Scan ``dirs`` now and return what a runtime would see."""
+    dirs = unique_dirs(dirs)
     files: list[SpecFile] = []
     dir_errors: dict[Path, str] = {}
     for priority, directory in enumerate(dirs):
@@ -164,13 +181,22 @@ class SpecCache:
     """Registry of ``spec_dirs`` kept current by re-reading only files whose stat changed."""
 
     def __init__(self, spec_dirs: Sequence[Path]) -> None:
-        self.spec_dirs = tuple(spec_dirs)
+        self.spec_dirs = unique_dirs(spec_dirs)
+        # The device plugins scan from worker threads (off the event loop), one at a time.
+        self._lock = threading.Lock()
         self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
         self._listing: tuple[tuple[Path, _StatKey], ...] | None = None
         self._registry = Registry(dirs=self.spec_dirs)
 
     def registry(self) -> Registry:
-        """The current registry, rescanning folders (stat only) and re-reading changed files."""
+        """The current registry, rescanning folders (stat only) and re-reading changed files.
+
+        Thread-safe; every file read is bounded (see :mod:`cdi_gen.files`).
+        """
+        with self._lock:
+            return self._rescan()
+
+    def _rescan(self) -> Registry:
         listing: list[tuple[Path, _StatKey]] = []
         dir_errors: dict[Path, str] = {}
         for directory in self.spec_dirs:
