@@ -37,8 +37,9 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from cdi_gen import names
-from cdi_gen.codec import load_yaml
-from cdi_gen.errors import ConfigError, InvalidNameError, Problem
+from cdi_gen.codec import load_yaml, no_constant, one_line, unique_keys
+from cdi_gen.errors import ConfigError, InvalidNameError, Problem, quote
+from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.version import KNOWN_VERSIONS, normalize
 
 __all__ = [
@@ -68,6 +69,8 @@ __all__ = [
 #: plugin (``nvidia.com/gpu``). Sites override it with ``vendor:`` in their config.
 DEFAULT_VENDOR = "cdi-gen.io"
 CATALOGUE_NAME = "catalogue.yaml"
+MIN_RESYNC_SECONDS = 10.0
+MAX_RESYNC_SECONDS = 7 * 86400.0
 
 # ---------------------------------------------------------------------------------------------
 # Templates
@@ -571,8 +574,12 @@ class AgentConfig(_Strict):
     )
     resync_seconds: float = Field(
         default=300.0,
-        gt=0,
-        description="full re-enumeration period, a safety net under the monitor",
+        # A full enumeration walks all of sysfs: more often than every 10 s it is a busy
+        # loop, not a safety net (1e-300 spun a core); a week bounds inf and typos.
+        ge=MIN_RESYNC_SECONDS,
+        le=MAX_RESYNC_SECONDS,
+        description="full re-enumeration period, a safety net under the monitor "
+        f"({MIN_RESYNC_SECONDS:g} to {MAX_RESYNC_SECONDS:g} seconds)",
     )
 
     @field_validator("vendor")
@@ -728,8 +735,8 @@ def _message(err: ErrorDetails, raw: Any) -> str:
         "less_than_equal",
         "int_from_float",
     ):
-        return f"{msg[0].lower()}{msg[1:]}, got {value!r}"
-    return f"{msg}, got {value!r}"
+        return f"{msg[0].lower()}{msg[1:]}, got {quote(value)}"
+    return f"{msg}, got {quote(value)}"
 
 
 def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
@@ -753,7 +760,9 @@ def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
 def parse_config(data: Any, source: str = "config") -> AgentConfig:
     """Validate already-parsed data; raise ConfigError with one ``source: path: msg`` line each."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: should be a mapping with vendor and classes, got {data!r}")
+        raise ConfigError(
+            f"{source}: should be a mapping with vendor and classes, got {quote(data)}"
+        )
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
@@ -766,11 +775,17 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
 def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
     if fmt == "json":
         try:
-            return json.loads(text)
+            # Duplicate keys are refused as in YAML configs and in specs: "last one wins"
+            # would hide a typo.
+            return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
+        except RecursionError:
+            raise ConfigError(f"{source}: invalid JSON: nested too deep") from None
+        except ValueError as exc:  # a duplicate key, NaN, an integer of 5,000 digits
+            raise ConfigError(f"{source}: invalid JSON: {one_line(exc)}") from None
     try:
         return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
@@ -796,18 +811,17 @@ def load_config(path: Path | None) -> AgentConfig:
     if path is None:
         return parse_config(_parse_text(catalogue_text(), CATALOGUE_NAME, "yaml"), CATALOGUE_NAME)
     source = str(path)
+    if not source:
+        raise ConfigError("config path is empty: give a file, or leave it out for the catalogue")
     try:
-        text = path.read_text(encoding="utf-8")
+        # A FIFO would block, a huge file would take minutes: regular files up to a cap only.
+        text = read_regular(path, CONFIG_MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, expected a YAML or JSON file") from None
-    except PermissionError:
-        raise ConfigError(f"{source}: permission denied") from None
+    except FileRefused as exc:
+        raise ConfigError(f"{source}: {exc}, expected a YAML or JSON file") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
     return parse_config(_parse_text(text, source, fmt), source)
 

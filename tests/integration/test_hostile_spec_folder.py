@@ -202,3 +202,25 @@ async def test_a_stuck_folder_scan_is_bounded_and_other_classes_answer(
         await slow.stop()
         await fine.stop()
         await kubelet.stop()
+
+
+async def test_runtime_spec_dir_given_twice_still_allocates(short_dir: Path) -> None:
+    from cdi_gen.agent import AgentOptions
+
+    spec_dir = short_dir / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "example.com-loop.json").write_text(json.dumps(GOOD))
+    options = AgentOptions(spec_dir=spec_dir, runtime_spec_dirs=(spec_dir, Path(f"{spec_dir}/")))
+    assert options.spec_dirs_for_runtime() == (spec_dir,)
+    kubelet = FakeKubelet(short_dir / "dp")
+    await kubelet.start()
+    # Even handed straight to the cache, a folder named twice does not conflict with itself.
+    plugin = make_plugin(short_dir / "dp", "loop", SpecCache([spec_dir, spec_dir]))
+    await plugin.start()
+    try:
+        connection = await kubelet.next_registration()
+        response = await connection.stub.Allocate(request("loop200"))
+        assert response.container_responses[0].cdi_devices[0].name == "example.com/loop=loop200"
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
