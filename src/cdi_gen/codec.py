@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from cdi_gen.errors import Problem, SpecError, quote
+from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
 from cdi_gen.spec import Spec
 from cdi_gen.validation import check_spec
 
@@ -60,7 +60,8 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
-            path += f".{part}" if path else str(part)
+            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            path += f".{name}" if path else name
     return path
 
 
@@ -70,9 +71,9 @@ def validation_problems(exc: ValidationError) -> list[Problem]:
     for err in exc.errors():
         loc = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
-            message = f"unknown field {loc[-1]!r}"
+            message = f"unknown field {quote(loc[-1])}"
         elif err["type"] == "missing":
-            message = f"missing required field {loc[-1]!r}"
+            message = f"missing required field {quote(loc[-1])}"
         else:
             message = f"{err['msg']} (got {quote(err.get('input'))})"
         problems.append(Problem(_loc_path(loc), message))
@@ -184,9 +185,10 @@ def _strict_loader() -> Any:
         def construct_object(self, node: Any, deep: bool = False) -> Any:
             try:
                 return super().construct_object(node, deep)
-            except (ValueError, TypeError, KeyError, OverflowError, AttributeError) as exc:
-                if isinstance(exc, yaml.YAMLError):
-                    raise
+            except yaml.YAMLError:
+                raise
+            except Exception as exc:  # PyYAML's constructors fail in many ways on bad values
+                # ("!!int " is an IndexError, "!!bool maybe" a KeyError)
                 tag = node.tag.rsplit(":", 1)[-1]
                 value = node.value if isinstance(node.value, str) else node.tag
                 why = "unknown value" if isinstance(exc, KeyError) else one_line(exc)

@@ -38,7 +38,7 @@ from pydantic_core import ErrorDetails
 
 from cdi_gen import names
 from cdi_gen.codec import load_yaml, no_constant, one_line, unique_keys
-from cdi_gen.errors import ConfigError, InvalidNameError, Problem, quote
+from cdi_gen.errors import QUOTE_LIMIT, ConfigError, InvalidNameError, Problem, quote
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.version import KNOWN_VERSIONS, normalize
 
@@ -149,7 +149,9 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
             i += 2
             continue
         if c == "}":
-            raise ValueError(f"template {text!r}: unmatched '}}' at position {i} (write '}}}}')")
+            raise ValueError(
+                f"template {quote(text)}: unmatched '}}' at position {i} (write '}}}}')"
+            )
         if c != "{":
             literal.append(c)
             i += 1
@@ -157,25 +159,27 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
         m = _FIELD_RE.match(text, i)
         if m is None:
             raise ValueError(
-                f"template {text!r}: malformed field at position {i}, expected {{name}} or "
+                f"template {quote(text)}: malformed field at position {i}, expected {{name}} or "
                 "{name[key]} (write '{{' for a literal brace)"
             )
         name, key = m.group(1), m.group(2)
         if name not in allowed:
             raise ValueError(
-                f"template {text!r}: unknown field {{{name}}}, known: "
+                f"template {quote(text)}: unknown field {{{name}}}, known: "
                 + ", ".join(f"{{{f}}}" for f in sorted(allowed))
             )
         if name in KEYED_FIELDS and key is None:
-            raise ValueError(f"template {text!r}: {{{name}}} needs a key, e.g. {{{name}[NAME]}}")
+            raise ValueError(
+                f"template {quote(text)}: {{{name}}} needs a key, e.g. {{{name}[NAME]}}"
+            )
         if name not in KEYED_FIELDS and key is not None:
-            raise ValueError(f"template {text!r}: {{{name}}} takes no key, got [{key}]")
+            raise ValueError(f"template {quote(text)}: {{{name}}} takes no key, got [{key}]")
         if (
             name in ("attribute", "parent_attribute")
             and key is not None
             and (not _ATTRIBUTE_KEY_RE.fullmatch(key) or ".." in key.split("/"))
         ):
-            raise ValueError(f"template {text!r}: invalid sysfs attribute name {key!r}")
+            raise ValueError(f"template {quote(text)}: invalid sysfs attribute name {quote(key)}")
         if literal:
             parts.append("".join(literal))
             literal = []
@@ -192,7 +196,7 @@ def _template(allowed: frozenset[str]) -> BeforeValidator:
         if isinstance(value, Template):
             return value
         if not isinstance(value, str):
-            raise ValueError(f"should be a string, got {value!r}")
+            raise ValueError(f"should be a string, got {quote(value)}")
         return parse_template(value, allowed)
 
     return BeforeValidator(parse)
@@ -231,7 +235,7 @@ _PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 def _check_globs(values: Mapping[str, str], key_re: re.Pattern[str], what: str) -> None:
     for key in values:
         if not key_re.fullmatch(key) or ".." in key.split("/"):
-            raise ValueError(f"invalid {what} name {key!r}")
+            raise ValueError(f"invalid {what} name {quote(key)}")
 
 
 class MatchRule(_Strict):
@@ -354,7 +358,7 @@ class GroupConfig(_Strict):
 
 def _check_permissions(value: str | None) -> str | None:
     if value is not None and (not value or set(value) - set("rwm")):
-        raise ValueError(f"permissions {value!r} should be a non-empty subset of 'rwm'")
+        raise ValueError(f"permissions {quote(value)} should be a non-empty subset of 'rwm'")
     return value
 
 
@@ -439,7 +443,8 @@ class ContainerEditsConfig(_Strict):
             literal_eq = any(isinstance(p, str) and "=" in p for p in t.parts)
             if not literal_eq or t.source.startswith("="):
                 raise ValueError(
-                    f"env entry {t.source!r} should be KEY=VALUE with a literal '=' after the key"
+                    f"env entry {quote(t.source)} should be KEY=VALUE "
+                    "with a literal '=' after the key"
                 )
         return value
 
@@ -517,7 +522,7 @@ class ClassConfig(_Strict):
                 if any(f.name == "group" for f in t.fields):
                     raise _FieldError(
                         ("deviceName",) if t is self.device_name else (),
-                        f"template {t.source!r} uses {{group}} but the class has no group",
+                        f"template {quote(t.source)} uses {{group}} but the class has no group",
                     )
         return self
 
@@ -664,8 +669,9 @@ def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
         else:
             if part in ("function-after", "function-before") or part.startswith("function-"):
                 continue
-            out += f".{part}" if out else part
             node = node.get(part) if isinstance(node, Mapping) else None
+            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            out += f".{name}" if out else name
     return out
 
 
@@ -711,7 +717,7 @@ def _message(err: ErrorDetails, raw: Any) -> str:
             if model is not None
             else ""
         )
-        return f"unknown key {err['loc'][-1]!r}{allowed}"
+        return f"unknown key {quote(err['loc'][-1])}{allowed}"
     if kind == "missing":
         return "required key is missing"
     msg = err["msg"]

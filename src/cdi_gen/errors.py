@@ -74,7 +74,7 @@ class InvalidNameError(ConfigError, ValueError):
         self.rule = rule
 
     def __str__(self) -> str:
-        return f"invalid {self.kind} {self.value!r}: {self.rule}"
+        return f"invalid {self.kind} {quote(self.value)}: {self.rule}"
 
 
 @dataclass(frozen=True, slots=True)
