@@ -709,7 +709,9 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
         if with_node_only and not devnode:
             continue
         parents = []
-        up = devpath.rsplit("/", 1)[0]
+        # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
+        # and must not be its own parent forever.
+        up = devpath.rsplit("/", 1)[0] if "/" in devpath else ""
         while up and up != "/devices":
             p = by_path.get(up)
             if p is not None:
@@ -723,7 +725,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
                         driver=pprops.get("DRIVER") or p.get("V"),
                     )
                 )
-            up = up.rsplit("/", 1)[0]
+            up = up.rsplit("/", 1)[0] if "/" in up else ""
         sys_name = e.get("M") or devpath.rsplit("/", 1)[-1]
         records.append(
             DeviceRecord(
