@@ -178,7 +178,7 @@ def test_metrics_address_out_of_range_or_in_use(short_dir: Path) -> None:
         run(*base, "--metrics-address", "127.0.0.1:99999"),
         2,
         "'127.0.0.1:99999'",
-        "port of 1 to 65535",
+        "port of 0 to 65535",
         logs=True,
     )
     with socket.socket() as taken:
