@@ -465,12 +465,19 @@ class DevicePlugin:
         return response
 
     async def _unresolved(self, qualified_names: list[str]) -> list[str]:
-        """The spec folder check, on a worker thread and within :data:`SPEC_CHECK_SECONDS`.
+        """The spec folder check: from the cache when no folder changed, else on a worker
+        thread and within :data:`SPEC_CHECK_SECONDS`.
 
         Folder reads stay off the event loop, so a slow or hostile folder cannot stall the
         other classes' Allocate, ListAndWatch or /healthz; one worker for all plugins, so a
         stuck scan holds one thread and later checks time out instead of piling up.
         """
+        # The common case, nothing changed in the folders, is answered here: a bounded stat
+        # scan, no file read (a thread hop would cost a third of Allocate's time).
+        fast = getattr(self.spec_cache, "unresolved_if_fresh", None)
+        answer: list[str] | None = fast(qualified_names) if fast is not None else None
+        if answer is not None:
+            return answer
         loop = asyncio.get_running_loop()
         scan = loop.run_in_executor(_spec_scans(), self.spec_cache.unresolved, qualified_names)
         try:

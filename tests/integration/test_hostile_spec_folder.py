@@ -224,3 +224,25 @@ async def test_runtime_spec_dir_given_twice_still_allocates(short_dir: Path) -> 
     finally:
         await plugin.stop()
         await kubelet.stop()
+
+
+def test_the_event_loop_path_never_reads_and_gives_up_on_a_stuffed_folder(
+    tmp_path: Path,
+) -> None:
+    from cdi_gen.registry import FAST_PATH_ENTRIES
+
+    spec_dir = tmp_path / "cdi"
+    plant(spec_dir)
+    cache = SpecCache([spec_dir])
+    assert cache.fresh_registry() is None  # never scanned: only a worker thread may read
+    assert cache.unresolved(["example.com/loop=loop200"]) == []
+    assert cache.unresolved_if_fresh(["example.com/loop=loop200"]) == []
+    (spec_dir / "example.com-loop.json").write_text(json.dumps(GOOD) + " ")
+    assert cache.fresh_registry() is None  # changed: to be read off the loop
+    cache.registry()
+    assert cache.fresh_registry() is not None
+    for i in range(FAST_PATH_ENTRIES):
+        (spec_dir / f"junk{i}").touch()
+    cache.registry()
+    assert cache.fresh_registry() is None  # too many entries to stat on the event loop
+    assert cache.unresolved(["example.com/loop=loop200"]) == []
