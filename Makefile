@@ -29,5 +29,13 @@ lint: setup-lint
 bench: setup-test
 	$(PYTHON) benchmarks/run.py
 
+# The property-based fuzzing of configs, specs and udev records with many more inputs than
+# the suite runs (FUZZ_EXAMPLES per fuzz test); prints inputs, time and any finding. Memory is
+# capped at 4 GiB so that a blow-up is a MemoryError (a finding), not a node out of memory.
+FUZZ_EXAMPLES ?= 5000
+fuzz: setup-test
+	ulimit -v 4194304 && CDI_GEN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTHON) -m pytest -q \
+		--hypothesis-show-statistics --timeout=3600 tests/unit/test_fuzz_inputs.py
+
 proto: setup-test
 	proto/generate.sh

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -41,11 +42,18 @@ from cdi_gen.codec import dump_document
 from cdi_gen.config import AgentConfig, ClassConfig
 from cdi_gen.discovery import ClassChange, DiscoveredDevice, Discovery
 from cdi_gen.entry import DeviceEntry, assemble, build_entry
-from cdi_gen.errors import CdiGenError, SpecError, SpecWriteError, VersionError
+from cdi_gen.errors import (
+    CdiGenError,
+    ConfigError,
+    SpecError,
+    SpecWriteError,
+    VersionError,
+    quote,
+)
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, parse_address, serve_http
 from cdi_gen.modes import make_folder
-from cdi_gen.registry import SpecCache
+from cdi_gen.registry import SpecCache, unique_dirs
 from cdi_gen.sharing import expand_change
 from cdi_gen.spec import ContainerEdits
 from cdi_gen.state import AdvertisedDevice, DeviceBoard
@@ -61,6 +69,8 @@ log = logging.getLogger("cdi_gen.agent")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+#: Longest the start-up scan of our spec folder (stale specs of removed classes) may take.
+FOLDER_SCAN_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +92,8 @@ class AgentOptions:
 
     def spec_dirs_for_runtime(self) -> tuple[Path, ...]:
         if self.runtime_spec_dirs:
-            return self.runtime_spec_dirs
+            # A folder named twice would conflict with itself and fail every Allocate.
+            return unique_dirs(self.runtime_spec_dirs)
         etc = Path("/etc/cdi")
         return (self.spec_dir,) if self.spec_dir == etc else (etc, self.spec_dir)
 
@@ -342,11 +353,26 @@ class Agent:
         opts = self.options
         if opts.metrics_address:
             host, port = parse_address(opts.metrics_address)
-            self._http = await serve_http(host, port, self.metrics, self.ready)
+            try:
+                self._http = await serve_http(host, port, self.metrics, self.ready)
+            except OSError as exc:  # in use, or an address this host does not have
+                raise ConfigError(
+                    f"--metrics-address {quote(opts.metrics_address)}: cannot listen: "
+                    f"{os.strerror(exc.errno) if exc.errno else exc}"
+                ) from None
             log.info(
                 "serving /metrics /healthz /readyz", extra=fields(address=opts.metrics_address)
             )
-        self._remove_stale_specs()
+        # Off the event loop and bounded: /healthz is already served, and the folder may be
+        # slow or hold anything.
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._remove_stale_specs), FOLDER_SCAN_SECONDS)
+        except TimeoutError:
+            log.error(
+                "stale spec scan of %s took over %gs; going on without it",
+                opts.spec_dir,
+                FOLDER_SCAN_SECONDS,
+            )
         watcher = UdevWatcher(
             source=opts.udev_source or self.config.udev_source,  # type: ignore[arg-type]
             subsystems=self.discovery.subsystems,

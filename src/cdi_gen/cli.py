@@ -54,7 +54,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except OSError as exc:
+        # Output that cannot be written (stdout on /dev/full, a closed pipe): one line, not a
+        # traceback, and no second failure when Python flushes stdout at exit.
+        _detach_stdout()
+        where = f" {exc.filename!r}" if exc.filename else ""
+        click.echo(f"error: cannot write output{where}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
     sys.exit(0)
+
+
+def _detach_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def emit_spec(
@@ -92,10 +110,22 @@ def emit_spec(
 
 def _write_file_atomically(output: Path, data: bytes) -> None:
     import os
+    import stat
     import tempfile
 
-    from cdi_gen.errors import SpecWriteError
+    from cdi_gen.errors import ConfigError, SpecWriteError
 
+    # The file is replaced by a rename: never do that to a device, FIFO or folder someone
+    # names here (as root, `-o /dev/full` would replace the device node with a file).
+    try:
+        mode = os.stat(output).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"--output {str(output)!r}: exists and is not a regular file; "
+            "to write into it, leave --output out and redirect stdout"
+        )
     directory = output.parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -121,7 +151,9 @@ def _spec_files(paths: Sequence[str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.iterdir() if format_of(p.name) and p.is_file()))
+            # Everything a runtime would try (sub-folders aside), FIFOs and devices included,
+            # so each gets its line instead of being skipped in silence.
+            files.extend(sorted(p for p in path.iterdir() if format_of(p.name) and not p.is_dir()))
         else:
             files.append(path)
     return files
@@ -147,6 +179,7 @@ def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...])
     """
     from cdi_gen.codec import format_of, load_spec
     from cdi_gen.errors import SpecError
+    from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
     from cdi_gen.runtimes import parse_reference, readability_problems
 
     runtimes = [parse_reference(ref) for ref in for_runtimes]
@@ -154,9 +187,13 @@ def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...])
     for path in _spec_files(paths):
         fmt = format_of(path.name) or "json"
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            click.echo(f"{path}: cannot read: {exc.strerror or exc}")
+            data = read_regular(path, SPEC_MAX_BYTES)
+        except FileNotFoundError:
+            click.echo(f"{path}: no such file")
+            failed = True
+            continue
+        except FileRefused as exc:
+            click.echo(f"{path}: {exc}")
             failed = True
             continue
         try:
@@ -316,6 +353,28 @@ def _pin_versions(config: Any, default: str | None, runtime_refs: Sequence[str])
     return config.model_copy(update={"classes": classes})
 
 
+def _not_empty_dir(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Refuse an empty folder, also from an empty environment variable.
+
+    click treats ``CDI_GEN_SPEC_DIR=""`` as unset and would silently use the default; an empty
+    value is a mistake (an unset variable in a manifest), so it is an error, as an empty
+    ``--spec-dir ""`` (which would mean the current folder) is.
+    """
+    import os
+
+    from cdi_gen.errors import ConfigError
+
+    envvar = getattr(param, "envvar", None)
+    # (click 8.4 records the parameter's source only after this callback: compare values.)
+    if isinstance(envvar, str) and os.environ.get(envvar) == "" and value == param.default:
+        raise ConfigError(f"{envvar} is set but empty: give a folder or unset it")
+    if value == "":
+        raise ConfigError(
+            f"--{(param.name or '').replace('_', '-')}: an empty path is not a folder"
+        )
+    return Path(value)
+
+
 def _discover(
     config_path: Path | None,
     classes: Sequence[str],
@@ -328,8 +387,7 @@ def _discover(
     """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
     from cdi_gen.config import load_config
     from cdi_gen.discovery import Discovery
-    from cdi_gen.errors import DiscoveryError
-    from cdi_gen.udev import enumerate_records, record_from_json, records_from_export_db
+    from cdi_gen.udev import enumerate_records
 
     config = _pin_versions(load_config(config_path), cdi_version, runtime_refs)
     if vendor is not None:
@@ -340,19 +398,40 @@ def _discover(
             subsystems=discovery.subsystems, interest=discovery.interest, wants=discovery.wants
         )
     else:
-        import orjson
-
-        data = records_path.read_bytes()
-        try:
-            records = (
-                [record_from_json(r) for r in orjson.loads(data)]
-                if data.lstrip().startswith(b"[")
-                else records_from_export_db(data.decode("utf-8", "replace"))
-            )
-        except (ValueError, TypeError) as exc:
-            raise DiscoveryError(f"{records_path}: not udev records: {exc}") from exc
+        records = _load_records(records_path)
     discovery.replace(records)
     return discovery
+
+
+def _load_records(path: Path) -> list[Any]:
+    """The records of a ``--records`` file; ConfigError (exit 2) naming the file and why."""
+    import orjson
+
+    from cdi_gen.codec import one_line
+    from cdi_gen.errors import ConfigError
+    from cdi_gen.files import RECORDS_MAX_BYTES, FileRefused, read_regular
+    from cdi_gen.udev import record_from_json, records_from_export_db
+
+    try:
+        data = read_regular(path, RECORDS_MAX_BYTES)
+    except (FileNotFoundError, FileRefused) as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else str(exc)
+        raise ConfigError(f"--records {str(path)!r}: {why}") from None
+    try:
+        if not data.lstrip().startswith((b"[", b"{")):
+            return records_from_export_db(data.decode("utf-8", "replace"))
+        items = orjson.loads(data)
+        if not isinstance(items, list):
+            raise ValueError("a JSON records file is a list of records")
+        records = []
+        for i, item in enumerate(items):
+            try:
+                records.append(record_from_json(item))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+        return records
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not udev records: {one_line(exc)}") from None
 
 
 def _slots(discovery: Any, cls: str, device: str) -> list[str]:
@@ -496,7 +575,8 @@ def render(
 @_CONFIG_OPTION
 @click.option(
     "--spec-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=click.Path(file_okay=False),
+    callback=_not_empty_dir,
     default="/var/run/cdi",
     show_default=True,
     help="Spec folder to write into.",
@@ -592,7 +672,8 @@ _AGENT_CONFIG_OPTION = click.option(
 )
 _SPEC_DIR_OPTION = click.option(
     "--spec-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=click.Path(file_okay=False),
+    callback=_not_empty_dir,
     default="/var/run/cdi",
     show_default=True,
     envvar="CDI_GEN_SPEC_DIR",

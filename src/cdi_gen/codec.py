@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from cdi_gen.errors import Problem, SpecError
+from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
 from cdi_gen.spec import Spec
 from cdi_gen.validation import check_spec
 
@@ -60,7 +60,8 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
-            path += f".{part}" if path else str(part)
+            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            path += f".{name}" if path else name
     return path
 
 
@@ -70,40 +71,102 @@ def validation_problems(exc: ValidationError) -> list[Problem]:
     for err in exc.errors():
         loc = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
-            message = f"unknown field {loc[-1]!r}"
+            message = f"unknown field {quote(loc[-1])}"
         elif err["type"] == "missing":
-            message = f"missing required field {loc[-1]!r}"
+            message = f"missing required field {quote(loc[-1])}"
         else:
-            message = f"{err['msg']} (got {err.get('input')!r})"
+            message = f"{err['msg']} (got {quote(err.get('input'))})"
         problems.append(Problem(_loc_path(loc), message))
     return problems
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # Runtimes parse strictly: a key given twice rejects the file instead of "last one wins".
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {quote(key)}")
         obj[key] = value
     return obj
 
 
-def _no_constant(name: str) -> Any:
+def no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _strict_mapping(loader: Any, node: Any) -> dict[Any, Any]:
+#: Deepest nesting a YAML document may have: a spec needs 5 levels, a config 8. libyaml's
+#: composer recurses in C (200,000 levels crash the process) and its parser slows down
+#: quadratically with depth, so depth is checked on the event stream before composing.
+YAML_MAX_DEPTH = 64
+#: Nodes a YAML document may expand to through aliases, beyond one node per byte of text: a
+#: document without aliases never has more nodes than bytes, so this only stops aliases that
+#: multiply (a 500-byte "billion laughs" expands to 10^9 nodes).
+YAML_ALIAS_ALLOWANCE = 10_000
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a parser's exception on one line, without Python-specific advice."""
+    text = " ".join(str(exc).split())
+    # int(): "...; use sys.set_int_max_str_digits() to increase the limit" means nothing here.
+    return text.split("; use sys.set_int_max_str_digits", 1)[0]
+
+
+def _yaml_error(message: str, mark: Any) -> Exception:
     import yaml
 
+    return yaml.constructor.ConstructorError(None, None, message, mark)
+
+
+def _check_yaml_shape(text: str | bytes, base: Any) -> None:
+    """Raise a YAML error if the document nests too deep or aliases blow it up."""
+    import yaml
+
+    budget = len(text) + YAML_ALIAS_ALLOWANCE
+    nodes = 0
+    sizes: dict[str, int] = {}  # anchor -> nodes it expands to
+    open_: list[tuple[str | None, int]] = []  # collections being read: (anchor, nodes before)
+    for event in yaml.parse(text, Loader=base):
+        if isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in open_):
+                raise _yaml_error(
+                    f"alias *{event.anchor} is inside the node it names (a cycle)",
+                    event.start_mark,
+                )
+            nodes += sizes.get(event.anchor or "", 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            nodes += 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            open_.append((event.anchor, nodes))
+            nodes += 1
+            if len(open_) > YAML_MAX_DEPTH:
+                raise _yaml_error(f"nested deeper than {YAML_MAX_DEPTH} levels", event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent) and open_:
+            anchor, before = open_.pop()
+            if anchor:
+                sizes[anchor] = nodes - before
+        if nodes > budget:
+            raise _yaml_error(
+                f"aliases expand the document to more than {budget} nodes "
+                f"(the limit is one per byte of text plus {YAML_ALIAS_ALLOWANCE})",
+                event.start_mark,
+            )
+
+
+def _strict_mapping(loader: Any, node: Any) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str | int | float | bool | None):
+            # "? [a, b]": a complex key no runtime or config field accepts.
+            raise _yaml_error(
+                f"a mapping key must be a string, got {type(key).__name__} {quote(key)}",
+                key_node.start_mark,
+            )
         if key in out:
             mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
-            )
+            raise _yaml_error(f"duplicate key {quote(key)} (line {mark.line + 1})", mark)
         out[key] = loader.construct_object(value_node, deep=True)
     return out
 
@@ -116,7 +179,22 @@ def _strict_loader() -> Any:
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     class StrictLoader(base):  # type: ignore[misc, valid-type]
-        """A safe loader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+        """A safe loader that refuses duplicate keys (PyYAML silently keeps the last one)
+        and turns a value its tag cannot hold (``!!int abc``) into a YAML error."""
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except yaml.YAMLError:
+                raise
+            except Exception as exc:  # PyYAML's constructors fail in many ways on bad values
+                # ("!!int " is an IndexError, "!!bool maybe" a KeyError)
+                tag = node.tag.rsplit(":", 1)[-1]
+                value = node.value if isinstance(node.value, str) else node.tag
+                why = "unknown value" if isinstance(exc, KeyError) else one_line(exc)
+                raise _yaml_error(
+                    f"{quote(value)} is not a valid !!{tag}: {why}", node.start_mark
+                ) from None
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
     return StrictLoader
@@ -125,11 +203,16 @@ def _strict_loader() -> Any:
 def load_yaml(text: str | bytes) -> Any:
     """Parse YAML safely and strictly (a key given twice is an error, as for the runtimes).
 
-    Raises ``yaml.YAMLError`` (with line and column where known).
+    Bounded: nesting deeper than :data:`YAML_MAX_DEPTH` and alias expansion beyond
+    :data:`YAML_ALIAS_ALLOWANCE` are errors, checked before anything is built; a complex key
+    or a value its tag cannot hold is an error too. Raises ``yaml.YAMLError`` (with line and
+    column where known), never another exception.
     """
     import yaml
 
-    return yaml.load(text, Loader=_strict_loader())
+    loader = _strict_loader()
+    _check_yaml_shape(text, loader.__mro__[1])
+    return yaml.load(text, Loader=loader)
 
 
 def parse_document(data: bytes, fmt: Format = "json") -> Any:
@@ -139,13 +222,12 @@ def parse_document(data: bytes, fmt: Format = "json") -> Any:
 
     try:
         if fmt == "json":
-            return json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+            return json.loads(data, object_pairs_hook=unique_keys, parse_constant=no_constant)
         return load_yaml(data)
-    except ValueError as exc:
-        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {exc}")]) from exc
-    except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
-        one_line = " ".join(str(exc).split())
-        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {one_line}")]) from exc
+    except RecursionError:
+        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: nested too deep")]) from None
+    except Exception as exc:  # ValueError, and yaml.YAMLError which we do not import eagerly
+        raise SpecError([Problem("", f"cannot parse {fmt.upper()}: {one_line(exc)}")]) from exc
 
 
 def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:

@@ -37,8 +37,9 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from cdi_gen import names
-from cdi_gen.codec import load_yaml
-from cdi_gen.errors import ConfigError, InvalidNameError, Problem
+from cdi_gen.codec import load_yaml, no_constant, one_line, unique_keys
+from cdi_gen.errors import QUOTE_LIMIT, ConfigError, InvalidNameError, Problem, quote
+from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.version import KNOWN_VERSIONS, normalize
 
 __all__ = [
@@ -68,6 +69,8 @@ __all__ = [
 #: plugin (``nvidia.com/gpu``). Sites override it with ``vendor:`` in their config.
 DEFAULT_VENDOR = "cdi-gen.io"
 CATALOGUE_NAME = "catalogue.yaml"
+MIN_RESYNC_SECONDS = 10.0
+MAX_RESYNC_SECONDS = 7 * 86400.0
 
 # ---------------------------------------------------------------------------------------------
 # Templates
@@ -146,7 +149,9 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
             i += 2
             continue
         if c == "}":
-            raise ValueError(f"template {text!r}: unmatched '}}' at position {i} (write '}}}}')")
+            raise ValueError(
+                f"template {quote(text)}: unmatched '}}' at position {i} (write '}}}}')"
+            )
         if c != "{":
             literal.append(c)
             i += 1
@@ -154,25 +159,27 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
         m = _FIELD_RE.match(text, i)
         if m is None:
             raise ValueError(
-                f"template {text!r}: malformed field at position {i}, expected {{name}} or "
+                f"template {quote(text)}: malformed field at position {i}, expected {{name}} or "
                 "{name[key]} (write '{{' for a literal brace)"
             )
         name, key = m.group(1), m.group(2)
         if name not in allowed:
             raise ValueError(
-                f"template {text!r}: unknown field {{{name}}}, known: "
+                f"template {quote(text)}: unknown field {{{name}}}, known: "
                 + ", ".join(f"{{{f}}}" for f in sorted(allowed))
             )
         if name in KEYED_FIELDS and key is None:
-            raise ValueError(f"template {text!r}: {{{name}}} needs a key, e.g. {{{name}[NAME]}}")
+            raise ValueError(
+                f"template {quote(text)}: {{{name}}} needs a key, e.g. {{{name}[NAME]}}"
+            )
         if name not in KEYED_FIELDS and key is not None:
-            raise ValueError(f"template {text!r}: {{{name}}} takes no key, got [{key}]")
+            raise ValueError(f"template {quote(text)}: {{{name}}} takes no key, got [{key}]")
         if (
             name in ("attribute", "parent_attribute")
             and key is not None
             and (not _ATTRIBUTE_KEY_RE.fullmatch(key) or ".." in key.split("/"))
         ):
-            raise ValueError(f"template {text!r}: invalid sysfs attribute name {key!r}")
+            raise ValueError(f"template {quote(text)}: invalid sysfs attribute name {quote(key)}")
         if literal:
             parts.append("".join(literal))
             literal = []
@@ -189,7 +196,7 @@ def _template(allowed: frozenset[str]) -> BeforeValidator:
         if isinstance(value, Template):
             return value
         if not isinstance(value, str):
-            raise ValueError(f"should be a string, got {value!r}")
+            raise ValueError(f"should be a string, got {quote(value)}")
         return parse_template(value, allowed)
 
     return BeforeValidator(parse)
@@ -228,7 +235,7 @@ _PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 def _check_globs(values: Mapping[str, str], key_re: re.Pattern[str], what: str) -> None:
     for key in values:
         if not key_re.fullmatch(key) or ".." in key.split("/"):
-            raise ValueError(f"invalid {what} name {key!r}")
+            raise ValueError(f"invalid {what} name {quote(key)}")
 
 
 class MatchRule(_Strict):
@@ -351,7 +358,7 @@ class GroupConfig(_Strict):
 
 def _check_permissions(value: str | None) -> str | None:
     if value is not None and (not value or set(value) - set("rwm")):
-        raise ValueError(f"permissions {value!r} should be a non-empty subset of 'rwm'")
+        raise ValueError(f"permissions {quote(value)} should be a non-empty subset of 'rwm'")
     return value
 
 
@@ -436,7 +443,8 @@ class ContainerEditsConfig(_Strict):
             literal_eq = any(isinstance(p, str) and "=" in p for p in t.parts)
             if not literal_eq or t.source.startswith("="):
                 raise ValueError(
-                    f"env entry {t.source!r} should be KEY=VALUE with a literal '=' after the key"
+                    f"env entry {quote(t.source)} should be KEY=VALUE "
+                    "with a literal '=' after the key"
                 )
         return value
 
@@ -514,7 +522,7 @@ class ClassConfig(_Strict):
                 if any(f.name == "group" for f in t.fields):
                     raise _FieldError(
                         ("deviceName",) if t is self.device_name else (),
-                        f"template {t.source!r} uses {{group}} but the class has no group",
+                        f"template {quote(t.source)} uses {{group}} but the class has no group",
                     )
         return self
 
@@ -571,8 +579,12 @@ class AgentConfig(_Strict):
     )
     resync_seconds: float = Field(
         default=300.0,
-        gt=0,
-        description="full re-enumeration period, a safety net under the monitor",
+        # A full enumeration walks all of sysfs: more often than every 10 s it is a busy
+        # loop, not a safety net (1e-300 spun a core); a week bounds inf and typos.
+        ge=MIN_RESYNC_SECONDS,
+        le=MAX_RESYNC_SECONDS,
+        description="full re-enumeration period, a safety net under the monitor "
+        f"({MIN_RESYNC_SECONDS:g} to {MAX_RESYNC_SECONDS:g} seconds)",
     )
 
     @field_validator("vendor")
@@ -657,8 +669,9 @@ def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
         else:
             if part in ("function-after", "function-before") or part.startswith("function-"):
                 continue
-            out += f".{part}" if out else part
             node = node.get(part) if isinstance(node, Mapping) else None
+            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            out += f".{name}" if out else name
     return out
 
 
@@ -704,7 +717,7 @@ def _message(err: ErrorDetails, raw: Any) -> str:
             if model is not None
             else ""
         )
-        return f"unknown key {err['loc'][-1]!r}{allowed}"
+        return f"unknown key {quote(err['loc'][-1])}{allowed}"
     if kind == "missing":
         return "required key is missing"
     msg = err["msg"]
@@ -728,8 +741,8 @@ def _message(err: ErrorDetails, raw: Any) -> str:
         "less_than_equal",
         "int_from_float",
     ):
-        return f"{msg[0].lower()}{msg[1:]}, got {value!r}"
-    return f"{msg}, got {value!r}"
+        return f"{msg[0].lower()}{msg[1:]}, got {quote(value)}"
+    return f"{msg}, got {quote(value)}"
 
 
 def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
@@ -753,7 +766,9 @@ def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
 def parse_config(data: Any, source: str = "config") -> AgentConfig:
     """Validate already-parsed data; raise ConfigError with one ``source: path: msg`` line each."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: should be a mapping with vendor and classes, got {data!r}")
+        raise ConfigError(
+            f"{source}: should be a mapping with vendor and classes, got {quote(data)}"
+        )
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
@@ -766,11 +781,17 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
 def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
     if fmt == "json":
         try:
-            return json.loads(text)
+            # Duplicate keys are refused as in YAML configs and in specs: "last one wins"
+            # would hide a typo.
+            return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
+        except RecursionError:
+            raise ConfigError(f"{source}: invalid JSON: nested too deep") from None
+        except ValueError as exc:  # a duplicate key, NaN, an integer of 5,000 digits
+            raise ConfigError(f"{source}: invalid JSON: {one_line(exc)}") from None
     try:
         return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
@@ -796,18 +817,17 @@ def load_config(path: Path | None) -> AgentConfig:
     if path is None:
         return parse_config(_parse_text(catalogue_text(), CATALOGUE_NAME, "yaml"), CATALOGUE_NAME)
     source = str(path)
+    if not source:
+        raise ConfigError("config path is empty: give a file, or leave it out for the catalogue")
     try:
-        text = path.read_text(encoding="utf-8")
+        # A FIFO would block, a huge file would take minutes: regular files up to a cap only.
+        text = read_regular(path, CONFIG_MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, expected a YAML or JSON file") from None
-    except PermissionError:
-        raise ConfigError(f"{source}: permission denied") from None
+    except FileRefused as exc:
+        raise ConfigError(f"{source}: {exc}, expected a YAML or JSON file") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
     return parse_config(_parse_text(text, source, fmt), source)
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cdi_gen.errors import quote
+from cdi_gen.files import RUNTIME_CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.registry import DEFAULT_SPEC_DIRS, Registry, load_registry
 from cdi_gen.runtimes import Runtime, readability_problems
 
@@ -46,17 +48,53 @@ def same_dir(a: str, b: Path) -> bool:
     ) == os.path.realpath(b)
 
 
+class _MalformedError(ValueError):
+    """A runtime config that parses as TOML but has a value of the wrong type."""
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    """Parse a runtime config; raise ValueError (one line) if it cannot be read or parsed."""
+    try:
+        return tomllib.loads(read_regular(path, RUNTIME_CONFIG_MAX_BYTES).decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except (FileRefused, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _typed(table: Any, key: str, kind: type | tuple[type, ...], what: str, default: Any) -> Any:
+    value = table.get(key, default)
+    # bool is an int to Python; a TOML "version = true" is not a version.
+    if value is not default and not (
+        isinstance(value, kind) and isinstance(value, bool) == (kind is bool)
+    ):
+        raise _MalformedError(f"{key} should be {what}, got {quote(value)}")
+    return value
+
+
+def _string_list(table: dict[str, Any], key: str) -> list[str] | None:
+    value = table.get(key)
+    if value is not None and not (
+        isinstance(value, list) and all(isinstance(v, str) for v in value)
+    ):
+        raise _MalformedError(f"{key} should be a list of folder names, got {quote(value)}")
+    return value
+
+
 def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]:
-    """(section name, section, enable_cdi default) for the config's schema version."""
-    version = doc.get("version", 1)
-    plugins = doc.get("plugins", {})
+    """(section name, section, enable_cdi default) for the config's schema version.
+
+    Raises :class:`_MalformedError` when a value on the way has the wrong type.
+    """
+    version = _typed(doc, "version", int, "an integer", 1)
+    plugins = _typed(doc, "plugins", dict, "a table", {})
     if version >= 3:
         name = "io.containerd.cri.v1.runtime"
-        return f'plugins."{name}"', plugins.get(name), True
+        return f'plugins."{name}"', _typed(plugins, name, dict, "a table", None), True
     if version == 2:
         name = "io.containerd.grpc.v1.cri"
-        return f'plugins."{name}"', plugins.get(name), False
-    return "plugins.cri", plugins.get("cri"), False
+        return f'plugins."{name}"', _typed(plugins, name, dict, "a table", None), False
+    return "plugins.cri", _typed(plugins, "cri", dict, "a table", None), False
 
 
 def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:
@@ -113,10 +151,13 @@ def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | No
             ),
         ]
     try:
-        doc = tomllib.loads(config.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        doc = _load_toml(config)
+        section_name, section, default_on = _cri_section(doc)
+        section = section or {}
+        enabled = _typed(section, "enable_cdi", bool, "true or false", default_on)
+        dirs = _string_list(section, "cdi_spec_dirs")
+    except ValueError as exc:
         return [*checks, Check("FAIL", topic, f"cannot read {config}: {exc}", "fix the file")]
-    section_name, section, default_on = _cri_section(doc)
     if version is not None and version >= (2, 0, 0) and doc.get("version", 1) < 3:
         checks.append(
             Check(
@@ -127,8 +168,6 @@ def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | No
                 "run `containerd config migrate`",
             )
         )
-    section = section or {}
-    enabled = section.get("enable_cdi", default_on)
     where = f"{config} [{section_name}]"
     if not enabled:
         why = (
@@ -145,7 +184,8 @@ def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | No
         )
     else:
         checks.append(Check("OK", topic, f"CDI enabled in {where}"))
-    dirs = section.get("cdi_spec_dirs", list(DEFAULT_RUNTIME_SPEC_DIRS))
+    if dirs is None:
+        dirs = list(DEFAULT_RUNTIME_SPEC_DIRS)
     if any(same_dir(d, spec_dir) for d in dirs):
         checks.append(Check("OK", topic, f"cdi_spec_dirs {dirs} include {spec_dir}"))
     else:
@@ -172,12 +212,14 @@ def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
                 continue
             seen.append(f)
             try:
-                doc = tomllib.loads(f.read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
+                doc = _load_toml(f)
+                crio = _typed(doc, "crio", dict, "a table", {})
+                runtime = _typed(crio, "runtime", dict, "a table", {})
+                found = _string_list(runtime, "cdi_spec_dirs")
+                if found is not None:
+                    dirs = found
+            except ValueError as exc:
                 return [Check("FAIL", "cri-o", f"cannot read {f}: {exc}", "fix the file")]
-            runtime = doc.get("crio", {}).get("runtime", {})
-            if "cdi_spec_dirs" in runtime:
-                dirs = runtime["cdi_spec_dirs"]
     if not seen:
         return []
     dirs = dirs if dirs is not None else list(DEFAULT_RUNTIME_SPEC_DIRS)

@@ -17,7 +17,35 @@ alone tells what value broke which rule.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
+
+#: Longest quoted value in a message: enough to recognise it, short enough for one log line.
+QUOTE_LIMIT = 80
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = QUOTE_LIMIT
+_REPR.maxother = QUOTE_LIMIT
+_REPR.maxlong = 40
+for _name in ("maxdict", "maxlist", "maxtuple", "maxset", "maxfrozenset", "maxdeque", "maxarray"):
+    setattr(_REPR, _name, 4)
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, cheap even for huge or deep values.
+
+    Used wherever a message quotes input: a 4 MB device ID or a config bomb must not become
+    a 4 MB log line.
+    """
+    if isinstance(value, str | bytes) and len(value) <= limit:
+        return repr(value)
+    text = _REPR.repr(value)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    if isinstance(value, str | bytes):
+        text += f" ({len(value)} long)"
+    return text
 
 
 class CdiGenError(Exception):
@@ -46,7 +74,7 @@ class InvalidNameError(ConfigError, ValueError):
         self.rule = rule
 
     def __str__(self) -> str:
-        return f"invalid {self.kind} {self.value!r}: {self.rule}"
+        return f"invalid {self.kind} {quote(self.value)}: {self.rule}"
 
 
 @dataclass(frozen=True, slots=True)

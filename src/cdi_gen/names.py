@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from cdi_gen.errors import InvalidNameError
+from cdi_gen.errors import InvalidNameError, quote
 
 _VENDOR_RE = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
@@ -34,7 +34,7 @@ def _check_segment(kind: str, value: str, pattern: re.Pattern[str], alphabet: st
     bad = next((c for c in value if not (c.isascii() and (c.isalnum() or c in alphabet))), None)
     if bad is not None:
         raise InvalidNameError(
-            kind, value, f"invalid character {bad!r}, allowed: A-Z a-z 0-9 {alphabet}"
+            kind, value, f"invalid character {quote(bad)}, allowed: A-Z a-z 0-9 {alphabet}"
         )
     if not value[0].isalnum() or (kind != "device name" and not value[0].isalpha()):
         first = "a letter" if kind != "device name" else "a letter or digit"
@@ -156,7 +156,9 @@ def validate_resource_name(resource: str) -> None:
         raise InvalidNameError(kind, resource, "should contain exactly one '/'")
     if not _DNS_SUBDOMAIN_RE.fullmatch(domain):
         raise InvalidNameError(
-            kind, resource, f"domain {domain!r} should be a lowercase DNS subdomain (a-z 0-9 - .)"
+            kind,
+            resource,
+            f"domain {quote(domain)} should be a lowercase DNS subdomain (a-z 0-9 - .)",
         )
     if len(domain) > MAX_RESOURCE_DOMAIN_LEN:
         raise InvalidNameError(
@@ -166,7 +168,7 @@ def validate_resource_name(resource: str) -> None:
         raise InvalidNameError(
             kind,
             resource,
-            f"name {name!r} should be 1-63 characters of A-Z a-z 0-9 - _ . "
+            f"name {quote(name)} should be 1-63 characters of A-Z a-z 0-9 - _ . "
             "starting and ending alphanumeric",
         )
 

@@ -23,6 +23,7 @@ resource.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -103,6 +104,16 @@ class SpecResolver(Protocol):
 AllocateHook = Callable[[str, str], None]
 #: ``on_register(ok, error)``: error is ``""`` on success, else why the kubelet said no.
 RegisterHook = Callable[[bool, str], None]
+
+#: Longest an Allocate waits for the spec folders to be read (a scan reads at most a capped
+#: amount per file; this bounds a hung filesystem).
+SPEC_CHECK_SECONDS = 5.0
+
+
+@functools.cache
+def _spec_scans() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdi-gen-spec-scan")
+
 
 _FileId = tuple[int, int, int]
 _Outcome = Literal["ok", "failed", "interrupted"]
@@ -426,7 +437,7 @@ class DevicePlugin:
             self._list_cache = (self.board.version, response)
         return response
 
-    def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+    async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Build the AllocateResponse; raise :class:`AllocationError` when a rule fails.
 
         Works on one snapshot of the board, so a concurrent publish cannot mix two lists.
@@ -438,7 +449,7 @@ class DevicePlugin:
             ids = list(container.devices_ids)
             check_request(ids, devices, kind, one_per_physical=self.one_slot_per_device)
             per_container.append([f"{kind}={device_id}" for device_id in ids])
-        problems = self.spec_cache.unresolved(n for names in per_container for n in names)
+        problems = await self._unresolved([n for names in per_container for n in names])
         if problems:
             raise AllocationError(
                 Refusal.UNRESOLVED,
@@ -452,6 +463,32 @@ class DevicePlugin:
             if self.cdi_annotations and names:
                 answer.annotations.update(build_cdi_annotations(self.vendor, self.cls, names))
         return response
+
+    async def _unresolved(self, qualified_names: list[str]) -> list[str]:
+        """The spec folder check: from the cache when no folder changed, else on a worker
+        thread and within :data:`SPEC_CHECK_SECONDS`.
+
+        Folder reads stay off the event loop, so a slow or hostile folder cannot stall the
+        other classes' Allocate, ListAndWatch or /healthz; one worker for all plugins, so a
+        stuck scan holds one thread and later checks time out instead of piling up.
+        """
+        # The common case, nothing changed in the folders, is answered here: a bounded stat
+        # scan, no file read (a thread hop would cost a third of Allocate's time).
+        fast = getattr(self.spec_cache, "unresolved_if_fresh", None)
+        answer: list[str] | None = fast(qualified_names) if fast is not None else None
+        if answer is not None:
+            return answer
+        loop = asyncio.get_running_loop()
+        scan = loop.run_in_executor(_spec_scans(), self.spec_cache.unresolved, qualified_names)
+        try:
+            return await asyncio.wait_for(scan, SPEC_CHECK_SECONDS)
+        except TimeoutError:
+            raise AllocationError(
+                Refusal.UNRESOLVED,
+                "",
+                f"CDI devices of resource {self.resource_name} cannot be checked: the spec "
+                f"folders were not read within {SPEC_CHECK_SECONDS:g}s",
+            ) from None
 
     def preferred(
         self, request: api_pb2.PreferredAllocationRequest
@@ -550,7 +587,7 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         plugin = self.plugin
         try:
-            response = plugin.allocate(request)
+            response = await plugin.allocate(request)
         except AllocationError as refused:
             plugin._call_hook(plugin._on_allocate, "error", str(refused.reason))
             log.info("allocate refused: %s", _clip(refused.message))

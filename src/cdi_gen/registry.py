@@ -13,12 +13,14 @@ changed, so the device plugin can check every Allocate against the folders cheap
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi_gen.codec import format_of, load_spec
 from cdi_gen.errors import SpecError
+from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.spec import Device, Spec
 
 DEFAULT_SPEC_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -81,10 +83,18 @@ def _may_define(path: Path, kind: str) -> bool:
     return path.name.startswith(kind.replace("/", "-"))
 
 
-def _scan_dir(directory: Path) -> tuple[list[os.DirEntry[str]], str | None]:
+def _scan_dir(
+    directory: Path, limit: int | None = None
+) -> tuple[list[os.DirEntry[str]], str | None] | None:
+    """The candidate files of ``directory``, sorted, and an error; None past ``limit`` entries."""
+    entries = []
     try:
         with os.scandir(directory) as it:
-            entries = [e for e in it if format_of(e.name) is not None]
+            for count, e in enumerate(it):
+                if limit is not None and count >= limit:
+                    return None
+                if format_of(e.name) is not None:
+                    entries.append(e)
     except FileNotFoundError:
         return [], None
     except OSError as exc:
@@ -98,9 +108,13 @@ def load_file(path: Path, priority: int) -> SpecFile:
     fmt = format_of(path.name)
     assert fmt is not None
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return SpecFile(path, priority, None, (f"cannot read: {exc.strerror or exc}",))
+        # Anyone who can write a folder may plant a FIFO, a link to /dev/zero or a huge file
+        # there; runtimes follow links, so a link to a regular file is read like one.
+        data = read_regular(path, SPEC_MAX_BYTES)
+    except FileNotFoundError:
+        return SpecFile(path, priority, None, ("cannot read: removed while scanning",))
+    except FileRefused as exc:
+        return SpecFile(path, priority, None, (str(exc),))
     try:
         spec = load_spec(data, fmt)
     except SpecError as exc:
@@ -145,12 +159,23 @@ def build_registry(
     return reg
 
 
+def unique_dirs(dirs: Iterable[Path]) -> tuple[Path, ...]:
+    """``dirs`` with each folder once, at its last (highest-priority) place.
+
+    A folder given twice must not conflict with itself (same priority, every device dropped);
+    the runtimes' library gives its files the later priority, so that place is kept.
+    """
+    normal = [Path(os.path.normpath(d)) for d in dirs]
+    return tuple(d for i, d in enumerate(normal) if d not in normal[i + 1 :])
+
+
 def load_registry(dirs: Sequence[Path] = DEFAULT_SPEC_DIRS) -> Registry:
     """Scan ``dirs`` now and return what a runtime would see."""
+    dirs = unique_dirs(dirs)
     files: list[SpecFile] = []
     dir_errors: dict[Path, str] = {}
     for priority, directory in enumerate(dirs):
-        entries, err = _scan_dir(directory)
+        entries, err = _scan_dir(directory) or ([], None)
         if err:
             dir_errors[directory] = err
         files.extend(load_file(Path(e.path), priority) for e in entries)
@@ -158,23 +183,57 @@ def load_registry(dirs: Sequence[Path] = DEFAULT_SPEC_DIRS) -> Registry:
 
 
 _StatKey = tuple[int, int, int, int]
+_Listing = tuple[tuple[Path, _StatKey], ...]
+#: Folder entries the event-loop fast path (:meth:`SpecCache.fresh_registry`) stats at most:
+#: a few milliseconds; a folder stuffed with more files is checked on a worker thread.
+FAST_PATH_ENTRIES = 1000
 
 
 class SpecCache:
     """Registry of ``spec_dirs`` kept current by re-reading only files whose stat changed."""
 
     def __init__(self, spec_dirs: Sequence[Path]) -> None:
-        self.spec_dirs = tuple(spec_dirs)
+        self.spec_dirs = unique_dirs(spec_dirs)
+        # The device plugins scan from worker threads (off the event loop), one at a time.
+        self._lock = threading.Lock()
         self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
-        self._listing: tuple[tuple[Path, _StatKey], ...] | None = None
+        self._listing: _Listing | None = None
         self._registry = Registry(dirs=self.spec_dirs)
 
     def registry(self) -> Registry:
-        """The current registry, rescanning folders (stat only) and re-reading changed files."""
+        """The current registry, rescanning folders (stat only) and re-reading changed files.
+
+        Thread-safe; every file read is bounded (see :mod:`cdi_gen.files`).
+        """
+        with self._lock:
+            key, dir_errors = self._list() or ((), {})
+            return self._refresh(key, dir_errors)
+
+    def fresh_registry(self) -> Registry | None:
+        """The registry if no folder changed since it was built, else None.
+
+        For the event loop: it never reads a file, gives up (None) past
+        :data:`FAST_PATH_ENTRIES` folder entries and never waits for a scan in progress;
+        whatever needs more goes through :meth:`registry` on a worker thread.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            listed = self._list(FAST_PATH_ENTRIES)
+            if listed is None or listed[0] != self._listing or listed[1]:
+                return None
+            return self._registry
+        finally:
+            self._lock.release()
+
+    def _list(self, limit: int | None = None) -> tuple[_Listing, dict[Path, str]] | None:
         listing: list[tuple[Path, _StatKey]] = []
         dir_errors: dict[Path, str] = {}
         for directory in self.spec_dirs:
-            entries, err = _scan_dir(directory)
+            scanned = _scan_dir(directory, limit)
+            if scanned is None:
+                return None
+            entries, err = scanned
             if err:
                 dir_errors[directory] = err
             for e in entries:
@@ -186,13 +245,15 @@ class SpecCache:
                 listing.append(
                     (Path(e.path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
                 )
-        key = tuple(listing)
+        return tuple(listing), dir_errors
+
+    def _refresh(self, key: _Listing, dir_errors: dict[Path, str]) -> Registry:
         if key == self._listing and not dir_errors:
             return self._registry
         priorities = {d: i for i, d in enumerate(self.spec_dirs)}
         files: list[SpecFile] = []
         fresh: dict[Path, tuple[_StatKey, SpecFile]] = {}
-        for path, st_key in listing:
+        for path, st_key in key:
             cached = self._files.get(path)
             if cached is not None and cached[0] == st_key:
                 sf = cached[1]
@@ -208,4 +269,11 @@ class SpecCache:
     def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
         """One message per name that a runtime could not resolve now; empty if all resolve."""
         reg = self.registry()
+        return [msg for name in qualified_names if (msg := reg.explain(name)) is not None]
+
+    def unresolved_if_fresh(self, qualified_names: Iterable[str]) -> list[str] | None:
+        """Like :meth:`unresolved` from :meth:`fresh_registry`; None when that has no answer."""
+        reg = self.fresh_registry()
+        if reg is None:
+            return None
         return [msg for name in qualified_names if (msg := reg.explain(name)) is not None]

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import pyudev
 
-from cdi_gen.errors import DiscoveryError
+from cdi_gen.errors import DiscoveryError, quote
 
 __all__ = [
     "DeviceRecord",
@@ -592,40 +592,85 @@ def record_to_json(record: DeviceRecord) -> dict[str, Any]:
     return out
 
 
+def _json_text(data: Mapping[str, Any], key: str, required: bool = False) -> str | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        what = "missing" if value is None else f"should be a string, got {quote(value)}"
+        raise ValueError(f"{key}: {what}")
+    return value
+
+
+def _json_number(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    # bool is an int to Python, never a device number.
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(f"{key}: should be a non-negative integer, got {quote(value)}")
+
+
+def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{key}: should be an object of strings, got {quote(value)}")
+    return dict(value)
+
+
 def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
-    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key."""
-    try:
-        parents = tuple(
-            ParentRecord(
-                sys_path=str(p["sys_path"]),
-                sys_name=str(p.get("sys_name") or str(p["sys_path"]).rsplit("/", 1)[-1]),
-                subsystem=p.get("subsystem"),
-                devtype=p.get("devtype"),
-                driver=p.get("driver"),
-                attributes=dict(p.get("attributes") or {}),
+    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key.
+
+    Every field is type-checked here: a record file is input, and ``devnode: 5`` must be
+    one clear error, not a failure deep inside discovery.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a device record should be an object, got {quote(data)}")
+    parents_raw = data.get("parents") or []
+    if not isinstance(parents_raw, list):
+        raise ValueError(f"parents: should be a list, got {quote(parents_raw)}")
+    parents = []
+    for i, p in enumerate(parents_raw):
+        if not isinstance(p, Mapping):
+            raise ValueError(f"parents[{i}]: should be an object, got {quote(p)}")
+        try:
+            p_path = str(_json_text(p, "sys_path", required=True))
+            parents.append(
+                ParentRecord(
+                    sys_path=p_path,
+                    sys_name=_json_text(p, "sys_name") or p_path.rsplit("/", 1)[-1],
+                    subsystem=_json_text(p, "subsystem"),
+                    devtype=_json_text(p, "devtype"),
+                    driver=_json_text(p, "driver"),
+                    attributes=_json_strings(p, "attributes"),
+                )
             )
-            for p in data.get("parents", ())
-        )
-        sys_path = str(data["sys_path"])
-        return DeviceRecord(
-            sys_path=sys_path,
-            subsystem=str(data["subsystem"]),
-            sys_name=str(data.get("sys_name") or sys_path.rsplit("/", 1)[-1]),
-            sys_number=data.get("sys_number"),
-            devnode=data.get("devnode"),
-            devtype=data.get("devtype"),
-            major=data.get("major"),
-            minor=data.get("minor"),
-            driver=data.get("driver"),
-            properties=dict(data.get("properties") or {}),
-            attributes=dict(data.get("attributes") or {}),
-            parents=parents,
-            numa_node=data.get("numa_node"),
-            node_exists=bool(data.get("node_exists", True)),
-            action=data.get("action"),
-        )
-    except KeyError as exc:
-        raise ValueError(f"device record without {exc.args[0]!r}: {dict(data)!r}") from None
+        except ValueError as exc:
+            raise ValueError(f"parents[{i}].{exc}") from None
+    sys_path = str(_json_text(data, "sys_path", required=True))
+    node_exists = data.get("node_exists", True)
+    if not isinstance(node_exists, bool):
+        raise ValueError(f"node_exists: should be true or false, got {quote(node_exists)}")
+    return DeviceRecord(
+        sys_path=sys_path,
+        subsystem=str(_json_text(data, "subsystem", required=True)),
+        sys_name=_json_text(data, "sys_name") or sys_path.rsplit("/", 1)[-1],
+        sys_number=_json_text(data, "sys_number"),
+        devnode=_json_text(data, "devnode"),
+        devtype=_json_text(data, "devtype"),
+        major=_json_number(data, "major"),
+        minor=_json_number(data, "minor"),
+        driver=_json_text(data, "driver"),
+        properties=_json_strings(data, "properties"),
+        attributes=_json_strings(data, "attributes"),
+        parents=tuple(parents),
+        numa_node=_json_number(data, "numa_node"),
+        node_exists=node_exists,
+        action=_json_text(data, "action"),
+    )
 
 
 def _sys_number(sys_name: str) -> str | None:
@@ -664,7 +709,9 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
         if with_node_only and not devnode:
             continue
         parents = []
-        up = devpath.rsplit("/", 1)[0]
+        # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
+        # and must not be its own parent forever.
+        up = devpath.rsplit("/", 1)[0] if "/" in devpath else ""
         while up and up != "/devices":
             p = by_path.get(up)
             if p is not None:
@@ -678,7 +725,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
                         driver=pprops.get("DRIVER") or p.get("V"),
                     )
                 )
-            up = up.rsplit("/", 1)[0]
+            up = up.rsplit("/", 1)[0] if "/" in up else ""
         sys_name = e.get("M") or devpath.rsplit("/", 1)[-1]
         records.append(
             DeviceRecord(

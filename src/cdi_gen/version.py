@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi_gen.errors import Problem, VersionError
+from cdi_gen.errors import Problem, VersionError, quote
 from cdi_gen.spec import Spec
 
 KNOWN_VERSIONS: tuple[str, ...] = (
@@ -42,7 +42,7 @@ def parse_version(text: str) -> tuple[int, ...]:
     """``"v0.5.0"``/``"0.5.0"`` → ``(0, 5, 0)``; raise ValueError for anything unknown."""
     bare = text[1:] if text.startswith("v") else text
     if bare not in _ORDER:
-        raise ValueError(f"invalid version {text!r}, known: {', '.join(KNOWN_VERSIONS)}")
+        raise ValueError(f"invalid version {quote(text)}, known: {', '.join(KNOWN_VERSIONS)}")
     return tuple(int(p) for p in bare.split("."))
 
 
@@ -101,7 +101,7 @@ def device_requirements(device: Mapping[str, Any], where: str) -> Iterator[Requi
     """Constraints imposed by one wire device object found at ``where``."""
     name = device.get("name", "")
     if name[:1].isdigit():
-        yield Requirement("0.5.0", f"{where}.name", f"device name {name!r} starts with digit")
+        yield Requirement("0.5.0", f"{where}.name", f"device name {quote(name)} starts with digit")
     if device.get("annotations"):
         yield Requirement("0.6.0", f"{where}.annotations", "device annotations")
     yield from edits_requirements(device.get("containerEdits") or {}, f"{where}.containerEdits")
@@ -113,7 +113,7 @@ def document_requirements(doc: Mapping[str, Any]) -> Iterator[Requirement]:
         yield Requirement("0.6.0", "annotations", "spec annotations")
     cls = str(doc.get("kind", "")).partition("/")[2]
     if "." in cls:
-        yield Requirement("0.6.0", "kind", f"dot in class name {cls!r}")
+        yield Requirement("0.6.0", "kind", f"dot in class name {quote(cls)}")
     if doc.get("containerEdits") is not None:
         yield from edits_requirements(doc["containerEdits"], "containerEdits")
     for i, device in enumerate(doc.get("devices") or ()):

@@ -10,73 +10,92 @@ and containerd < 1.7.12 reject): beside ``<vendor>-<class>.json`` we keep
 ``.<vendor>-<class>.json.cdi-gen-owner`` with the hashes of the contents we wrote. A spec is
 ours only if its current bytes match one of them, so a file someone else put or replaced at
 our name is foreign and is never modified or deleted.
+
+Everything happens relative to a descriptor of the spec folder, on names we derive ourselves
+from a valid vendor and class (so they hold no ``/``), with ``O_NOFOLLOW``: a record planted
+by someone who can write the folder (a class of ``x/../../etc/passwd``, a symlinked subfolder)
+can never make cdi-gen replace or remove anything but a regular file directly in the folder.
+A record that does not sit at the name its own vendor and class give is ignored and logged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from cdi_gen import names
 from cdi_gen.codec import dump_document, dump_spec
-from cdi_gen.errors import SpecWriteError
+from cdi_gen.errors import InvalidNameError, SpecWriteError, quote
+from cdi_gen.files import OWNER_MAX_BYTES, SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.modes import make_folder
 from cdi_gen.spec import Spec
+
+log = logging.getLogger(__name__)
 
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
 OWNER_SUFFIX = ".cdi-gen-owner"
 TEMP_SUFFIX = ".cdi-gen-tmp"
-#: Hashes kept per spec: the previous and the current content, so a crash between writing the
-#: owner record and renaming the spec still recognises whichever file is on disk.
-_KEPT_HASHES = 2
 
 #: Test seam: called with the name of each step; a test makes it kill the process.
 StepHook = Callable[[str], None]
 
 
 def spec_filename(vendor: str, cls: str) -> str:
-    """``<vendor>-<class>.json``, the conventional name of a class's spec file."""
+    """``<vendor>-<class>.json``, the conventional name of a class's spec file.
+
+    Raises :class:`~cdi_gen.errors.InvalidNameError` unless both are valid CDI names, so the
+    result is always a plain file name (no ``/``, not ``..``).
+    """
+    names.validate_vendor(vendor)
+    names.validate_class(cls)
     return f"{vendor}-{cls}.json"
 
 
-def _owner_path(spec_dir: Path, filename: str) -> Path:
-    return spec_dir / f".{filename}{OWNER_SUFFIX}"
+def _owner_name(filename: str) -> str:
+    return f".{filename}{OWNER_SUFFIX}"
 
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_nofollow(path: Path) -> bytes | None:
-    """File content, None if absent; raise if it is not a regular file (a planted link)."""
+@contextlib.contextmanager
+def _folder(spec_dir: Path, create: bool = False) -> Iterator[int]:
+    """A descriptor of the spec folder (the folder itself may be reached through links, as
+    ``/var/run`` is; what is inside it never is)."""
+    if create:
+        make_folder(spec_dir, DIR_MODE)  # explicit mode: not 0700 under umask 077
+    fd = os.open(spec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise SpecWriteError(f"{str(path)!r}: not a regular file we can read: {exc}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecWriteError(f"{str(path)!r}: not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        yield fd
     finally:
         os.close(fd)
 
 
-def _read_owner(spec_dir: Path, filename: str) -> dict[str, object] | None:
+def _read_in(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """Content of the regular file ``name`` directly in the folder, None if absent; raise
+    SpecWriteError if something else is there (a link, a FIFO, a folder, a huge file)."""
     try:
-        raw = _read_nofollow(_owner_path(spec_dir, filename))
+        return read_regular(name, limit, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except FileRefused as exc:
+        raise SpecWriteError(f"{name!r} in the spec folder: {exc}") from None
+
+
+def _read_owner(dir_fd: int, filename: str) -> dict[str, object] | None:
+    try:
+        raw = _read_in(dir_fd, _owner_name(filename), OWNER_MAX_BYTES)
     except SpecWriteError:
         return None
     if raw is None:
@@ -88,25 +107,22 @@ def _read_owner(spec_dir: Path, filename: str) -> dict[str, object] | None:
     return record if isinstance(record, dict) else None
 
 
-def _owned_hashes(spec_dir: Path, filename: str) -> list[str]:
-    record = _read_owner(spec_dir, filename)
+def _owned_hashes(dir_fd: int, filename: str) -> list[str]:
+    record = _read_owner(dir_fd, filename)
     hashes = record.get("sha256") if record else None
     return [h for h in hashes if isinstance(h, str)] if isinstance(hashes, list) else []
 
 
-def _fsync_dir(spec_dir: Path) -> None:
-    fd = os.open(spec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_replace(spec_dir: Path, filename: str, data: bytes, hook: StepHook | None) -> None:
-    """Write ``data`` to ``spec_dir/filename`` through an ignored temporary name."""
-    tmp = spec_dir / f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+def _atomic_replace(dir_fd: int, filename: str, data: bytes, hook: StepHook | None) -> None:
+    """Write ``data`` to ``filename`` in the folder through an ignored temporary name."""
+    tmp = f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dir_fd,
+    )
     try:
         try:
             if hook:
@@ -123,29 +139,42 @@ def _atomic_replace(spec_dir: Path, filename: str, data: bytes, hook: StepHook |
         if hook:
             hook("temp-synced")
         # rename() replaces a link at the target instead of following it.
-        os.rename(tmp, spec_dir / filename)
+        os.rename(tmp, filename, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
     if hook:
         hook("renamed")
-    _fsync_dir(spec_dir)
+    os.fsync(dir_fd)
+
+
+def _remove_stale_temps_in(dir_fd: int) -> int:
+    removed = 0
+    for name in os.listdir(dir_fd):
+        if name.startswith(".") and name.endswith(TEMP_SUFFIX):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                    os.unlink(name, dir_fd=dir_fd)
+                    removed += 1
+    return removed
 
 
 def remove_stale_temps(spec_dir: Path) -> int:
     """Delete temporary files a killed writer left behind; return how many."""
-    removed = 0
     try:
-        entries = list(os.scandir(spec_dir))
+        with _folder(spec_dir) as dir_fd:
+            return _remove_stale_temps_in(dir_fd)
     except OSError:
         return 0  # absent or unreadable: the write that follows reports why
-    for entry in entries:
-        if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-                removed += 1
-    return removed
+
+
+def _check_names(vendor: str, cls: str) -> str:
+    try:
+        return spec_filename(vendor, cls)
+    except InvalidNameError as exc:
+        raise SpecWriteError(f"refusing to touch the spec of {exc}") from None
 
 
 def write_bytes(
@@ -154,30 +183,35 @@ def write_bytes(
     """Atomically make ``spec_dir/<vendor>-<class>.json`` hold ``data``; True if it changed.
 
     Creates the folder if missing. Raises :class:`SpecWriteError` if the target exists but is
-    not ours (foreign file, link, or content we never wrote) or the folder cannot be written.
+    not ours (foreign file, link, or content we never wrote), the vendor or class is not a
+    valid name, or the folder cannot be written.
     """
-    filename = spec_filename(vendor, cls)
+    filename = _check_names(vendor, cls)
     target = spec_dir / filename
     try:
-        make_folder(spec_dir, DIR_MODE)  # explicit mode: not 0700 under umask 077
-        remove_stale_temps(spec_dir)
-        current = _read_nofollow(target)
-        hashes = _owned_hashes(spec_dir, filename)
-        if current is not None and _digest(current) not in hashes:
-            raise SpecWriteError(
-                f"{str(target)!r} exists and was not written by cdi-gen; refusing to replace "
-                "a foreign spec file (remove it or choose another vendor/class)"
-            )
-        if current == data:
-            return False
-        new_hash = _digest(data)
-        kept = [*[h for h in hashes if h != new_hash][-(_KEPT_HASHES - 1) :], new_hash]
-        record = {"vendor": vendor, "class": cls, "file": filename, "sha256": kept}
-        owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
-        _atomic_replace(
-            spec_dir, _owner_path(spec_dir, filename).name, orjson.dumps(record), owner_hook
-        )
-        _atomic_replace(spec_dir, filename, data, step_hook)
+        with _folder(spec_dir, create=True) as dir_fd:
+            _remove_stale_temps_in(dir_fd)
+            current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
+            hashes = _owned_hashes(dir_fd, filename)
+            if current is not None and _digest(current) not in hashes:
+                raise SpecWriteError(
+                    f"{str(target)!r} exists and was not written by cdi-gen; refusing to "
+                    "replace a foreign spec file (remove it or choose another vendor/class)"
+                )
+            if current == data:
+                return False
+            # The record names exactly the spec on disk now and the one about to replace it:
+            # whichever survives a crash or a full disk between the two renames stays ours.
+            # (Keeping "the last hashes written" instead lost the file on disk after two
+            # failed writes in a row.)
+            kept = [_digest(current)] if current is not None else []
+            new_hash = _digest(data)
+            if new_hash not in kept:
+                kept.append(new_hash)
+            record = {"vendor": vendor, "class": cls, "file": filename, "sha256": kept}
+            owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
+            _atomic_replace(dir_fd, _owner_name(filename), orjson.dumps(record), owner_hook)
+            _atomic_replace(dir_fd, filename, data, step_hook)
     except SpecWriteError:
         raise
     except OSError as exc:
@@ -202,52 +236,82 @@ def write_document(
     return write_bytes(spec_dir, vendor, cls, dump_document(dict(doc)), step_hook=step_hook)
 
 
-def is_owned(spec_dir: Path, vendor: str, cls: str) -> bool:
-    """Whether the spec file of ``vendor/cls`` exists and holds content we wrote."""
-    filename = spec_filename(vendor, cls)
+def _is_owned_in(dir_fd: int, filename: str) -> bool:
     try:
-        current = _read_nofollow(spec_dir / filename)
+        current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
     except SpecWriteError:
         return False
-    return current is not None and _digest(current) in _owned_hashes(spec_dir, filename)
+    return current is not None and _digest(current) in _owned_hashes(dir_fd, filename)
+
+
+def is_owned(spec_dir: Path, vendor: str, cls: str) -> bool:
+    """Whether the spec file of ``vendor/cls`` exists and holds content we wrote."""
+    try:
+        filename = spec_filename(vendor, cls)
+        with _folder(spec_dir) as dir_fd:
+            return _is_owned_in(dir_fd, filename)
+    except (InvalidNameError, OSError):
+        return False
 
 
 def remove_spec(spec_dir: Path, vendor: str, cls: str) -> bool:
     """Delete our spec file of ``vendor/cls``; True if one was removed.
 
     A foreign file at that name is left alone (False). Raises :class:`SpecWriteError` if the
-    folder cannot be written.
+    vendor or class is not a valid name or the folder cannot be written.
     """
-    filename = spec_filename(vendor, cls)
-    owner = _owner_path(spec_dir, filename)
+    filename = _check_names(vendor, cls)
+    owner = _owner_name(filename)
     try:
-        if not is_owned(spec_dir, vendor, cls):
-            if not (spec_dir / filename).exists() and not (spec_dir / filename).is_symlink():
-                owner.unlink(missing_ok=True)  # our record of a file already gone
-            return False
-        os.unlink(spec_dir / filename)
-        owner.unlink(missing_ok=True)
-        _fsync_dir(spec_dir)
+        with _folder(spec_dir) as dir_fd:
+            if not _is_owned_in(dir_fd, filename):
+                try:
+                    os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(owner, dir_fd=dir_fd)  # our record of a file already gone
+                return False
+            os.unlink(filename, dir_fd=dir_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(owner, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+    except FileNotFoundError:
+        return False  # no folder, no spec
     except OSError as exc:
         raise SpecWriteError(f"cannot remove {str(spec_dir / filename)!r}: {exc}") from exc
     return True
 
 
 def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
-    """``(vendor, class)`` of every spec file in ``spec_dir`` that is ours, sorted."""
+    """``(vendor, class)`` of every spec file in ``spec_dir`` that is ours, sorted.
+
+    A record whose vendor or class is invalid, or which is not stored under the name its
+    vendor and class give, is not ours (someone else wrote it): it is logged and ignored.
+    """
     found: list[tuple[str, str]] = []
     try:
-        entries = list(os.scandir(spec_dir))
+        with _folder(spec_dir) as dir_fd:
+            for entry in sorted(os.listdir(dir_fd)):
+                if not (entry.startswith(".") and entry.endswith(OWNER_SUFFIX)):
+                    continue
+                record = _read_owner(dir_fd, entry[1 : -len(OWNER_SUFFIX)])
+                vendor = record.get("vendor") if record else None
+                cls = record.get("class") if record else None
+                try:
+                    if not (isinstance(vendor, str) and isinstance(cls, str)):
+                        raise ValueError("no vendor and class")
+                    if _owner_name(spec_filename(vendor, cls)) != entry:
+                        raise ValueError(f"it names {vendor}/{cls}")
+                except ValueError as exc:  # InvalidNameError is one
+                    log.warning(
+                        "ignoring owner record %s in %s: not one cdi-gen wrote (%s)",
+                        quote(entry),
+                        spec_dir,
+                        exc,
+                    )
+                    continue
+                if _is_owned_in(dir_fd, spec_filename(vendor, cls)):
+                    found.append((vendor, cls))
     except OSError:
         return found
-    for entry in entries:
-        if not (entry.name.startswith(".") and entry.name.endswith(OWNER_SUFFIX)):
-            continue
-        filename = entry.name[1 : -len(OWNER_SUFFIX)]
-        record = _read_owner(spec_dir, filename)
-        if not record:
-            continue
-        vendor, cls = record.get("vendor"), record.get("class")
-        if isinstance(vendor, str) and isinstance(cls, str) and is_owned(spec_dir, vendor, cls):
-            found.append((vendor, cls))
     return sorted(found)
