@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
-from cdi_gen.errors import CdiGenError, excerpt
+from cdi_gen.errors import CdiGenError, quote
 from cdi_gen.names import MAX_SEGMENT_LEN
 from cdi_gen.state import AdvertisedDevice
 
@@ -73,7 +73,7 @@ def check_id_lengths(device_ids: Iterable[str], resource: str) -> None:
             raise AllocationError(
                 Refusal.TOO_LONG,
                 device_id[:MAX_DEVICE_ID_LEN],
-                f"device ID {excerpt(device_id, 32)} for resource {resource} is "
+                f"device ID {quote(device_id, 32)} for resource {resource} is "
                 f"{len(device_id)} characters long, longer than {MAX_DEVICE_ID_LEN} "
                 "(the longest CDI device name)",
             )

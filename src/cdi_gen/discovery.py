@@ -36,7 +36,7 @@ from typing import Literal
 
 from cdi_gen import names
 from cdi_gen.config import AgentConfig, ClassConfig, Field_, MatchRule, Template
-from cdi_gen.errors import InvalidNameError, excerpt
+from cdi_gen.errors import InvalidNameError, quote
 from cdi_gen.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from cdi_gen.state import AdvertisedDevice
 from cdi_gen.udev import DeviceRecord, RecordWants
@@ -210,9 +210,9 @@ def _unsafe(value: str) -> str | None:
         len(value) > MAX_VALUE_BYTES // 4
         and len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES
     ):
-        return f"value {excerpt(value)} is longer than {MAX_VALUE_BYTES} bytes"
+        return f"value {quote(value)} is longer than {MAX_VALUE_BYTES} bytes"
     if (bad := _CONTROL_RE.search(value)) is not None:
-        return f"value {excerpt(value)} has control character {bad.group()!r}"
+        return f"value {quote(value)} has control character {bad.group()!r}"
     return None
 
 
@@ -510,7 +510,7 @@ def build_devices(
         except ValueError as exc:
             # A rendered value the spec models refuse (pydantic errors are ValueErrors):
             # this device's problem, not its class's.
-            reason = excerpt(str(exc).replace("\n", " "), 200)
+            reason = quote(str(exc).replace("\n", " "), 200)
             warnings.append(
                 DiscoveryWarning(
                     cls.name, cand.physical, f"containerEdits: {reason}; device skipped"

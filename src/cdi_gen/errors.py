@@ -117,19 +117,3 @@ class RegistrationError(CdiGenError):
     """The kubelet refused the registration or could not be reached."""
 
     exit_code = 3
-
-
-#: Characters of a quoted value shown in a message; the rest is counted, not printed.
-EXCERPT_CHARS = 64
-
-
-def excerpt(value: str, limit: int = EXCERPT_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters, with the full size when cut.
-
-    Messages quote the value that broke a rule; a hostile value (a 16 KB device ID, a 5,000
-    byte udev property) must still give a short log line and a small gRPC status.
-    """
-    if len(value) <= limit:
-        return repr(value)
-    size = len(value.encode("utf-8", "surrogatepass"))
-    return f"{value[:limit]!r}... ({size} bytes)"

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi_gen import names
-from cdi_gen.errors import InvalidNameError, Problem, excerpt
+from cdi_gen.errors import InvalidNameError, Problem, quote
 from cdi_gen.spec import Spec
 from cdi_gen.version import document_requirements, minimum_of, parse_version, problems_for
 
@@ -56,7 +56,7 @@ def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
             problems.append(
                 Problem(
                     f"{where}[{i}]",
-                    f"invalid environment variable {excerpt(entry)}, should be KEY=VALUE",
+                    f"invalid environment variable {quote(entry)}, should be KEY=VALUE",
                 )
             )
         # isprintable() is the cheap test (most entries pass it); tab is allowed.
@@ -64,7 +64,7 @@ def _env_problems(env: Sequence[str] | None, where: str) -> list[Problem]:
             problems.append(
                 Problem(
                     f"{where}[{i}]",
-                    f"invalid environment variable {excerpt(entry)}: control character "
+                    f"invalid environment variable {quote(entry)}: control character "
                     f"{bad.group()!r} (a newline would add a variable, a NUL cut this one)",
                 )
             )
@@ -82,22 +82,21 @@ def _path_shape_problem(value: str, where: str, what: str) -> Problem | None:
         return None
     if len(value) > MAX_PATH_COMPONENT or _PATH_SUSPECT_RE.search(value):
         if (bad := _PATH_CONTROL_RE.search(value)) is not None:
-            return Problem(where, f"{what} {excerpt(value)} has control character {bad.group()!r}")
+            return Problem(where, f"{what} {quote(value)} has control character {bad.group()!r}")
         if ".." in value.split("/"):
             return Problem(
-                where, f"{what} {excerpt(value)} has a '..' component (it could leave its folder)"
+                where, f"{what} {quote(value)} has a '..' component (it could leave its folder)"
             )
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > MAX_PATH_BYTES:
             return Problem(
-                where, f"{what} {excerpt(value)} is longer than {MAX_PATH_BYTES} bytes ({size})"
+                where, f"{what} {quote(value)} is longer than {MAX_PATH_BYTES} bytes ({size})"
             )
         for part in value.split("/"):
             if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_COMPONENT:
                 return Problem(
                     where,
-                    f"{what} {excerpt(value)} has a component longer than "
-                    f"{MAX_PATH_COMPONENT} bytes",
+                    f"{what} {quote(value)} has a component longer than {MAX_PATH_COMPONENT} bytes",
                 )
     return None
 
@@ -107,7 +106,7 @@ def _path_problem(value: str, where: str, what: str) -> Problem | None:
         return _path_shape_problem(value, where, what)
     if not value:
         return Problem(where, f"{what} must not be empty")
-    return Problem(where, f"{what} {excerpt(value)} should be an absolute path")
+    return Problem(where, f"{what} {quote(value)} should be an absolute path")
 
 
 def _node_problems(node: Mapping[str, Any], at: str) -> list[Problem]:
@@ -120,14 +119,14 @@ def _node_problems(node: Mapping[str, Any], at: str) -> list[Problem]:
     kind = node.get("type")
     if kind and kind not in DEVICE_NODE_TYPES:
         problems.append(
-            Problem(f"{at}.type", f"invalid device type {excerpt(kind)}, should be b, c, u or p")
+            Problem(f"{at}.type", f"invalid device type {quote(kind)}, should be b, c, u or p")
         )
     perms = node.get("permissions")
     if perms and not _PERMISSIONS.issuperset(perms):
         problems.append(
             Problem(
                 f"{at}.permissions",
-                f"invalid permissions {excerpt(perms)}, should be a combination of r, w, m",
+                f"invalid permissions {quote(perms)}, should be a combination of r, w, m",
             )
         )
     return problems
@@ -140,7 +139,7 @@ def _hook_problems(hook: Mapping[str, Any], where: str) -> list[Problem]:
         problems.append(
             Problem(
                 f"{where}.hookName",
-                f"invalid hook name {excerpt(name)}, should be one of "
+                f"invalid hook name {quote(name)}, should be one of "
                 + ", ".join(sorted(HOOK_NAMES)),
             )
         )
@@ -188,13 +187,13 @@ def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
             if not value:
                 problems.append(Problem(at, f"{field} must not be empty"))
             elif value in seen:
-                problems.append(Problem(at, f"duplicate {field} {excerpt(value)}"))
+                problems.append(Problem(at, f"duplicate {field} {quote(value)}"))
             seen.add(value)
     rdt = edits.get("intelRdt")
     if rdt is not None and rdt.get("closID") not in (None, "/"):
         clos = rdt["closID"]
         if len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos:
-            problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {excerpt(clos)}"))
+            problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {quote(clos)}"))
     return problems
 
 
@@ -217,8 +216,8 @@ def annotation_problems(annotations: Mapping[str, str] | None, where: str) -> li
         if not ok:
             problems.append(
                 Problem(
-                    f"{where}[{excerpt(key)}]",
-                    f"invalid annotation key {excerpt(key)}, should be [prefix/]name "
+                    f"{where}[{quote(key)}]",
+                    f"invalid annotation key {quote(key)}, should be [prefix/]name "
                     "(DNS subdomain prefix, name of A-Z a-z 0-9 - _ . up to 63)",
                 )
             )
@@ -264,7 +263,7 @@ def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> lis
                 problems.append(
                     Problem(
                         "cdiVersion",
-                        f"the spec version must be at least v{needed}, it is {excerpt(declared)}",
+                        f"the spec version must be at least v{needed}, it is {quote(declared)}",
                     )
                 )
             problems += [p for p in problems_for(reqs, declared) if "only valid up to" in p.message]
@@ -283,7 +282,7 @@ def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> lis
         name = device.get("name", "")
         if name in seen:
             problems.append(
-                Problem(f"devices[{i}].name", f"invalid spec, multiple device {excerpt(name)}")
+                Problem(f"devices[{i}].name", f"invalid spec, multiple device {quote(name)}")
             )
         seen.add(name)
     if doc.get("containerEdits") is not None:
