@@ -77,9 +77,9 @@ async def _startup(rounds: int) -> list[float]:
 MEMORY_CHILD = r"""
 import asyncio, os, sys, tempfile
 from pathlib import Path
-from cdi_gen import udev
+from cdi_gen.sources import udev
 from cdi_gen.agent import Agent, AgentOptions
-from cdi_gen.config import parse_config
+from cdi_gen.config.models import parse_config
 
 CLASSES, PER_CLASS = 5, 200
 records = [
@@ -130,7 +130,7 @@ async def _hotplug(cycles: int) -> list[float]:
     import yaml
 
     from cdi_gen.agent import Agent, AgentOptions
-    from cdi_gen.config import parse_config
+    from cdi_gen.config.models import parse_config
     from tests.fakes.kubelet import FakeKubelet
 
     tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgh"))

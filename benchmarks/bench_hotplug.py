@@ -5,8 +5,9 @@
 Hotplug: a brand-new loop device is created with LOOP_CTL_ADD; the clock runs from the ioctl
 returning to the spec file on disk (written atomically and fsynced) containing the device, and
 from LOOP_CTL_REMOVE returning to the entry gone. The pipeline is the agent's: the kernel
-netlink monitor, :class:`~cdi_gen.discovery.Discovery`, the writer. A second loop device stays
-present throughout so that a removal rewrites the spec rather than deleting the file. The
+netlink monitor, :class:`~cdi_gen.discovery.inventory.Discovery`, the writer. A second loop
+device stays present throughout so that a removal rewrites the spec rather than deleting the
+file. The
 ioctls run on the event loop, as a blocking call would: the uevent waits in the socket until
 it returns, so nothing before the clock starts is hidden.
 """
@@ -26,16 +27,16 @@ from pathlib import Path
 
 from _table import Row, best_ms, percentile, print_table
 
-from cdi_gen.config import load_config, parse_config
-from cdi_gen.discovery import Discovery
-from cdi_gen.udev import (
+from cdi_gen.cdi.writer import spec_filename, write_spec
+from cdi_gen.config.models import load_config, parse_config
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.sources.udev import (
     DeviceRecord,
     UdevWatcher,
     enumerate_records,
     record_from_json,
     records_from_export_db,
 )
-from cdi_gen.writer import spec_filename, write_spec
 from tests.loopdev import add_loop, free_loop_numbers, remove_loop
 
 HERE = Path(__file__).resolve().parent

@@ -15,8 +15,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _table import Row, best_ms, cli_env, print_table
 
-from cdi_gen.codec import dump_document, load_spec
-from cdi_gen.entry import assemble, build_entry
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document, load_spec
 
 N = 10_000
 REPO = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Allows ``python -m cdi_gen``."""
 
-from cdi_gen.cli import main
+from cdi_gen.cli.main import main
 
 main()

@@ -15,7 +15,7 @@ cannot resolve. Entries never pin major/minor for nodes that exist on the host, 
 re-plugged device with new numbers is injected with its current ones.
 
 Each device's spec entry is validated once, when it appears, and reused (see
-:mod:`cdi_gen.entry`): re-writing a class's spec after an event costs about one serialisation.
+:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one serialisation.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
@@ -37,11 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdi_gen import writer
-from cdi_gen.codec import dump_document
-from cdi_gen.config import AgentConfig, ClassConfig
-from cdi_gen.discovery import ClassChange, DiscoveredDevice, Discovery
-from cdi_gen.entry import DeviceEntry, assemble, build_entry
+from cdi_gen.cdi import writer
+from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.registry import SpecCache, unique_dirs
+from cdi_gen.cdi.spec import ContainerEdits
+from cdi_gen.cdi.version import choose_version
+from cdi_gen.config.models import AgentConfig, ClassConfig
+from cdi_gen.discovery.inventory import ClassChange, DiscoveredDevice, Discovery
+from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.errors import (
     CdiGenError,
     ConfigError,
@@ -50,14 +54,10 @@ from cdi_gen.errors import (
     VersionError,
     quote,
 )
+from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, parse_address, serve_http
 from cdi_gen.modes import make_folder
-from cdi_gen.registry import SpecCache, unique_dirs
-from cdi_gen.sharing import expand_change
-from cdi_gen.spec import ContainerEdits
-from cdi_gen.state import AdvertisedDevice, DeviceBoard
-from cdi_gen.version import choose_version
 
 log = logging.getLogger("cdi_gen.agent")
 
@@ -348,7 +348,7 @@ class Agent:
                     loop.remove_signal_handler(sig)
 
     async def _start(self) -> None:
-        from cdi_gen.udev import UdevWatcher
+        from cdi_gen.sources.udev import UdevWatcher
 
         opts = self.options
         if opts.metrics_address:
@@ -411,7 +411,7 @@ class Agent:
                 )
 
     async def _start_plugins(self) -> None:
-        from cdi_gen.plugin import DevicePlugin
+        from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
         opts = self.options
         for runner in self.runners.values():

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cdi_gen.cdi.registry import DEFAULT_SPEC_DIRS, Registry, load_registry
+from cdi_gen.cdi.runtimes import Runtime, readability_problems
 from cdi_gen.errors import quote
 from cdi_gen.files import RUNTIME_CONFIG_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.registry import DEFAULT_SPEC_DIRS, Registry, load_registry
-from cdi_gen.runtimes import Runtime, readability_problems
 
 Status = Literal["OK", "WARN", "FAIL"]
 DEFAULT_CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
@@ -394,7 +394,7 @@ def check_kubelet(plugin_dir: Path) -> list[Check]:
 
 
 def check_udev(run_dir: Path = Path("/run/udev")) -> list[Check]:
-    from cdi_gen.udev import udevd_running
+    from cdi_gen.sources.udev import udevd_running
 
     if udevd_running(run_dir):
         return [Check("OK", "udev", f"udevd answers at {run_dir}/control")]

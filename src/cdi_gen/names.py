@@ -56,8 +56,8 @@ def validate_vendor(vendor: str) -> None:
 def validate_class(cls: str) -> None:
     """Raise :class:`InvalidNameError` unless ``cls`` is a CDI class all runtimes accept.
 
-    Dots are allowed by the grammar but need cdiVersion 0.6.0; :mod:`cdi_gen.version` accounts
-    for that.
+    Dots are allowed by the grammar but need cdiVersion 0.6.0; :mod:`cdi_gen.cdi.version`
+    accounts for that.
     """
     _check_segment("class", cls, _VENDOR_RE, "_.-")
     if len(cls) == 1:

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from cdi_gen.agent import Agent, AgentOptions
-from cdi_gen.config import parse_config
-from cdi_gen.udev import DeviceRecord
+from cdi_gen.config.models import parse_config
+from cdi_gen.sources.udev import DeviceRecord
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
 

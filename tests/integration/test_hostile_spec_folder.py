@@ -19,11 +19,11 @@ import grpc
 import pytest
 from fakes.kubelet import FakeKubelet
 
-from cdi_gen import plugin as plugin_module
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
-from cdi_gen.plugin import DevicePlugin
-from cdi_gen.registry import SpecCache
-from cdi_gen.state import AdvertisedDevice, DeviceBoard
+from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.kubelet import deviceplugin as plugin_module
+from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
 GOOD = {
     "cdiVersion": "0.3.0",
@@ -229,7 +229,7 @@ async def test_runtime_spec_dir_given_twice_still_allocates(short_dir: Path) -> 
 def test_the_event_loop_path_never_reads_and_gives_up_on_a_stuffed_folder(
     tmp_path: Path,
 ) -> None:
-    from cdi_gen.registry import FAST_PATH_ENTRIES
+    from cdi_gen.cdi.registry import FAST_PATH_ENTRIES
 
     spec_dir = tmp_path / "cdi"
     plant(spec_dir)

@@ -18,9 +18,9 @@ import pytest
 from fakes.kubelet import ConnectedPlugin, FakeKubelet
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from cdi_gen.plugin import DevicePlugin
-from cdi_gen.registry import SpecCache
-from cdi_gen.state import AdvertisedDevice, DeviceBoard
+from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
 VENDOR, CLASS = "example.com", "loop"
 KIND = f"{VENDOR}/{CLASS}"

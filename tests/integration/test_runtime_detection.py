@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen import runtimes as rt
+from cdi_gen.cdi import runtimes as rt
 
 MAIN = """package main
 

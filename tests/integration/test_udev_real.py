@@ -22,10 +22,10 @@ import orjson
 import pytest
 from loopdev import LoopDevices
 
-from cdi_gen.config import AgentConfig, parse_config
-from cdi_gen.discovery import Discovery
-from cdi_gen.udev import UDEV_RUN_DIR, UdevBatch, UdevWatcher, udevd_running
-from cdi_gen.writer import remove_spec, spec_filename, write_spec
+from cdi_gen.cdi.writer import remove_spec, spec_filename, write_spec
+from cdi_gen.config.models import AgentConfig, parse_config
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevBatch, UdevWatcher, udevd_running
 
 pytestmark = pytest.mark.kernel
 
@@ -220,7 +220,7 @@ async def test_resync_enumerates_again(loops: LoopDevices, tmp_path: Path) -> No
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """Run the real entry point (with its error → exit code mapping)."""
-    from cdi_gen.cli import main
+    from cdi_gen.cli.main import main
 
     with pytest.raises(SystemExit) as info:
         main(list(argv))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.allocation import (
+from cdi_gen.kubelet.allocation import (
     AllocationError,
     PhysicalPolicy,
     Refusal,
@@ -20,7 +20,7 @@ from cdi_gen.allocation import (
     natural_key,
     preferred_allocation,
 )
-from cdi_gen.state import AdvertisedDevice
+from cdi_gen.kubelet.board import AdvertisedDevice
 
 RESOURCE = "example.com/loop"
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 import yaml
 
-from cdi_gen.cli import main
+from cdi_gen.cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 HW = str(DATA / "hardware.json")

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen import names
-from cdi_gen.config import (
+from cdi_gen.config.models import (
     DEFAULT_VENDOR,
     DEVICE_NAME_FIELDS,
     EDIT_FIELDS,

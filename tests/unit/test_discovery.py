@@ -12,14 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.codec import dump_spec
-from cdi_gen.config import AgentConfig, load_config, parse_config
-from cdi_gen.discovery import Discovery, build_spec, glob_match, match_record, matches
+from cdi_gen.cdi.codec import dump_spec
+from cdi_gen.cdi.spec import DeviceNode
+from cdi_gen.cdi.validation import check_spec
+from cdi_gen.config.models import AgentConfig, load_config, parse_config
+from cdi_gen.discovery.inventory import Discovery, build_spec, glob_match, match_record, matches
 from cdi_gen.errors import VersionError
-from cdi_gen.spec import DeviceNode
-from cdi_gen.state import AdvertisedDevice
-from cdi_gen.udev import DeviceRecord, ParentRecord, record_from_json, records_from_export_db
-from cdi_gen.validation import check_spec
+from cdi_gen.kubelet.board import AdvertisedDevice
+from cdi_gen.sources.udev import (
+    DeviceRecord,
+    ParentRecord,
+    record_from_json,
+    records_from_export_db,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen import doctor, writer
-from cdi_gen.entry import assemble, build_entry
+from cdi_gen import doctor
+from cdi_gen.cdi import writer
+from cdi_gen.cdi.builder import assemble, build_entry
 
 RUN = Path("/var/run/cdi")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdi_gen.codec import dump_document, dump_spec, load_spec
-from cdi_gen.entry import assemble, build_entry
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document, dump_spec, load_spec
 from cdi_gen.errors import SpecError, VersionError
 
 

@@ -1,7 +1,7 @@
 """Property-based fuzzing of every input cdi-gen parses, through the real entry points.
 
-Configs go through :func:`cdi_gen.config.load_config` (from a file, as ``--config`` does),
-specs through :func:`cdi_gen.registry.load_file` (as ``list`` and the device plugin read a
+Configs go through :func:`cdi_gen.config.models.load_config` (from a file, as ``--config`` does),
+specs through :func:`cdi_gen.cdi.registry.load_file` (as ``list`` and the device plugin read a
 spec folder), udev records through the ``--records`` loader and then discovery and spec
 building. The only property: each input ends in the result or the one documented error type
 (never another exception, so never a traceback), quickly (hypothesis' deadline, 2 s), and
@@ -30,12 +30,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.cli import _load_records
-from cdi_gen.config import AgentConfig, catalogue_text, load_config
-from cdi_gen.discovery import Discovery
+from cdi_gen.cdi.registry import load_file
+from cdi_gen.cli.main import _load_records
+from cdi_gen.config.models import AgentConfig, catalogue_text, load_config
+from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import CdiGenError, ConfigError
-from cdi_gen.registry import load_file
-from cdi_gen.udev import record_from_json, records_from_export_db
+from cdi_gen.sources.udev import record_from_json, records_from_export_db
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CDI_GEN_FUZZ_EXAMPLES", "40"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen import writer
+from cdi_gen.cdi import writer
 from cdi_gen.errors import CdiGenError
 
 CONFIG = """\
@@ -67,7 +67,7 @@ def test_forged_record_is_not_listed_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec_dir, victim = plant(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="cdi_gen.writer"):
+    with caplog.at_level(logging.WARNING, logger="cdi_gen.cdi.writer"):
         assert writer.owned_specs(spec_dir) == []
     assert victim.exists()
     assert any(".planted.cdi-gen-owner" in r.getMessage() for r in caplog.records)
@@ -110,8 +110,8 @@ def test_cli_write_leaves_the_file_elsewhere(tmp_path: Path) -> None:
 
 def test_agent_startup_leaves_the_file_elsewhere(tmp_path: Path) -> None:
     from cdi_gen.agent import Agent, AgentOptions
-    from cdi_gen.codec import load_yaml
-    from cdi_gen.config import parse_config
+    from cdi_gen.cdi.codec import load_yaml
+    from cdi_gen.config.models import parse_config
 
     spec_dir, victim = plant(tmp_path)
     agent = Agent(parse_config(load_yaml(CONFIG)), AgentOptions(spec_dir=spec_dir))

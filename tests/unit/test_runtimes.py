@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen import runtimes as rt
-from cdi_gen.cli import main
+from cdi_gen.cdi import runtimes as rt
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cli.main import main
 from cdi_gen.errors import ConfigError
-from cdi_gen.spec import Spec
 
 # (reference, newest cdiVersion it reads): both sides of every row boundary of the table.
 LIMITS = [

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from cdi_gen.cli import cli, main
-from cdi_gen.codec import load_spec
+from cdi_gen.cdi.codec import load_spec
+from cdi_gen.cli.main import cli, main
 from tests.conftest import REPO, upstream_validator
 
 SAMPLES = REPO / "cdi-samples"

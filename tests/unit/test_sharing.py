@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cdi_gen.allocation import AllocationError, Refusal, check_request, preferred_allocation
+from cdi_gen.discovery.sharing import expand_advertised, slot_names
 from cdi_gen.errors import InvalidNameError
-from cdi_gen.sharing import expand_advertised, slot_names
-from cdi_gen.state import AdvertisedDevice
+from cdi_gen.kubelet.allocation import AllocationError, Refusal, check_request, preferred_allocation
+from cdi_gen.kubelet.board import AdvertisedDevice
 
 
 def test_slot_names_are_stable_and_valid() -> None:
@@ -54,12 +54,12 @@ def test_preferred_allocation_spreads_or_packs_slots() -> None:
 
 def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     """`cdi-gen write` (build_spec) and the agent (expand_change) list slots alike."""
-    from cdi_gen.codec import dump_document, dump_spec
-    from cdi_gen.config import parse_config
-    from cdi_gen.discovery import Discovery
-    from cdi_gen.entry import assemble, build_entry
-    from cdi_gen.sharing import expand_change
-    from cdi_gen.udev import DeviceRecord
+    from cdi_gen.cdi.builder import assemble, build_entry
+    from cdi_gen.cdi.codec import dump_document, dump_spec
+    from cdi_gen.config.models import parse_config
+    from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.discovery.sharing import expand_change
+    from cdi_gen.sources.udev import DeviceRecord
 
     config = parse_config(
         {

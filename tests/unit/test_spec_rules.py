@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi_gen import writer
-from cdi_gen.codec import dump_spec, load_spec
+from cdi_gen.cdi import writer
+from cdi_gen.cdi.codec import dump_spec, load_spec
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.version import apply_version
+from cdi_gen.cli.schema import cdi_spec_schema, dump_schema
 from cdi_gen.errors import SpecError
-from cdi_gen.schema import cdi_spec_schema, dump_schema
-from cdi_gen.spec import Spec
-from cdi_gen.version import apply_version
 from tests.conftest import REPO, upstream_testdata, upstream_validator
 
 GOOD = upstream_testdata("good")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.udev import (
+from cdi_gen.sources.udev import (
     DeviceRecord,
     ParentRecord,
     UdevWatcher,

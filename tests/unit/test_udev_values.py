@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from cdi_gen.codec import load_spec
-from cdi_gen.config import parse_config
-from cdi_gen.discovery import Discovery
+from cdi_gen.cdi.codec import load_spec
+from cdi_gen.cdi.validation import check_spec
+from cdi_gen.config.models import parse_config
+from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import SpecError
-from cdi_gen.udev import DeviceRecord, ParentRecord, record_from_json
-from cdi_gen.validation import check_spec
+from cdi_gen.sources.udev import DeviceRecord, ParentRecord, record_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -122,7 +122,7 @@ def test_hostile_value_skips_only_its_device(
 
 
 def test_value_at_the_limit_is_kept(hw_records: list[DeviceRecord]) -> None:
-    from cdi_gen.discovery import MAX_VALUE_BYTES
+    from cdi_gen.discovery.inventory import MAX_VALUE_BYTES
 
     names, warnings = _discover(_hostile(hw_records, prop="S" * MAX_VALUE_BYTES))
     assert names == ["ttyUSB0", "ttyUSB1"] and warnings == []

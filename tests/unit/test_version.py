@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.version import apply_version, minimum_version, parse_version, version_problems
 from cdi_gen.errors import VersionError
-from cdi_gen.spec import Spec
-from cdi_gen.version import apply_version, minimum_version, parse_version, version_problems
 
 
 def _spec(device_edits: dict[str, Any], **top: Any) -> Spec:

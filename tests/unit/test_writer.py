@@ -11,10 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen import writer
-from cdi_gen.codec import dump_spec, load_spec
+from cdi_gen.cdi import writer
+from cdi_gen.cdi.codec import dump_spec, load_spec
+from cdi_gen.cdi.spec import Spec
 from cdi_gen.errors import SpecWriteError
-from cdi_gen.spec import Spec
 
 STEPS = [
     "owner-temp-created",
@@ -117,8 +117,8 @@ CHILD = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from cdi_gen import writer
-    from cdi_gen.spec import Spec
+    from cdi_gen.cdi import writer
+    from cdi_gen.cdi.spec import Spec
     step = sys.argv[2]
     def hook(name):
         if name == step:

@@ -1,7 +1,7 @@
 """Allocate through a (fake but real-gRPC) kubelet, then containerd 1.7 with what came back.
 
-The device plugin is cdi-gen's own (``cdi_gen.plugin.DevicePlugin``) on a real unix socket,
-registered with ``tests/fakes/kubelet.py``; whatever its Allocate returns is handed to
+The device plugin is cdi-gen's own (``cdi_gen.kubelet.deviceplugin.DevicePlugin``) on a real
+unix socket, registered with ``tests/fakes/kubelet.py``; whatever its Allocate returns is handed to
 CreateContainer without any change, as the kubelet does: ``cdi_devices`` names into
 ``CDI_devices``, response annotations into the container's annotations.
 """
@@ -20,9 +20,9 @@ from fakes.kubelet import ConnectedPlugin, FakeKubelet
 from loopdev import LoopDevices
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
-from cdi_gen.plugin import DevicePlugin
-from cdi_gen.registry import SpecCache
-from cdi_gen.state import AdvertisedDevice, DeviceBoard
+from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
 from .conftest import Pods, SpecFolders
 from .image import IMAGE_NAME

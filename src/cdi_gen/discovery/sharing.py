@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from cdi_gen.discovery import ClassChange, DiscoveredDevice, DiscoveryWarning
+from cdi_gen.discovery.inventory import ClassChange, DiscoveredDevice, DiscoveryWarning
 from cdi_gen.errors import InvalidNameError
+from cdi_gen.kubelet.board import AdvertisedDevice
 from cdi_gen.names import validate_device_name
-from cdi_gen.state import AdvertisedDevice
 
 
 def slot_names(device: str, replicas: int) -> list[str]:

@@ -15,14 +15,14 @@ from functools import lru_cache
 from typing import Any
 
 from cdi_gen import names
-from cdi_gen.errors import InvalidNameError, Problem, SpecError
-from cdi_gen.validation import annotation_problems, device_problems, edits_problems
-from cdi_gen.version import (
+from cdi_gen.cdi.validation import annotation_problems, device_problems, edits_problems
+from cdi_gen.cdi.version import (
     Requirement,
     choose_version,
     device_requirements,
     edits_requirements,
 )
+from cdi_gen.errors import InvalidNameError, Problem, SpecError
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ embedded catalogue (``catalogue.yaml``, package data) applies.
 
 Templates (``deviceName``, every string of ``containerEdits``) are parsed here, at load time,
 so that a typo in a field name is a config error and not a per-device runtime surprise; the
-rendering itself is in :mod:`cdi_gen.discovery`.
+rendering itself is in :mod:`cdi_gen.discovery.inventory`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from cdi_gen import names
-from cdi_gen.codec import load_yaml, no_constant, one_line, unique_keys
+from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
+from cdi_gen.cdi.version import KNOWN_VERSIONS, normalize
 from cdi_gen.errors import QUOTE_LIMIT, ConfigError, InvalidNameError, Problem, quote
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.version import KNOWN_VERSIONS, normalize
 
 __all__ = [
     "DEFAULT_VENDOR",
@@ -214,7 +214,7 @@ NameTemplate = Annotated[Template, _template(DEVICE_NAME_FIELDS), _AS_STRING, _S
 
 
 #: A cdiVersion pin meaning "the newest the node's container runtime reads", resolved at start
-#: (cdi_gen.runtimes); never written into a spec.
+#: (cdi_gen.cdi.runtimes); never written into a spec.
 RUNTIME_PIN = "runtime"
 
 
@@ -805,7 +805,7 @@ def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
 
 def catalogue_text() -> str:
     """The embedded default config, as shipped."""
-    return resources.files("cdi_gen").joinpath(CATALOGUE_NAME).read_text(encoding="utf-8")
+    return resources.files("cdi_gen.config").joinpath(CATALOGUE_NAME).read_text(encoding="utf-8")
 
 
 def load_config(path: Path | None) -> AgentConfig:

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi_gen import names
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.version import document_requirements, minimum_of, parse_version, problems_for
 from cdi_gen.errors import InvalidNameError, Problem, quote
-from cdi_gen.spec import Spec
-from cdi_gen.version import document_requirements, minimum_of, parse_version, problems_for
 
 HOOK_NAMES = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}

@@ -13,7 +13,7 @@ import orjson
 
 
 def cdi_spec_schema() -> dict[str, Any]:
-    from cdi_gen.spec import Spec
+    from cdi_gen.cdi.spec import Spec
 
     schema = Spec.model_json_schema(by_alias=True, mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -26,6 +26,6 @@ def dump_schema(schema: dict[str, Any]) -> bytes:
 
 
 def config_schema() -> dict[str, Any]:
-    from cdi_gen.config import config_json_schema
+    from cdi_gen.config.models import config_json_schema
 
     return config_json_schema()

@@ -2,7 +2,7 @@
 
 Output is deterministic (same spec → byte-identical file), because the writer skips files whose
 bytes would not change and runtimes rescan the folder on every write. Input is parsed strictly
-and judged completely: structure (pydantic), semantics (:mod:`cdi_gen.validation`) and version,
+and judged completely: structure (pydantic), semantics (:mod:`cdi_gen.cdi.validation`) and version,
 every problem reported with its path.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.validation import check_spec
 from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
-from cdi_gen.spec import Spec
-from cdi_gen.validation import check_spec
 
 Format = Literal["json", "yaml"]
 FORMATS: tuple[Format, ...] = ("json", "yaml")

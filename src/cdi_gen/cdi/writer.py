@@ -33,11 +33,11 @@ from typing import Any
 import orjson
 
 from cdi_gen import names
-from cdi_gen.codec import dump_document, dump_spec
+from cdi_gen.cdi.codec import dump_document, dump_spec
+from cdi_gen.cdi.spec import Spec
 from cdi_gen.errors import InvalidNameError, SpecWriteError, quote
 from cdi_gen.files import OWNER_MAX_BYTES, SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.modes import make_folder
-from cdi_gen.spec import Spec
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def write_spec(spec_dir: Path, spec: Spec, *, step_hook: StepHook | None = None)
     """Serialise ``spec`` (JSON) into ``spec_dir/<vendor>-<class>.json``; True if it changed.
 
     The spec must already carry its final ``cdiVersion`` (see
-    :func:`cdi_gen.version.apply_version`). Raises :class:`SpecWriteError`.
+    :func:`cdi_gen.cdi.version.apply_version`). Raises :class:`SpecWriteError`.
     """
     return write_bytes(spec_dir, spec.vendor, spec.cls, dump_spec(spec), step_hook=step_hook)
 
@@ -231,7 +231,7 @@ def write_spec(spec_dir: Path, spec: Spec, *, step_hook: StepHook | None = None)
 def write_document(
     spec_dir: Path, doc: Mapping[str, Any], *, step_hook: StepHook | None = None
 ) -> bool:
-    """Like :func:`write_spec` for a wire document built by :func:`cdi_gen.entry.assemble`."""
+    """Like :func:`write_spec` for a wire document built by :func:`cdi_gen.cdi.builder.assemble`."""
     vendor, _, cls = str(doc["kind"]).partition("/")
     return write_bytes(spec_dir, vendor, cls, dump_document(dict(doc)), step_hook=step_hook)
 

@@ -2,8 +2,8 @@
 
 Attributes are snake_case in Python and camelCase on the wire. Parsing is strict like the
 runtimes' (`UnmarshalStrict`): an unknown field rejects the whole document. Structure only lives
-here; the semantic rules (env syntax, paths, names) are in :mod:`cdi_gen.validation` and the
-version rules in :mod:`cdi_gen.version`, so a document can be loaded, then judged with every
+here; the semantic rules (env syntax, paths, names) are in :mod:`cdi_gen.cdi.validation` and the
+version rules in :mod:`cdi_gen.cdi.version`, so a document can be loaded, then judged with every
 problem reported at once.
 """
 
@@ -107,7 +107,7 @@ class Device(_Wire):
 
 
 class Spec(_Wire):
-    #: Filled in by :func:`cdi_gen.version.apply_version` when building; required on the wire.
+    #: Filled in by :func:`cdi_gen.cdi.version.apply_version` when building; required on the wire.
     cdi_version: str
     kind: str
     annotations: dict[str, str] | None = None

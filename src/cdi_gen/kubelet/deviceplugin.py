@@ -2,9 +2,9 @@
 
 One :class:`DevicePlugin` serves ``deviceplugin/v1beta1`` for ``<vendor>/<class>`` on
 ``<plugin dir>/<vendor>-<class>.sock`` (grpc.aio, on the caller's event loop) and registers
-it with the kubelet. It advertises what the :class:`~cdi_gen.state.DeviceBoard` holds (device
-ID = CDI device name) and answers Allocate with CDI device names only, after checking that
-every name resolves in the spec folders the way the runtime will resolve it.
+it with the kubelet. It advertises what the :class:`~cdi_gen.kubelet.board.DeviceBoard`
+holds (device ID = CDI device name) and answers Allocate with CDI device names only, after
+checking that every name resolves in the spec folders the way the runtime will resolve it.
 
 Lifecycle, as the kubelet expects it: serve first, then Register in the background (the
 kubelet calls GetDevicePluginOptions back while Register is in flight). A watcher polls the
@@ -13,7 +13,7 @@ does both) the server is restarted on a fresh socket and registered again, with 
 the kubelet is absent. :meth:`DevicePlugin.stop` ends every stream, stops the server with a
 short grace and removes the socket.
 
-What the answers contain is decided by the pure functions of :mod:`cdi_gen.allocation`;
+What the answers contain is decided by the pure functions of :mod:`cdi_gen.kubelet.allocation`;
 this module only maps them to messages and status codes. No handler lets an exception out
 (gRPC would turn it into ``UNKNOWN``): refusals become ``INVALID_ARGUMENT`` or
 ``FAILED_PRECONDITION``, anything unexpected ``INTERNAL``, each with a message naming the
@@ -37,7 +37,8 @@ from typing import Any, Literal, Protocol
 import grpc
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from cdi_gen.allocation import (
+from cdi_gen.errors import ConfigError, RegistrationError
+from cdi_gen.kubelet.allocation import (
     AllocationError,
     PhysicalPolicy,
     Refusal,
@@ -46,10 +47,9 @@ from cdi_gen.allocation import (
     check_request,
     preferred_allocation,
 )
-from cdi_gen.errors import ConfigError, RegistrationError
+from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
 from cdi_gen.modes import SOCKET_MODE, umask
 from cdi_gen.names import validate_cdi_kind_as_resource
-from cdi_gen.state import AdvertisedDevice, DeviceBoard
 
 __all__ = [
     "API_VERSION",
@@ -92,7 +92,7 @@ def _clip(text: str) -> str:
 
 
 class SpecResolver(Protocol):
-    """What Allocate needs from :class:`cdi_gen.registry.SpecCache`."""
+    """What Allocate needs from :class:`cdi_gen.cdi.registry.SpecCache`."""
 
     def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
         """One message per name a runtime could not resolve; empty when all resolve."""
@@ -100,7 +100,7 @@ class SpecResolver(Protocol):
 
 
 #: ``on_allocate(outcome, reason)``: outcome ``"ok"`` or ``"error"``; reason ``""``, a
-#: :class:`~cdi_gen.allocation.Refusal` value or ``"internal"``.
+#: :class:`~cdi_gen.kubelet.allocation.Refusal` value or ``"internal"``.
 AllocateHook = Callable[[str, str], None]
 #: ``on_register(ok, error)``: error is ``""`` on success, else why the kubelet said no.
 RegisterHook = Callable[[bool, str], None]

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdi_gen.codec import format_of, load_spec
+from cdi_gen.cdi.codec import format_of, load_spec
+from cdi_gen.cdi.spec import Device, Spec
 from cdi_gen.errors import SpecError
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.spec import Device, Spec
 
 DEFAULT_SPEC_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 

@@ -1,6 +1,6 @@
 """What the device plugin answers, as pure functions of the advertised devices.
 
-The gRPC layer (:mod:`cdi_gen.plugin`) only translates between wire messages and these
+The gRPC layer (:mod:`cdi_gen.kubelet.deviceplugin`) only translates between wire messages and these
 functions, so the rules the kubelet relies on can be tested without sockets:
 
 * :func:`check_request`: every requested ID is known, healthy and asked for once;
@@ -18,8 +18,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
 from cdi_gen.errors import CdiGenError, quote
+from cdi_gen.kubelet.board import AdvertisedDevice
 from cdi_gen.names import MAX_SEGMENT_LEN
-from cdi_gen.state import AdvertisedDevice
 
 #: Prefix the runtimes' CDI library scans container annotations for.
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.version import KNOWN_VERSIONS, minimum_of, requirements
 from cdi_gen.errors import ConfigError, Problem
-from cdi_gen.spec import Spec
-from cdi_gen.version import KNOWN_VERSIONS, minimum_of, requirements
 
 Version = tuple[int, ...]
 

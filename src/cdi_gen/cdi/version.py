@@ -6,7 +6,7 @@ stop at 0.5.0). So a producer should state the *minimum* version that expresses 
 must refuse, rather than emit, a spec that needs more than the runtime it targets.
 
 The rules work on wire documents (plain dicts, camelCase keys) so that the agent can apply them
-per device on its hot path; :class:`~cdi_gen.spec.Spec` objects are converted first.
+per device on its hot path; :class:`~cdi_gen.cdi.spec.Spec` objects are converted first.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cdi_gen.cdi.spec import Spec
 from cdi_gen.errors import Problem, VersionError, quote
-from cdi_gen.spec import Spec
 
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0",

@@ -19,7 +19,7 @@ silently moves to other hardware.
 udev values are not trusted: anyone who can name a USB serial number or a loop device's
 backing file chooses them. A value substituted into a template must be at most
 :data:`MAX_VALUE_BYTES` long and hold no control character, and the rendered edits must pass
-:func:`~cdi_gen.validation.edits_problems` (no ``..`` path component, no newline in an
+:func:`~cdi_gen.cdi.validation.edits_problems` (no ``..`` path component, no newline in an
 environment entry); otherwise the device is skipped with a warning quoting the field and the
 value, truncated.
 """
@@ -35,13 +35,13 @@ from functools import lru_cache
 from typing import Literal
 
 from cdi_gen import names
-from cdi_gen.config import AgentConfig, ClassConfig, Field_, MatchRule, Template
+from cdi_gen.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from cdi_gen.cdi.validation import edits_problems
+from cdi_gen.cdi.version import apply_version
+from cdi_gen.config.models import AgentConfig, ClassConfig, Field_, MatchRule, Template
 from cdi_gen.errors import InvalidNameError, quote
-from cdi_gen.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
-from cdi_gen.state import AdvertisedDevice
-from cdi_gen.udev import DeviceRecord, RecordWants
-from cdi_gen.validation import edits_problems
-from cdi_gen.version import apply_version
+from cdi_gen.kubelet.board import AdvertisedDevice
+from cdi_gen.sources.udev import DeviceRecord, RecordWants
 
 __all__ = [
     "MAX_VALUE_BYTES",
@@ -596,7 +596,7 @@ def build_spec(vendor: str, cls: ClassConfig, devices: Iterable[DiscoveredDevice
     when there is no device (a spec without devices is invalid). Raises VersionError when the
     class pins a cdiVersion older than its edits need.
     """
-    from cdi_gen.sharing import expand_devices  # sharing builds on this module
+    from cdi_gen.discovery.sharing import expand_devices  # sharing builds on this module
 
     devs = sorted(devices, key=lambda d: d.name)
     # Slots of shared devices, in the same order the agent writes them (slot 2 before 10).

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from cdi_gen.codec import Format
-    from cdi_gen.spec import Spec
+    from cdi_gen.cdi.codec import Format
+    from cdi_gen.cdi.spec import Spec
 
 
 class _State:
@@ -88,10 +88,10 @@ def emit_spec(
     needs a newer version than ``cdi_version``, and :class:`~cdi_gen.errors.SpecError` when it
     breaks a runtime rule.
     """
-    from cdi_gen.codec import dump_document, spec_document
+    from cdi_gen.cdi.codec import dump_document, spec_document
+    from cdi_gen.cdi.validation import check_document
+    from cdi_gen.cdi.version import choose_version, document_requirements
     from cdi_gen.errors import SpecError
-    from cdi_gen.validation import check_document
-    from cdi_gen.version import choose_version, document_requirements
 
     # One wire document for the version choice, the checks and the output: converting a
     # large spec from the models costs more than all three.
@@ -145,7 +145,7 @@ def _write_file_atomically(output: Path, data: bytes) -> None:
 
 
 def _spec_files(paths: Sequence[str]) -> list[Path]:
-    from cdi_gen.codec import format_of
+    from cdi_gen.cdi.codec import format_of
 
     files: list[Path] = []
     for raw in paths:
@@ -177,10 +177,10 @@ def validate(paths: tuple[str, ...], quiet: bool, for_runtimes: tuple[str, ...])
     and with --for whether a runtime release reads the file's cdiVersion. Prints one line per
     problem and exits 1 if there is any.
     """
-    from cdi_gen.codec import format_of, load_spec
+    from cdi_gen.cdi.codec import format_of, load_spec
+    from cdi_gen.cdi.runtimes import parse_reference, readability_problems
     from cdi_gen.errors import SpecError
     from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
-    from cdi_gen.runtimes import parse_reference, readability_problems
 
     runtimes = [parse_reference(ref) for ref in for_runtimes]
     failed = False
@@ -230,7 +230,7 @@ def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
     Applies folder priority (a later folder wins) and same-folder conflicts (the device is
     dropped, both files named) the way the runtimes' CDI library does.
     """
-    from cdi_gen.registry import DEFAULT_SPEC_DIRS, load_registry
+    from cdi_gen.cdi.registry import DEFAULT_SPEC_DIRS, load_registry
 
     dirs = list(spec_dirs) or list(DEFAULT_SPEC_DIRS)
     reg = load_registry(dirs)
@@ -272,7 +272,7 @@ def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
 @click.argument("which", type=click.Choice(["spec", "config"]))
 def schema(which: str) -> None:
     """Print the JSON Schema of a CDI spec (as cdi-gen validates it) or of the config file."""
-    from cdi_gen.schema import cdi_spec_schema, config_schema, dump_schema
+    from cdi_gen.cli.schema import cdi_spec_schema, config_schema, dump_schema
 
     sys.stdout.buffer.write(dump_schema(cdi_spec_schema() if which == "spec" else config_schema()))
 
@@ -313,10 +313,10 @@ _RUNTIME_OPTION = click.option(
 
 def _resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) -> str | None:
     """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now."""
-    from cdi_gen.config import RUNTIME_PIN
+    from cdi_gen.cdi.runtimes import detect_all, node_limit
+    from cdi_gen.cdi.version import normalize
+    from cdi_gen.config.models import RUNTIME_PIN
     from cdi_gen.errors import ConfigError
-    from cdi_gen.runtimes import detect_all, node_limit
-    from cdi_gen.version import normalize
 
     if value is None:
         return None
@@ -331,7 +331,7 @@ def _resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) 
 def _pin_versions(config: Any, default: str | None, runtime_refs: Sequence[str]) -> Any:
     """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
     ``runtime`` resolved once for all classes."""
-    from cdi_gen.config import RUNTIME_PIN
+    from cdi_gen.config.models import RUNTIME_PIN
 
     wanted = {c.cdi_version or default for c in config.classes}
     if wanted <= {None} and default is None:
@@ -385,9 +385,9 @@ def _discover(
     runtime_refs: Sequence[str] = (),
 ) -> Any:
     """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
-    from cdi_gen.config import load_config
-    from cdi_gen.discovery import Discovery
-    from cdi_gen.udev import enumerate_records
+    from cdi_gen.config.models import load_config
+    from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.sources.udev import enumerate_records
 
     config = _pin_versions(load_config(config_path), cdi_version, runtime_refs)
     if vendor is not None:
@@ -407,10 +407,10 @@ def _load_records(path: Path) -> list[Any]:
     """The records of a ``--records`` file; ConfigError (exit 2) naming the file and why."""
     import orjson
 
-    from cdi_gen.codec import one_line
+    from cdi_gen.cdi.codec import one_line
     from cdi_gen.errors import ConfigError
     from cdi_gen.files import RECORDS_MAX_BYTES, FileRefused, read_regular
-    from cdi_gen.udev import record_from_json, records_from_export_db
+    from cdi_gen.sources.udev import record_from_json, records_from_export_db
 
     try:
         data = read_regular(path, RECORDS_MAX_BYTES)
@@ -436,8 +436,8 @@ def _load_records(path: Path) -> list[Any]:
 
 def _slots(discovery: Any, cls: str, device: str) -> list[str]:
     """The device plugin IDs of one physical device: itself, or its slots when shared."""
+    from cdi_gen.discovery.sharing import slot_names
     from cdi_gen.errors import InvalidNameError
-    from cdi_gen.sharing import slot_names
 
     replicas = discovery.config_of(cls).sharing.replicas
     if replicas <= 1:
@@ -554,7 +554,7 @@ def render(
     records_path: Path | None,
 ) -> None:
     """Render the CDI spec of one class from the devices present now."""
-    from cdi_gen.config import AgentConfig
+    from cdi_gen.config.models import AgentConfig
     from cdi_gen.errors import DiscoveryError
 
     pin = _resolve_version(cdi_version, runtime_refs, "--cdi-version")
@@ -599,9 +599,9 @@ def write(
     One-shot host mode (a systemd unit or udev rule for podman/docker). Each file is written
     atomically and only if it changes; foreign files are never touched.
     """
+    from cdi_gen.cdi.validation import check_spec
+    from cdi_gen.cdi.writer import owned_specs, remove_spec, spec_filename, write_spec
     from cdi_gen.errors import CdiGenError, SpecError
-    from cdi_gen.validation import check_spec
-    from cdi_gen.writer import owned_specs, remove_spec, spec_filename, write_spec
 
     discovery = _discover(
         config_path, classes, records_path, cdi_version=cdi_version, runtime_refs=runtime_refs
@@ -650,7 +650,7 @@ def write(
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
 def check_config(path: Path) -> None:
     """Validate an agent config; print its classes. Exit 2 with one line per problem."""
-    from cdi_gen.config import load_config
+    from cdi_gen.config.models import load_config
 
     config = load_config(path)
     names = ", ".join(c.name for c in config.classes)
@@ -782,7 +782,7 @@ def run(
     import asyncio
 
     from cdi_gen.agent import Agent, AgentOptions
-    from cdi_gen.config import load_config
+    from cdi_gen.config.models import load_config
     from cdi_gen.errors import ConfigError
     from cdi_gen.logs import setup_logging
     from cdi_gen.metrics import parse_address
@@ -851,10 +851,10 @@ def doctor(
     One line per check (OK, WARN or FAIL with what to do); exit 1 if any check FAILs.
     """
     from cdi_gen import doctor as dr
-    from cdi_gen import runtimes as rt
     from cdi_gen.agent import AgentOptions
+    from cdi_gen.cdi import runtimes as rt
+    from cdi_gen.cdi.registry import load_registry
     from cdi_gen.errors import ConfigError
-    from cdi_gen.registry import load_registry
 
     checks: list[dr.Check] = []
     if runtime_refs:

@@ -1,0 +1,3 @@
+"""Pure discovery: records matched against class rules, rendered into devices, kept
+as per-class inventories; sharing devices in slots.
+"""

@@ -1,0 +1,1 @@
+"""Where device records come from: udev (the only pyudev user) behind a small protocol."""
