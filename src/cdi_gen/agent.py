@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cdi_gen import paths
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
@@ -44,7 +45,7 @@ from cdi_gen.cdi.registry import SpecCache, unique_dirs
 from cdi_gen.cdi.spec import ContainerEdits
 from cdi_gen.cdi.version import choose_version
 from cdi_gen.config.models import AgentConfig, ClassConfig
-from cdi_gen.discovery.inventory import ClassChange, DiscoveredDevice, Discovery
+from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.errors import (
     CdiGenError,
@@ -54,9 +55,10 @@ from cdi_gen.errors import (
     VersionError,
     quote,
 )
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, parse_address, serve_http
+from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
 from cdi_gen.modes import make_folder
 
 log = logging.getLogger("cdi_gen.agent")
@@ -67,8 +69,6 @@ log = logging.getLogger("cdi_gen.agent")
 #: ``cdi-gen run`` by hand expects; nothing sends it to a pod for a reload (a changed config
 #: rolls the DaemonSet), and a reload of udev alone would look like one of the config.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-DEFAULT_SPEC_DIR = Path("/var/run/cdi")
-DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 #: Longest the start-up scan of our spec folder (stale specs of removed classes) may take.
 FOLDER_SCAN_SECONDS = 10.0
 
@@ -77,8 +77,8 @@ FOLDER_SCAN_SECONDS = 10.0
 class AgentOptions:
     """Everything ``cdi-gen run`` takes besides the config."""
 
-    spec_dir: Path = DEFAULT_SPEC_DIR
-    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    spec_dir: Path = paths.DYNAMIC_SPEC_DIR
+    plugin_dir: Path = paths.DEVICE_PLUGIN_DIR
     kubelet_socket: Path | None = None
     #: Folders the runtime reads, lowest priority first; Allocate checks names against them.
     #: Default: /etc/cdi and the spec folder.
@@ -94,7 +94,7 @@ class AgentOptions:
         if self.runtime_spec_dirs:
             # A folder named twice would conflict with itself and fail every Allocate.
             return unique_dirs(self.runtime_spec_dirs)
-        etc = Path("/etc/cdi")
+        etc = paths.STATIC_SPEC_DIR
         return (self.spec_dir,) if self.spec_dir == etc else (etc, self.spec_dir)
 
 

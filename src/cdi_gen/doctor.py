@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cdi_gen.cdi.registry import DEFAULT_SPEC_DIRS, Registry, load_registry
+from cdi_gen.cdi.registry import Registry, load_registry
 from cdi_gen.cdi.runtimes import Runtime, readability_problems
 from cdi_gen.errors import quote
 from cdi_gen.files import RUNTIME_CONFIG_MAX_BYTES, FileRefused, read_regular
+from cdi_gen.paths import KUBELET_SOCKET_NAME, RUNTIME_SPEC_DIRS, UDEV_RUN_DIR
 
 Status = Literal["OK", "WARN", "FAIL"]
-DEFAULT_CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
-DEFAULT_CRIO_CONFIG = Path("/etc/crio/crio.conf")
 #: The runtimes' own default folders, as strings to compare with their config files.
-DEFAULT_RUNTIME_SPEC_DIRS = tuple(str(d) for d in DEFAULT_SPEC_DIRS)
+DEFAULT_RUNTIME_SPEC_DIRS = tuple(str(d) for d in RUNTIME_SPEC_DIRS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +379,7 @@ def _crashes_runtimes(message: str) -> bool:
 
 
 def check_kubelet(plugin_dir: Path) -> list[Check]:
-    sock = plugin_dir / "kubelet.sock"
+    sock = plugin_dir / KUBELET_SOCKET_NAME
     if sock.is_socket():
         return [Check("OK", "kubelet", f"{sock} is present")]
     return [
@@ -393,7 +392,7 @@ def check_kubelet(plugin_dir: Path) -> list[Check]:
     ]
 
 
-def check_udev(run_dir: Path = Path("/run/udev")) -> list[Check]:
+def check_udev(run_dir: Path = UDEV_RUN_DIR) -> list[Check]:
     from cdi_gen.sources.udev import udevd_running
 
     if udevd_running(run_dir):

@@ -138,6 +138,21 @@ def is_qualified_name(qualified: str) -> bool:
     return True
 
 
+def is_k8s_qualified_name(name: str) -> bool:
+    """Whether ``name`` is a Kubernetes qualified name (no prefix): 1-63 characters of
+    ``A-Z a-z 0-9 - _ .``, starting and ending with a letter or digit.
+
+    The one grammar of annotation names (the part after any ``prefix/``) and of the name part
+    of extended resource names.
+    """
+    return len(name) <= MAX_SEGMENT_LEN and _QUALIFIED_NAME_RE.fullmatch(name) is not None
+
+
+def is_dns_subdomain(text: str) -> bool:
+    """Whether ``text`` is a lowercase DNS subdomain of at most 253 characters (RFC 1123)."""
+    return len(text) <= MAX_VENDOR_LEN and _DNS_SUBDOMAIN_RE.fullmatch(text) is not None
+
+
 def validate_resource_name(resource: str) -> None:
     """Raise unless ``resource`` is a Kubernetes extended resource name (IsExtendedResourceName).
 
@@ -164,7 +179,7 @@ def validate_resource_name(resource: str) -> None:
         raise InvalidNameError(
             kind, resource, f"domain longer than {MAX_RESOURCE_DOMAIN_LEN} characters"
         )
-    if not name or len(name) > MAX_SEGMENT_LEN or not _QUALIFIED_NAME_RE.fullmatch(name):
+    if not is_k8s_qualified_name(name):
         raise InvalidNameError(
             kind,
             resource,

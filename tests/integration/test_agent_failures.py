@@ -23,7 +23,7 @@ import pytest
 
 from cdi_gen.agent import Agent, AgentOptions
 from cdi_gen.config.models import parse_config
-from cdi_gen.sources.udev import DeviceRecord
+from cdi_gen.model import DeviceRecord
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
 

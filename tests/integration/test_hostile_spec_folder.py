@@ -22,8 +22,9 @@ from fakes.kubelet import FakeKubelet
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.kubelet import deviceplugin as plugin_module
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.model import AdvertisedDevice
 
 GOOD = {
     "cdiVersion": "0.3.0",

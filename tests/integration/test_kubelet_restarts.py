@@ -19,8 +19,9 @@ from pathlib import Path
 from fakes.kubelet import FakeKubelet
 
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.model import AdvertisedDevice
 
 RESTARTS = 50
 #: From the new kubelet.sock to the plugin registered with it.

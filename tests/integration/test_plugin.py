@@ -19,8 +19,9 @@ from fakes.kubelet import ConnectedPlugin, FakeKubelet
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.model import AdvertisedDevice
 
 VENDOR, CLASS = "example.com", "loop"
 KIND = f"{VENDOR}/{CLASS}"

@@ -20,7 +20,7 @@ from cdi_gen.kubelet.allocation import (
     natural_key,
     preferred_allocation,
 )
-from cdi_gen.kubelet.board import AdvertisedDevice
+from cdi_gen.model import AdvertisedDevice
 
 RESOURCE = "example.com/loop"
 

@@ -18,13 +18,8 @@ from cdi_gen.cdi.validation import check_spec
 from cdi_gen.config.models import AgentConfig, load_config, parse_config
 from cdi_gen.discovery.inventory import Discovery, build_spec, glob_match, match_record, matches
 from cdi_gen.errors import VersionError
-from cdi_gen.kubelet.board import AdvertisedDevice
-from cdi_gen.sources.udev import (
-    DeviceRecord,
-    ParentRecord,
-    record_from_json,
-    records_from_export_db,
-)
+from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
+from cdi_gen.sources.udev import record_from_json, records_from_export_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

@@ -7,7 +7,7 @@ import pytest
 from cdi_gen.discovery.sharing import expand_advertised, slot_names
 from cdi_gen.errors import InvalidNameError
 from cdi_gen.kubelet.allocation import AllocationError, Refusal, check_request, preferred_allocation
-from cdi_gen.kubelet.board import AdvertisedDevice
+from cdi_gen.model import AdvertisedDevice
 
 
 def test_slot_names_are_stable_and_valid() -> None:
@@ -59,7 +59,7 @@ def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     from cdi_gen.config.models import parse_config
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.discovery.sharing import expand_change
-    from cdi_gen.sources.udev import DeviceRecord
+    from cdi_gen.model import DeviceRecord
 
     config = parse_config(
         {

@@ -16,9 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdi_gen.model import DeviceRecord, ParentRecord
 from cdi_gen.sources.udev import (
-    DeviceRecord,
-    ParentRecord,
     UdevWatcher,
     record_from_json,
     record_to_json,

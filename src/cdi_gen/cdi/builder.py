@@ -20,7 +20,7 @@ from cdi_gen.cdi.version import (
     Requirement,
     choose_version,
     device_requirements,
-    edits_requirements,
+    spec_requirements,
 )
 from cdi_gen.errors import InvalidNameError, Problem, SpecError
 
@@ -86,15 +86,12 @@ def assemble(
             if e.name in seen:
                 problems.append(Problem("devices", f"invalid spec, multiple device {e.name!r}"))
             seen.add(e.name)
-    reqs: list[Requirement] = [r for e in entries for r in e.requirements]
     if annotations:
         problems += annotation_problems(annotations, "annotations")
-        reqs.append(Requirement("0.6.0", "annotations", "spec annotations"))
-    if "." in kind.partition("/")[2]:
-        reqs.append(Requirement("0.6.0", "kind", f"dot in class name {kind.partition('/')[2]!r}"))
     if container_edits:
         problems += edits_problems(container_edits, "containerEdits")
-        reqs += edits_requirements(container_edits, "containerEdits")
+    reqs: list[Requirement] = [r for e in entries for r in e.requirements]
+    reqs += spec_requirements(kind, annotations, container_edits or None)
     if problems:
         raise SpecError(problems, kind)
     doc: dict[str, Any] = {"cdiVersion": choose_version(reqs, target_version, kind), "kind": kind}

@@ -22,8 +22,7 @@ from cdi_gen.cdi.codec import format_of, load_spec
 from cdi_gen.cdi.spec import Device, Spec
 from cdi_gen.errors import SpecError
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
-
-DEFAULT_SPEC_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+from cdi_gen.paths import RUNTIME_SPEC_DIRS
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +168,7 @@ def unique_dirs(dirs: Iterable[Path]) -> tuple[Path, ...]:
     return tuple(d for i, d in enumerate(normal) if d not in normal[i + 1 :])
 
 
-def load_registry(dirs: Sequence[Path] = DEFAULT_SPEC_DIRS) -> Registry:
+def load_registry(dirs: Sequence[Path] = RUNTIME_SPEC_DIRS) -> Registry:
     """Scan ``dirs`` now and return what a runtime would see."""
     dirs = unique_dirs(dirs)
     files: list[SpecFile] = []

@@ -32,10 +32,6 @@ HOOK_NAMES = frozenset(
 )
 DEVICE_NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
 _PERMISSIONS = frozenset("rwm")
-_ANNOTATION_PREFIX_RE = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
-_ANNOTATION_NAME_RE = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _MAX_ANNOTATIONS_SIZE = 256 * 1024
 #: Linux NAME_MAX and PATH_MAX (less the terminating NUL): longer paths cannot be opened.
 MAX_PATH_COMPONENT = 255
@@ -210,9 +206,7 @@ def annotation_problems(annotations: Mapping[str, str] | None, where: str) -> li
     for key, value in (annotations or {}).items():
         total += len(key) + len(value)
         prefix, slash, name = key.lower().rpartition("/")
-        ok = bool(_ANNOTATION_NAME_RE.fullmatch(name)) and len(name) <= names.MAX_SEGMENT_LEN
-        if slash:
-            ok = ok and bool(_ANNOTATION_PREFIX_RE.fullmatch(prefix)) and len(prefix) <= 253
+        ok = names.is_k8s_qualified_name(name) and (not slash or names.is_dns_subdomain(prefix))
         if not ok:
             problems.append(
                 Problem(

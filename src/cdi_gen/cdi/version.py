@@ -107,15 +107,27 @@ def device_requirements(device: Mapping[str, Any], where: str) -> Iterator[Requi
     yield from edits_requirements(device.get("containerEdits") or {}, f"{where}.containerEdits")
 
 
-def document_requirements(doc: Mapping[str, Any]) -> Iterator[Requirement]:
-    """Every version constraint of a wire spec document, with where it comes from."""
-    if doc.get("annotations"):
+def spec_requirements(
+    kind: str, annotations: Mapping[str, str] | None, edits: Mapping[str, Any] | None
+) -> Iterator[Requirement]:
+    """Constraints of a spec's own fields (its devices aside): kind, annotations, edits.
+
+    The one place these rules live: the builder and the document checks both call it.
+    """
+    if annotations:
         yield Requirement("0.6.0", "annotations", "spec annotations")
-    cls = str(doc.get("kind", "")).partition("/")[2]
+    cls = kind.partition("/")[2]
     if "." in cls:
         yield Requirement("0.6.0", "kind", f"dot in class name {quote(cls)}")
-    if doc.get("containerEdits") is not None:
-        yield from edits_requirements(doc["containerEdits"], "containerEdits")
+    if edits is not None:
+        yield from edits_requirements(edits, "containerEdits")
+
+
+def document_requirements(doc: Mapping[str, Any]) -> Iterator[Requirement]:
+    """Every version constraint of a wire spec document, with where it comes from."""
+    yield from spec_requirements(
+        str(doc.get("kind", "")), doc.get("annotations"), doc.get("containerEdits")
+    )
     for i, device in enumerate(doc.get("devices") or ()):
         yield from device_requirements(device, f"devices[{i}]")
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cdi_gen import paths as default_paths
+
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
     from cdi_gen.cdi.spec import Spec
@@ -230,9 +232,9 @@ def list_devices(spec_dirs: tuple[Path, ...], as_json: bool) -> None:
     Applies folder priority (a later folder wins) and same-folder conflicts (the device is
     dropped, both files named) the way the runtimes' CDI library does.
     """
-    from cdi_gen.cdi.registry import DEFAULT_SPEC_DIRS, load_registry
+    from cdi_gen.cdi.registry import load_registry
 
-    dirs = list(spec_dirs) or list(DEFAULT_SPEC_DIRS)
+    dirs = list(spec_dirs) or list(default_paths.RUNTIME_SPEC_DIRS)
     reg = load_registry(dirs)
     if as_json:
         import orjson
@@ -577,7 +579,7 @@ def render(
     "--spec-dir",
     type=click.Path(file_okay=False),
     callback=_not_empty_dir,
-    default="/var/run/cdi",
+    default=str(default_paths.DYNAMIC_SPEC_DIR),
     show_default=True,
     help="Spec folder to write into.",
 )
@@ -674,7 +676,7 @@ _SPEC_DIR_OPTION = click.option(
     "--spec-dir",
     type=click.Path(file_okay=False),
     callback=_not_empty_dir,
-    default="/var/run/cdi",
+    default=str(default_paths.DYNAMIC_SPEC_DIR),
     show_default=True,
     envvar="CDI_GEN_SPEC_DIR",
     help="Folder our spec files go to (/etc/cdi for static mode).  [env: CDI_GEN_SPEC_DIR]",
@@ -692,7 +694,7 @@ _RUNTIME_SPEC_DIRS_OPTION = click.option(
 _PLUGIN_DIR_OPTION = click.option(
     "--device-plugin-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default="/var/lib/kubelet/device-plugins",
+    default=str(default_paths.DEVICE_PLUGIN_DIR),
     show_default=True,
     envvar="CDI_GEN_DEVICE_PLUGIN_DIR",
     help="The kubelet's device plugin folder.  [env: CDI_GEN_DEVICE_PLUGIN_DIR]",
@@ -815,7 +817,7 @@ def run(
 @click.option(
     "--containerd-config",
     type=click.Path(path_type=Path, dir_okay=False),
-    default="/etc/containerd/config.toml",
+    default=str(default_paths.CONTAINERD_CONFIG),
     show_default=True,
 )
 @click.option(
@@ -887,7 +889,8 @@ def doctor(
     discovery = _discover(config_path, (), records_path)
     checks += dr.check_containerd(containerd_config, spec_dir, version)
     checks += dr.check_crio(
-        crio_configs or (dr.DEFAULT_CRIO_CONFIG, dr.DEFAULT_CRIO_CONFIG.parent / "crio.conf.d"),
+        crio_configs
+        or (default_paths.CRIO_CONFIG, default_paths.CRIO_CONFIG.parent / "crio.conf.d"),
         spec_dir,
     )
     if not any(dr.same_dir(str(d), spec_dir) for d in dirs):

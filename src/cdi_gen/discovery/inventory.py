@@ -40,8 +40,15 @@ from cdi_gen.cdi.validation import edits_problems
 from cdi_gen.cdi.version import apply_version
 from cdi_gen.config.models import AgentConfig, ClassConfig, Field_, MatchRule, Template
 from cdi_gen.errors import InvalidNameError, quote
-from cdi_gen.kubelet.board import AdvertisedDevice
-from cdi_gen.sources.udev import DeviceRecord, RecordWants
+from cdi_gen.model import (
+    AdvertisedDevice,
+    ClassChange,
+    DeviceRecord,
+    DiscoveredDevice,
+    DiscoveryWarning,
+    NodeInfo,
+    RecordWants,
+)
 
 __all__ = [
     "MAX_VALUE_BYTES",
@@ -255,76 +262,6 @@ def render_template(template: Template, ctx: RenderContext) -> str:
 # ---------------------------------------------------------------------------------------------
 # Devices
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """One device node of a device: where it is on the host, and its numbers now."""
-
-    host_path: str
-    container_path: str
-    major: int | None
-    minor: int | None
-    type: Literal["b", "c"]
-    sys_path: str
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveredDevice:
-    """One CDI device of a class: a matched record, or a group of them."""
-
-    name: str
-    class_name: str
-    #: sys_path of the record, or of the grouping parent; the physical identity of the device.
-    physical: str
-    nodes: tuple[NodeInfo, ...]
-    numa_node: int | None
-    healthy: bool
-    #: The rule that matched each member, in udev notation, e.g. ``SUBSYSTEM=="block", ...``.
-    rules: tuple[str, ...]
-    edits: ContainerEdits
-    records: tuple[DeviceRecord, ...] = field(compare=False, default=())
-
-    def advertised(self) -> AdvertisedDevice:
-        return AdvertisedDevice(
-            id=self.name, healthy=self.healthy, numa_node=self.numa_node, physical=self.physical
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryWarning:
-    """A matched device that was skipped, and why (the log line says it all)."""
-
-    class_name: str
-    sys_path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"class {self.class_name!r}: device {self.sys_path}: {self.message}"
-
-
-@dataclass(frozen=True, slots=True)
-class ClassChange:
-    """The result of feeding records for one class whose device set changed.
-
-    The agent keeps its invariant by publishing ``before_write`` (the old list without the
-    removed devices), writing the spec of ``devices`` (or removing it when empty), then
-    publishing ``after_write``.
-    """
-
-    class_name: str
-    devices: tuple[DiscoveredDevice, ...]
-    added: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-    changed: tuple[str, ...] = ()
-    #: Warnings that are new since the previous change of this class.
-    warnings: tuple[DiscoveryWarning, ...] = ()
-    before_write: tuple[AdvertisedDevice, ...] = ()
-    after_write: tuple[AdvertisedDevice, ...] = ()
-
-    @property
-    def devices_changed(self) -> bool:
-        return bool(self.added or self.removed or self.changed)
 
 
 def _node_type(record: DeviceRecord) -> Literal["b", "c"]:

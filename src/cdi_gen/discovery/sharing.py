@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from cdi_gen.discovery.inventory import ClassChange, DiscoveredDevice, DiscoveryWarning
 from cdi_gen.errors import InvalidNameError
-from cdi_gen.kubelet.board import AdvertisedDevice
+from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice, DiscoveryWarning
 from cdi_gen.names import validate_device_name
 
 

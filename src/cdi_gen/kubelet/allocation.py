@@ -18,14 +18,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
 from cdi_gen.errors import CdiGenError, quote
-from cdi_gen.kubelet.board import AdvertisedDevice
-from cdi_gen.names import MAX_SEGMENT_LEN
+from cdi_gen.model import AdvertisedDevice
+from cdi_gen.names import MAX_SEGMENT_LEN, is_k8s_qualified_name
 
 #: Prefix the runtimes' CDI library scans container annotations for.
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-#: Longest annotation name after the prefix (a Kubernetes qualified-name segment).
-MAX_ANNOTATION_NAME_LEN = 63
-_ANNOTATION_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+#: Longest annotation name after the prefix (a Kubernetes qualified name).
+MAX_ANNOTATION_NAME_LEN = MAX_SEGMENT_LEN
 #: Hex digits of the per-response annotation ID: unique enough within one container.
 _ANNOTATION_ID_LEN = 12
 
@@ -237,7 +236,7 @@ def annotation_key(plugin_name: str, device_id: str) -> str:
         raise ValueError(
             f"CDI annotation name {name!r} is longer than {MAX_ANNOTATION_NAME_LEN} characters"
         )
-    if not _ANNOTATION_NAME_RE.fullmatch(name):
+    if not is_k8s_qualified_name(name):
         raise ValueError(
             f"CDI annotation name {name!r} should be A-Z a-z 0-9 _ . - "
             "starting and ending with a letter or digit"

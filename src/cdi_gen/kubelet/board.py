@@ -10,23 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
-
-@dataclass(frozen=True, slots=True)
-class AdvertisedDevice:
-    """One device as the kubelet sees it.
-
-    ``id`` is the CDI device name (unqualified) and also the kubelet device ID, so the
-    qualified CDI name is always ``<vendor>/<class>=<id>``. ``physical`` names the physical
-    device behind it: several IDs share one when a device is shared in slots.
-    """
-
-    id: str
-    healthy: bool = True
-    numa_node: int | None = None
-    physical: str = ""
+from cdi_gen.model import AdvertisedDevice
 
 
 class DeviceBoard:

@@ -47,15 +47,15 @@ from cdi_gen.kubelet.allocation import (
     check_request,
     preferred_allocation,
 )
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
+from cdi_gen.model import AdvertisedDevice
 from cdi_gen.modes import SOCKET_MODE, umask
 from cdi_gen.names import validate_cdi_kind_as_resource
+from cdi_gen.paths import DEVICE_PLUGIN_DIR, KUBELET_SOCKET_NAME
 
 __all__ = [
     "API_VERSION",
-    "DEVICE_PLUGIN_PATH",
     "HEALTHY",
-    "KUBELET_SOCKET_NAME",
     "UNHEALTHY",
     "DevicePlugin",
     "SpecResolver",
@@ -64,8 +64,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The kubelet's fixed device plugin directory (not moved by ``--root-dir``).
-DEVICE_PLUGIN_PATH = Path("/var/lib/kubelet/device-plugins")
-KUBELET_SOCKET_NAME = "kubelet.sock"
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -155,7 +153,7 @@ class DevicePlugin:
         board: DeviceBoard,
         spec_cache: SpecResolver,
         *,
-        plugin_dir: Path = DEVICE_PLUGIN_PATH,
+        plugin_dir: Path = DEVICE_PLUGIN_DIR,
         kubelet_socket: Path | None = None,
         cdi_annotations: bool = False,
         physical_policy: PhysicalPolicy = "pack",

@@ -25,14 +25,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pyudev
 
 from cdi_gen.errors import DiscoveryError, quote
+from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants
+from cdi_gen.paths import UDEV_RUN_DIR
 
 __all__ = [
     "DeviceRecord",
@@ -51,69 +53,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Source = Literal["auto", "udev", "kernel"]
-#: udevd's runtime directory: its control socket and the database with the ID_* properties.
-UDEV_RUN_DIR = Path("/run/udev")
 #: Large enough for a storm of thousands of uevents; SO_RCVBUFFORCE needs CAP_NET_ADMIN,
 #: and without it the kernel default applies and a storm ends in ENOBUFS and a resync.
 RECEIVE_BUFFER = 16 * 1024 * 1024
 _DRIVER_ACTIONS = frozenset({"bind", "unbind", "change", "move"})
-
-
-@dataclass(frozen=True, slots=True)
-class ParentRecord:
-    """One ancestor of a device: enough for DRIVERS/ATTRS matching and grouping."""
-
-    sys_path: str
-    sys_name: str
-    subsystem: str | None = None
-    devtype: str | None = None
-    driver: str | None = None
-    attributes: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceRecord:
-    """What udev knows of one device at one moment (an enumeration or an event).
-
-    ``attributes`` holds only the sysfs attributes the config asks for (reading every
-    attribute of every device costs more than the rest together); ``parents`` runs from
-    the immediate parent up. ``action`` is None for enumerated devices, else the uevent
-    action (add, remove, change, bind, unbind, move). A ``remove`` record carries only what
-    the uevent said: sysfs is already gone.
-    """
-
-    sys_path: str
-    subsystem: str
-    sys_name: str
-    sys_number: str | None = None
-    devnode: str | None = None
-    devtype: str | None = None
-    major: int | None = None
-    minor: int | None = None
-    driver: str | None = None
-    properties: Mapping[str, str] = field(default_factory=dict)
-    attributes: Mapping[str, str] = field(default_factory=dict)
-    parents: tuple[ParentRecord, ...] = ()
-    numa_node: int | None = None
-    node_exists: bool = True
-    action: str | None = None
-
-    @property
-    def drivers(self) -> Iterator[str]:
-        """The driver of the device, then of each parent (udev DRIVERS order)."""
-        if self.driver:
-            yield self.driver
-        for p in self.parents:
-            if p.driver:
-                yield p.driver
-
-
-@dataclass(frozen=True, slots=True)
-class RecordWants:
-    """The sysfs attributes worth reading for a config (see ``ClassConfig.wanted_*``)."""
-
-    attributes: frozenset[str] = frozenset()
-    parent_attributes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,9 @@ from loopdev import LoopDevices
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.kubelet.board import AdvertisedDevice, DeviceBoard
+from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.model import AdvertisedDevice
 
 from .conftest import Pods, SpecFolders
 from .image import IMAGE_NAME

@@ -1,0 +1,169 @@
+"""The domain types every layer shares: device records, discovered and advertised devices,
+and the change of one class.
+
+Plain frozen values with no I/O and no adapter behind them (importing this module loads
+neither pyudev nor grpc): udev records come in from :mod:`cdi_gen.sources`, discovery turns
+them into :class:`DiscoveredDevice` s and :class:`ClassChange` s, and the kubelet side sees
+:class:`AdvertisedDevice` s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cdi_gen.cdi.spec import ContainerEdits
+
+__all__ = [
+    "AdvertisedDevice",
+    "ClassChange",
+    "DeviceRecord",
+    "DiscoveredDevice",
+    "DiscoveryWarning",
+    "NodeInfo",
+    "ParentRecord",
+    "RecordWants",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One device node of a device: where it is on the host, and its numbers now."""
+
+    host_path: str
+    container_path: str
+    major: int | None
+    minor: int | None
+    type: Literal["b", "c"]
+    sys_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredDevice:
+    """One CDI device of a class: a matched record, or a group of them."""
+
+    name: str
+    class_name: str
+    #: sys_path of the record, or of the grouping parent; the physical identity of the device.
+    physical: str
+    nodes: tuple[NodeInfo, ...]
+    numa_node: int | None
+    healthy: bool
+    #: The rule that matched each member, in udev notation, e.g. ``SUBSYSTEM=="block", ...``.
+    rules: tuple[str, ...]
+    edits: ContainerEdits
+    records: tuple[DeviceRecord, ...] = field(compare=False, default=())
+
+    def advertised(self) -> AdvertisedDevice:
+        return AdvertisedDevice(
+            id=self.name, healthy=self.healthy, numa_node=self.numa_node, physical=self.physical
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryWarning:
+    """A matched device that was skipped, and why (the log line says it all)."""
+
+    class_name: str
+    sys_path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"class {self.class_name!r}: device {self.sys_path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassChange:
+    """The result of feeding records for one class whose device set changed.
+
+    The agent keeps its invariant by publishing ``before_write`` (the old list without the
+    removed devices), writing the spec of ``devices`` (or removing it when empty), then
+    publishing ``after_write``.
+    """
+
+    class_name: str
+    devices: tuple[DiscoveredDevice, ...]
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    #: Warnings that are new since the previous change of this class.
+    warnings: tuple[DiscoveryWarning, ...] = ()
+    before_write: tuple[AdvertisedDevice, ...] = ()
+    after_write: tuple[AdvertisedDevice, ...] = ()
+
+    @property
+    def devices_changed(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedDevice:
+    """One device as the kubelet sees it.
+
+    ``id`` is the CDI device name (unqualified) and also the kubelet device ID, so the
+    qualified CDI name is always ``<vendor>/<class>=<id>``. ``physical`` names the physical
+    device behind it: several IDs share one when a device is shared in slots.
+    """
+
+    id: str
+    healthy: bool = True
+    numa_node: int | None = None
+    physical: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRecord:
+    """One ancestor of a device: enough for DRIVERS/ATTRS matching and grouping."""
+
+    sys_path: str
+    sys_name: str
+    subsystem: str | None = None
+    devtype: str | None = None
+    driver: str | None = None
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """What udev knows of one device at one moment (an enumeration or an event).
+
+    ``attributes`` holds only the sysfs attributes the config asks for (reading every
+    attribute of every device costs more than the rest together); ``parents`` runs from
+    the immediate parent up. ``action`` is None for enumerated devices, else the uevent
+    action (add, remove, change, bind, unbind, move). A ``remove`` record carries only what
+    the uevent said: sysfs is already gone.
+    """
+
+    sys_path: str
+    subsystem: str
+    sys_name: str
+    sys_number: str | None = None
+    devnode: str | None = None
+    devtype: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    driver: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    parents: tuple[ParentRecord, ...] = ()
+    numa_node: int | None = None
+    node_exists: bool = True
+    action: str | None = None
+
+    @property
+    def drivers(self) -> Iterator[str]:
+        """The driver of the device, then of each parent (udev DRIVERS order)."""
+        if self.driver:
+            yield self.driver
+        for p in self.parents:
+            if p.driver:
+                yield p.driver
+
+
+@dataclass(frozen=True, slots=True)
+class RecordWants:
+    """The sysfs attributes worth reading for a config (see ``ClassConfig.wanted_*``)."""
+
+    attributes: frozenset[str] = frozenset()
+    parent_attributes: frozenset[str] = frozenset()

@@ -1,0 +1,26 @@
+"""The host folders and files cdi-gen uses by default, named once.
+
+Every command, the agent, the doctor and the kubelet plugin take these as defaults, so a
+default changes in one place. Paths come from the kubelet (device plugin folder and its
+socket), the CDI specification (the two spec folders a runtime reads) and udev.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Where cdi-gen writes its specs by default: the CDI folder for generated, transient specs.
+DYNAMIC_SPEC_DIR = Path("/var/run/cdi")
+#: The CDI folder for static specs (installed by packages or an administrator).
+STATIC_SPEC_DIR = Path("/etc/cdi")
+#: The folders a runtime reads by default, lowest priority first (a later folder wins).
+RUNTIME_SPEC_DIRS: tuple[Path, ...] = (STATIC_SPEC_DIR, DYNAMIC_SPEC_DIR)
+#: The kubelet's device plugin folder: our sockets go here, and the kubelet's own.
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+#: The kubelet's registration socket, inside :data:`DEVICE_PLUGIN_DIR`.
+KUBELET_SOCKET_NAME = "kubelet.sock"
+#: udevd's runtime folder: its control socket and the database with the ID_* properties.
+UDEV_RUN_DIR = Path("/run/udev")
+#: Container runtime configs the doctor reads.
+CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
+CRIO_CONFIG = Path("/etc/crio/crio.conf")
