@@ -38,7 +38,14 @@ from cdi_gen import names
 from cdi_gen.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from cdi_gen.cdi.validation import edits_problems
 from cdi_gen.cdi.version import apply_version
-from cdi_gen.config.models import AgentConfig, ClassConfig, Field_, MatchRule, Template
+from cdi_gen.config.models import (
+    AgentConfig,
+    ClassConfig,
+    Field_,
+    HealthConfig,
+    MatchRule,
+    Template,
+)
 from cdi_gen.errors import InvalidNameError, quote
 from cdi_gen.model import (
     AdvertisedDevice,
@@ -104,11 +111,25 @@ def matches(rule: MatchRule, record: DeviceRecord) -> bool:
         return False
     if rule.attributes and not _attrs_match(rule.attributes, record.attributes):
         return False
-    if rule.parent_attributes:
-        chain = [record.attributes, *(p.attributes for p in record.parents)]
-        if not any(_attrs_match(rule.parent_attributes, attrs) for attrs in chain):
-            return False
-    return True
+    return not rule.parent_attributes or _chain_match(rule.parent_attributes, record)
+
+
+def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:
+    # ATTRS: every attribute on one device of the chain, the device itself included.
+    chain = [record.attributes, *(p.attributes for p in record.parents)]
+    return any(_attrs_match(wanted, attrs) for attrs in chain)
+
+
+def is_healthy(health: HealthConfig | None, record: DeviceRecord) -> bool:
+    """Whether ``record`` is a healthy member of its device: its node exists and it passes
+    the class's health check (:class:`~cdi_gen.config.models.HealthConfig`), if any."""
+    if not record.node_exists:
+        return False
+    if health is None:
+        return True
+    if health.attributes and not _attrs_match(health.attributes, record.attributes):
+        return False
+    return not health.parent_attributes or _chain_match(health.parent_attributes, record)
 
 
 def match_record(cls: ClassConfig, record: DeviceRecord) -> int | None:
@@ -519,7 +540,7 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         physical=cand.physical,
         nodes=tuple(nodes),
         numa_node=ctx.numa,
-        healthy=all(r.node_exists for r, _ in cand.members),
+        healthy=all(is_healthy(cls.health, r) for r, _ in cand.members),
         rules=tuple(cls.match[i].describe() for _, i in cand.members),
         edits=edits,
         records=tuple(r for r, _ in cand.members),
