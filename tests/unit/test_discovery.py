@@ -16,7 +16,9 @@ from cdi_gen.cdi.codec import dump_spec
 from cdi_gen.cdi.spec import DeviceNode
 from cdi_gen.cdi.validation import check_spec
 from cdi_gen.config.models import AgentConfig, load_config, parse_config
-from cdi_gen.discovery.inventory import Discovery, build_spec, glob_match, match_record, matches
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.match import glob_match, match_record, matches
+from cdi_gen.discovery.spec import build_spec
 from cdi_gen.errors import VersionError
 from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
 from cdi_gen.sources.udev import record_from_json, records_from_export_db

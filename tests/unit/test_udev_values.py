@@ -123,7 +123,7 @@ def test_hostile_value_skips_only_its_device(
 
 
 def test_value_at_the_limit_is_kept(hw_records: list[DeviceRecord]) -> None:
-    from cdi_gen.discovery.inventory import MAX_VALUE_BYTES
+    from cdi_gen.discovery.render import MAX_VALUE_BYTES
 
     names, warnings = _discover(_hostile(hw_records, prop="S" * MAX_VALUE_BYTES))
     assert names == ["ttyUSB0", "ttyUSB1"] and warnings == []
