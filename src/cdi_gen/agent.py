@@ -152,15 +152,8 @@ class _ClassRunner:
             self.fail(
                 "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
             )
-        new = {d.id: d for d in change.after_write}
         # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
-        interim = []
-        for old in self.board.devices.values():
-            now = new.get(old.id)
-            if now is None:
-                continue
-            interim.append(now if not now.healthy else old)
-        self.board.publish(interim)
+        self.board.publish(change.before_write(self.board.devices.values()))
         self.devices = change.devices
         self.target = change.after_write
         self.sync(received)

@@ -295,7 +295,7 @@ def test_apply_add_remove_change_and_ordering_lists() -> None:
     assert initial.added == ("loop201",)
     (added,) = discovery.apply([dataclasses.replace(_loop(202), action="add")])
     assert added.added == ("loop202",) and not added.removed
-    assert [d.id for d in added.before_write] == ["loop201"]
+    assert [d.id for d in added.before_write(initial.after_write)] == ["loop201"]
     assert [d.id for d in added.after_write] == ["loop201", "loop202"]
     removed_event = DeviceRecord(
         sys_path="/sys/devices/virtual/block/loop201",
@@ -306,7 +306,7 @@ def test_apply_add_remove_change_and_ordering_lists() -> None:
     )
     (removed,) = discovery.apply([removed_event])
     assert removed.removed == ("loop201",)
-    assert [d.id for d in removed.before_write] == ["loop202"]
+    assert [d.id for d in removed.before_write(added.after_write)] == ["loop202"]
     assert [d.id for d in removed.after_write] == ["loop202"]
     # An event that changes nothing the spec or kubelet sees produces no change.
     assert discovery.apply([dataclasses.replace(_loop(202), action="change")]) == []

@@ -57,7 +57,7 @@ class Discovery:
             feed = discovery.replace if batch.full else discovery.apply
             for change in feed(batch.records):
                 log each change.warnings
-                board.publish(change.before_write)        # withdraw removed IDs first
+                board.publish(change.before_write(board.devices.values()))  # withdraw first
                 spec = discovery.spec(change.class_name)  # None: no device left
                 write_spec(...) if spec else remove_spec(...)
                 board.publish(change.after_write)         # advertise once on disk
@@ -211,7 +211,6 @@ class Discovery:
                         removed=removed,
                         changed=changed,
                         warnings=fresh,
-                        before_write=tuple(d.advertised() for d in before if d.name in new_by_name),
                         after_write=tuple(d.advertised() for d in after),
                     )
                 )
