@@ -82,113 +82,121 @@ def build_devices(
     of the devices skipped.
     """
     warnings: list[DiscoveryWarning] = []
-    candidates: list[_Candidate] = []
+    candidates = _candidates(cls, matched, warnings)
+    named = _named(vendor, cls, candidates, warnings)
+    built: list[tuple[MemberKey, DiscoveredDevice]] = []
+    for name, holders in sorted(named.items()):
+        cand, ctx = _holder(cls, name, holders, incumbents or {}, warnings)
+        state_key = _state_key(cand.members)
+        hit = cache.get(cand.physical) if cache is not None else None
+        if hit is not None and hit[1].name == name and hit[0] == state_key:
+            built.append((state_key, hit[1]))
+            continue
+        device = _checked_device(cls, cand, ctx, warnings)
+        if device is not None:
+            built.append((state_key, device))
+    if cache is not None:
+        cache.clear()
+        cache.update((d.physical, (k, d)) for k, d in built)
+    return [d for _, d in built], warnings
+
+
+def _candidates(
+    cls: ClassConfig,
+    matched: Iterable[tuple[DeviceRecord, int]],
+    warnings: list[DiscoveryWarning],
+) -> list[_Candidate]:
+    """One candidate device per record, or per group of records when the class groups."""
     ordered = sorted(matched, key=lambda m: m[0].sys_path)
     if cls.group is None:
-        candidates = [_Candidate([m], m[0].sys_path, None) for m in ordered]
-    else:
-        groups: dict[str, _Candidate] = {}
-        for record, rule in ordered:
-            key = _group_key(cls, record)
-            if isinstance(key, str):
-                warnings.append(DiscoveryWarning(cls.name, record.sys_path, key))
-                continue
-            ident, label = key
-            groups.setdefault(ident, _Candidate([], ident, label)).members.append((record, rule))
-        candidates = list(groups.values())
+        return [_Candidate([m], m[0].sys_path, None) for m in ordered]
+    groups: dict[str, _Candidate] = {}
+    for record, rule in ordered:
+        key = _group_key(cls, record)
+        if isinstance(key, str):
+            warnings.append(DiscoveryWarning(cls.name, record.sys_path, key))
+            continue
+        ident, label = key
+        groups.setdefault(ident, _Candidate([], ident, label)).members.append((record, rule))
+    return list(groups.values())
 
+
+def _named(
+    vendor: str,
+    cls: ClassConfig,
+    candidates: Iterable[_Candidate],
+    warnings: list[DiscoveryWarning],
+) -> dict[str, list[tuple[_Candidate, RenderContext]]]:
+    """The candidates by the device name they render; those without a valid one skipped."""
     named: dict[str, list[tuple[_Candidate, RenderContext]]] = {}
+    template = cls.device_name
     for cand in candidates:
         first = cand.members[0][0]
         numa = next((r.numa_node for r, _ in cand.members if r.numa_node is not None), None)
         ctx = RenderContext(first, group=cand.group, vendor=vendor, cls=cls.name, numa=numa)
         try:
-            name = render_template(cls.device_name, ctx)
+            name = render_template(template, ctx)
             names.validate_device_name(name)
         except TemplateError as exc:
-            warnings.append(
-                DiscoveryWarning(
-                    cls.name, cand.physical, f"deviceName {cls.device_name.source!r}: {exc}"
-                )
-            )
+            why = f"deviceName {template.source!r}: {exc}"
+            warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
             continue
         except InvalidNameError as exc:
-            warnings.append(
-                DiscoveryWarning(
-                    cls.name,
-                    cand.physical,
-                    f"deviceName {cls.device_name.source!r} renders {exc}; device skipped",
-                )
-            )
+            why = f"deviceName {template.source!r} renders {exc}; device skipped"
+            warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
             continue
-        named.setdefault(name, []).append(
-            (
-                cand,
-                RenderContext(
-                    first, group=cand.group, name=name, vendor=vendor, cls=cls.name, numa=numa
-                ),
-            )
-        )
+        named.setdefault(name, []).append((cand, dataclasses.replace(ctx, name=name)))
+    return named
 
-    built: list[tuple[MemberKey, DiscoveredDevice]] = []
-    for name, all_holders in sorted(named.items()):
-        holders = all_holders
-        if len(holders) > 1:
-            keep = next(
-                (h for h in holders if incumbents and incumbents.get(name) == h[0].physical),
-                holders[0],
-            )
-            for other in holders:
-                if other is not keep:
-                    warnings.append(
-                        DiscoveryWarning(
-                            cls.name,
-                            other[0].physical,
-                            f"device name {name!r} is already used by {keep[0].physical}; "
-                            f"device skipped (make deviceName {cls.device_name.source!r} "
-                            "unique, e.g. with {number} or {property[ID_SERIAL]})",
-                        )
-                    )
-            holders = [keep]
-        cand, ctx = holders[0]
-        state_key = _state_key(cand.members)
-        if cache is not None:
-            hit = cache.get(cand.physical)
-            if hit is not None and hit[1].name == name and hit[0] == state_key:
-                built.append((state_key, hit[1]))
-                continue
-        try:
-            device = _build_device(cls, cand, ctx)
-        except TemplateError as exc:
-            warnings.append(
-                DiscoveryWarning(cls.name, cand.physical, f"containerEdits: {exc}; device skipped")
-            )
-            continue
-        except ValueError as exc:
-            # A rendered value the spec models refuse (pydantic errors are ValueErrors):
-            # this device's problem, not its class's.
-            reason = quote(str(exc).replace("\n", " "), 200)
-            warnings.append(
-                DiscoveryWarning(
-                    cls.name, cand.physical, f"containerEdits: {reason}; device skipped"
-                )
-            )
-            continue
-        problems = edits_problems(device.edits.to_wire(), "containerEdits")
-        if problems:
+
+def _holder(
+    cls: ClassConfig,
+    name: str,
+    holders: list[tuple[_Candidate, RenderContext]],
+    incumbents: Mapping[str, str],
+    warnings: list[DiscoveryWarning],
+) -> tuple[_Candidate, RenderContext]:
+    """The one candidate that gets ``name``: the incumbent if it is among them, else the
+    first; the others are skipped with a warning."""
+    keep = next((h for h in holders if incumbents.get(name) == h[0].physical), holders[0])
+    for other in holders:
+        if other is not keep:
             warnings.append(
                 DiscoveryWarning(
                     cls.name,
-                    cand.physical,
-                    "; ".join(str(p) for p in problems) + "; device skipped",
+                    other[0].physical,
+                    f"device name {name!r} is already used by {keep[0].physical}; "
+                    f"device skipped (make deviceName {cls.device_name.source!r} "
+                    "unique, e.g. with {number} or {property[ID_SERIAL]})",
                 )
             )
-            continue
-        built.append((state_key, device))
-    if cache is not None:
-        cache.clear()
-        cache.update((d.physical, (k, d)) for k, d in built)
-    return [d for _, d in built], warnings
+    return keep
+
+
+def _checked_device(
+    cls: ClassConfig, cand: _Candidate, ctx: RenderContext, warnings: list[DiscoveryWarning]
+) -> DiscoveredDevice | None:
+    """The device of ``cand``, or None (with a warning) if its edits cannot be rendered or
+    break a runtime rule."""
+    try:
+        device = _build_device(cls, cand, ctx)
+    except TemplateError as exc:
+        why = f"containerEdits: {exc}; device skipped"
+        warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
+        return None
+    except ValueError as exc:
+        # A rendered value the spec models refuse (pydantic errors are ValueErrors):
+        # this device's problem, not its class's.
+        reason = quote(str(exc).replace("\n", " "), 200)
+        why = f"containerEdits: {reason}; device skipped"
+        warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
+        return None
+    problems = edits_problems(device.edits.to_wire(), "containerEdits")
+    if problems:
+        why = "; ".join(str(p) for p in problems) + "; device skipped"
+        warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
+        return None
+    return device
 
 
 def _state_key(members: list[tuple[DeviceRecord, int]]) -> tuple[tuple[DeviceRecord, int], ...]:

@@ -45,22 +45,16 @@ def sysfs_value(value: str | None) -> str | None:
 
 
 def matches(rule: MatchRule, record: DeviceRecord) -> bool:
-    """Whether ``record`` satisfies every condition of ``rule``."""
-    if rule.subsystem is not None and record.subsystem != rule.subsystem:
-        return False
-    if rule.kernel is not None and not glob_match(rule.kernel, record.sys_name):
-        return False
-    if rule.devnode is not None and not glob_match(rule.devnode, record.devnode):
-        return False
-    if rule.driver is not None and not any(glob_match(rule.driver, d) for d in record.drivers):
-        return False
-    if rule.properties and not all(
-        glob_match(g, record.properties.get(k)) for k, g in rule.properties.items()
-    ):
-        return False
-    if rule.attributes and not _attrs_match(rule.attributes, record.attributes):
-        return False
-    return not rule.parent_attributes or _chain_match(rule.parent_attributes, record)
+    """Whether ``record`` satisfies every condition of ``rule`` (cheapest checks first)."""
+    return (
+        (rule.subsystem is None or record.subsystem == rule.subsystem)
+        and (rule.kernel is None or glob_match(rule.kernel, record.sys_name))
+        and (rule.devnode is None or glob_match(rule.devnode, record.devnode))
+        and (rule.driver is None or any(glob_match(rule.driver, d) for d in record.drivers))
+        and all(glob_match(g, record.properties.get(k)) for k, g in rule.properties.items())
+        and (not rule.attributes or _attrs_match(rule.attributes, record.attributes))
+        and (not rule.parent_attributes or _chain_match(rule.parent_attributes, record))
+    )
 
 
 def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:

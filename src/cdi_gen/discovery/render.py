@@ -9,7 +9,7 @@ names the field and quotes the value, truncated.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cdi_gen.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
@@ -49,47 +49,44 @@ class RenderContext:
     numa: int | None = None
 
 
+def _number(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _parent_attribute(record: DeviceRecord, key: str) -> str | None:
+    for attrs in (record.attributes, *(p.attributes for p in record.parents)):
+        if (v := attrs.get(key)) is not None:
+            return v.rstrip()
+    return None
+
+
+#: What each template field stands for: ``(context, key) -> value`` (None: the device lacks it).
+_FIELD_VALUES: dict[str, Callable[[RenderContext, str], str | None]] = {
+    "kernel": lambda c, _: c.record.sys_name,
+    "number": lambda c, _: c.record.sys_number,
+    "major": lambda c, _: _number(c.record.major),
+    "minor": lambda c, _: _number(c.record.minor),
+    "devnode": lambda c, _: c.record.devnode,
+    "devname": lambda c, _: c.record.devnode.removeprefix("/dev/") if c.record.devnode else None,
+    "subsystem": lambda c, _: c.record.subsystem,
+    "devtype": lambda c, _: c.record.devtype,
+    "driver": lambda c, _: c.record.driver,
+    "group": lambda c, _: c.group,
+    "name": lambda c, _: c.name,
+    "vendor": lambda c, _: c.vendor,
+    "class": lambda c, _: c.cls,
+    "numa": lambda c, _: "" if c.numa is None else str(c.numa),
+    "property": lambda c, key: c.record.properties.get(key),
+    "attribute": lambda c, key: sysfs_value(c.record.attributes.get(key)),
+    "parent_attribute": lambda c, key: _parent_attribute(c.record, key),
+}
+
+
 def _value(f: Field_, ctx: RenderContext) -> str | None:
-    r = ctx.record
-    match f.name:
-        case "kernel":
-            return r.sys_name
-        case "number":
-            return r.sys_number
-        case "major":
-            return None if r.major is None else str(r.major)
-        case "minor":
-            return None if r.minor is None else str(r.minor)
-        case "devnode":
-            return r.devnode
-        case "devname":
-            return r.devnode.removeprefix("/dev/") if r.devnode else None
-        case "subsystem":
-            return r.subsystem
-        case "devtype":
-            return r.devtype
-        case "driver":
-            return r.driver
-        case "group":
-            return ctx.group
-        case "name":
-            return ctx.name
-        case "vendor":
-            return ctx.vendor
-        case "class":
-            return ctx.cls
-        case "numa":
-            return "" if ctx.numa is None else str(ctx.numa)
-        case "property":
-            return r.properties.get(f.key or "")
-        case "attribute":
-            return sysfs_value(r.attributes.get(f.key or ""))
-        case "parent_attribute":
-            for attrs in (r.attributes, *(p.attributes for p in r.parents)):
-                if (v := attrs.get(f.key or "")) is not None:
-                    return v.rstrip()
-            return None
-    raise TemplateError(f, "unknown field")  # pragma: no cover - config refuses these
+    value_of = _FIELD_VALUES.get(f.name)
+    if value_of is None:  # pragma: no cover - the config refuses unknown fields
+        raise TemplateError(f, "unknown field")
+    return value_of(ctx, f.key or "")
 
 
 #: Longest udev value a template takes. Identifying values (serial numbers, models, by-path
