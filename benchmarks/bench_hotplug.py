@@ -31,12 +31,8 @@ from cdi_gen.cdi.writer import spec_filename, write_spec
 from cdi_gen.config.models import load_config, parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.model import DeviceRecord
-from cdi_gen.sources.udev import (
-    UdevWatcher,
-    enumerate_records,
-    record_from_json,
-    records_from_export_db,
-)
+from cdi_gen.sources.records import record_from_json, records_from_export_db
+from cdi_gen.sources.udev import UdevWatcher, enumerate_records
 from tests.loopdev import add_loop, free_loop_numbers, remove_loop
 
 HERE = Path(__file__).resolve().parent

@@ -21,7 +21,7 @@ from cdi_gen.discovery.match import glob_match, match_record, matches
 from cdi_gen.discovery.spec import build_spec
 from cdi_gen.errors import VersionError
 from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
-from cdi_gen.sources.udev import record_from_json, records_from_export_db
+from cdi_gen.sources.records import record_from_json, records_from_export_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

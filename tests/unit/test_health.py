@@ -13,7 +13,7 @@ from cdi_gen.config.models import AgentConfig, parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord
-from cdi_gen.sources.udev import record_from_json, records_from_export_db
+from cdi_gen.sources.records import record_from_json, records_from_export_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

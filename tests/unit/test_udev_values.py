@@ -18,7 +18,7 @@ from cdi_gen.config.models import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import SpecError
 from cdi_gen.model import DeviceRecord, ParentRecord
-from cdi_gen.sources.udev import record_from_json
+from cdi_gen.sources.records import record_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.validation import check_document
 from cdi_gen.config.models import (
     AgentConfig,
     ClassConfig,
 )
 from cdi_gen.discovery.devices import MemberKey, as_unhealthy, build_devices
 from cdi_gen.discovery.match import could_match, match_record
-from cdi_gen.discovery.spec import build_spec
+from cdi_gen.discovery.spec import class_document, spec_devices
+from cdi_gen.errors import SpecError
 from cdi_gen.model import (
     AdvertisedDevice,
     ClassChange,
@@ -157,9 +160,27 @@ class Discovery:
     def warnings(self, cls: str) -> tuple[DiscoveryWarning, ...]:
         return self._state(cls).warnings
 
+    def document(self, cls: str, cdi_version: str | None = None) -> dict[str, Any] | None:
+        """The wire spec document of ``cls`` now, or None without devices.
+
+        ``cdiVersion`` is the class's pin (or ``cdi_version`` over it), else the minimum.
+        Raises :class:`~cdi_gen.errors.VersionError` when the pin is too old for a field and
+        :class:`~cdi_gen.errors.SpecError` when the document breaks a runtime rule.
+        """
+        config = self._state(cls).config
+        doc = class_document(
+            f"{self.config.vendor}/{cls}",
+            spec_devices(config, self.devices(cls)),
+            cdi_version=cdi_version or config.cdi_version,
+        )
+        if doc is not None and (problems := check_document(doc)):
+            raise SpecError(problems, doc["kind"])
+        return doc
+
     def spec(self, cls: str) -> Spec | None:
-        """The CDI spec of ``cls`` now, or None without devices (VersionError on a bad pin)."""
-        return build_spec(self.config.vendor, self._state(cls).config, self.devices(cls))
+        """:meth:`document` as a model."""
+        doc = self.document(cls)
+        return None if doc is None else Spec.model_validate(doc)
 
     def config_of(self, cls: str) -> ClassConfig:
         return self._state(cls).config
