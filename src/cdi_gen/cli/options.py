@@ -23,7 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def setting(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     """A click option for ``Settings.<field>`` (see the module docstring)."""
     info = Settings.model_fields[field]
-    help_text = kwargs.pop("help", None) or (info.description or "").capitalize()
+    text = kwargs.pop("help", None) or info.description or ""
+    help_text = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
     default = info.default
     if default not in (None, (), False):
         help_text += f" Default: {default}."
