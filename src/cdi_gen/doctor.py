@@ -98,7 +98,9 @@ def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]
     return "plugins.cri", _typed(plugins, "cri", dict, "a table", None), False
 
 
-def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:
+# Complexity exception (C901, PLR0912): a checklist of the containerd config, one branch
+# per verdict, in the order the lines are printed.
+def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:  # noqa: C901, PLR0912
     """Whether containerd will inject CDI devices from ``spec_dir``."""
     topic = "containerd"
     checks: list[Check] = []
@@ -236,12 +238,8 @@ def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
     ]
 
 
-def check_spec_dirs(
-    spec_dirs: Sequence[Path], ours: Path, vendor: str, reg: Registry | None = None
-) -> list[Check]:
-    """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
-
-    ``reg``: the folders already scanned (the same scan serves :func:`check_runtimes`)."""
+def _folder_checks(spec_dirs: Sequence[Path], ours: Path) -> list[Check]:
+    """Each folder present and world-readable (rootless podman reads them as a user)."""
     checks: list[Check] = []
     topic = "spec folders"
     for d in spec_dirs:
@@ -267,11 +265,14 @@ def check_spec_dirs(
                     f"chmod 755 {d}",
                 )
             )
-    reg = reg if reg is not None else load_registry(spec_dirs)
-    for msg in reg.dir_errors.values():
-        checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
+    return checks
+
+
+def _file_error_checks(reg: Registry, vendor: str) -> list[Check]:
+    """The files a runtime would skip: ours FAIL, others WARN, crashers FAIL."""
+    checks: list[Check] = []
     for path, msgs in sorted(reg.errors.items()):
-        level = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
+        level: Status = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
         for msg in msgs:
             if _crashes_runtimes(msg):
                 checks.append(
@@ -292,6 +293,21 @@ def check_spec_dirs(
                     "fix or remove the file; runtimes skip it",
                 )
             )
+    return checks
+
+
+def check_spec_dirs(
+    spec_dirs: Sequence[Path], ours: Path, vendor: str, reg: Registry | None = None
+) -> list[Check]:
+    """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
+
+    ``reg``: the folders already scanned (the same scan serves :func:`check_runtimes`)."""
+    topic = "spec folders"
+    checks = _folder_checks(spec_dirs, ours)
+    reg = reg if reg is not None else load_registry(spec_dirs)
+    for msg in reg.dir_errors.values():
+        checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
+    checks += _file_error_checks(reg, vendor)
     for path in sorted({e.path for e in reg.devices.values()}):
         if path.parent == ours and not path.stat().st_mode & stat.S_IROTH:
             checks.append(

@@ -133,7 +133,9 @@ class Template:
         return not self.fields
 
 
-def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template:
+# Complexity exception (C901): a tokenizer; one loop over the characters reads better
+# than states split across functions.
+def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template:  # noqa: C901
     """Parse ``text``; raise ValueError quoting the template and the offending position.
 
     Only fields in ``allowed`` are accepted; ``property``/``attribute``/``parent_attribute``
