@@ -128,10 +128,6 @@ class Template:
     def fields(self) -> tuple[Field_, ...]:
         return tuple(p for p in self.parts if isinstance(p, Field_))
 
-    @property
-    def is_literal(self) -> bool:
-        return not self.fields
-
 
 # Complexity exception (C901): a tokenizer; one loop over the characters reads better
 # than states split across functions.

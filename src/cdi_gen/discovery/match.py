@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from functools import lru_cache
 
 from cdi_gen.config.models import (
-    AgentConfig,
     ClassConfig,
     HealthConfig,
     MatchRule,
@@ -92,15 +91,3 @@ def could_match(rule: MatchRule, subsystem: str, sys_name: str) -> bool:
     return (rule.subsystem is None or rule.subsystem == subsystem) and (
         rule.kernel is None or glob_match(rule.kernel, sys_name)
     )
-
-
-def iter_matches(
-    config: AgentConfig, records: Iterable[DeviceRecord]
-) -> Iterator[tuple[ClassConfig, DeviceRecord, int]]:
-    """Every (class, record, rule index) match, for diagnostics."""
-    recs = list(records)
-    for cls in config.classes:
-        for r in recs:
-            i = match_record(cls, r)
-            if i is not None:
-                yield cls, r, i

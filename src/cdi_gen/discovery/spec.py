@@ -35,10 +35,6 @@ class EntryCache:
         self._entries[device.name] = (device.edits, entry)
         return entry
 
-    def forget(self, names: Iterable[str]) -> None:
-        for name in names:
-            self._entries.pop(name, None)
-
 
 def spec_devices(cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> list[DiscoveredDevice]:
     """The CDI devices of a class in spec order: by name, each shared device as its slots
