@@ -1,8 +1,11 @@
 """``cdi-gen run``: the node agent. udev discovery → CDI spec files → kubelet device plugins.
 
-One asyncio loop runs everything: the udev watcher delivers batches, :class:`Discovery` turns
-them into per-class changes, and each :class:`_ClassRunner` applies a change in the order
-that keeps the runtime and the kubelet consistent:
+One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
+(a consumer that fails stops the others, and the agent raises its error after a clean
+shutdown). A record source (:class:`~cdi_gen.sources.RecordSource`: udev, or any other in
+tests) delivers batches, :class:`Discovery` turns them into per-class changes, and each
+:class:`_ClassRunner` applies a change in the order that keeps the runtime and the kubelet
+consistent:
 
 1. withdraw from ListAndWatch every device that is gone or became unhealthy,
 2. write the class's spec file (or remove it when no device is left),
@@ -15,7 +18,10 @@ cannot resolve. Entries never pin major/minor for nodes that exist on the host, 
 re-plugged device with new numbers is injected with its current ones.
 
 Each device's spec entry is validated once, when it appears, and reused (see
-:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one serialisation.
+:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one
+serialisation, done on the loop; the write and its fsyncs run in a thread, so a slow disk
+never stalls ListAndWatch or Allocate. The settings come from
+:class:`~cdi_gen.config.settings.Settings`.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
