@@ -336,10 +336,12 @@ class Agent:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 await self._start()
-                group.create_task(self._follow_records(), name="records")
+                follower = group.create_task(self._follow_records(), name="records")
                 await self._stop.wait()
-                # Ending the source ends the follower; plugins still starting are cancelled.
+                # The follower and the plugins still starting are cancelled: a source need
+                # not end its batches on close (a recorded one may wait forever).
                 self._close_source()
+                follower.cancel()
                 for task in self._tasks:
                     task.cancel()
         except BaseExceptionGroup as group_error:

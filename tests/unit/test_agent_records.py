@@ -104,3 +104,18 @@ async def test_a_failing_source_stops_the_agent_with_its_error(tmp_path: Path) -
         source.release()
     # The clean shutdown ran all the same: the board is closed for ListAndWatch.
     assert agent.runners["loop"].board.closed
+
+
+class _EndlessSource(PipeSource):
+    """A source whose batches never end, not even on close (a recorded stream)."""
+
+    async def batches(self):  # type: ignore[override]
+        await asyncio.Event().wait()
+        yield  # pragma: no cover - makes this an async generator
+
+
+async def test_stop_does_not_wait_for_a_source_that_never_ends(tmp_path: Path) -> None:
+    source = _EndlessSource.from_data("export-db-vm.txt", only={"loop0"})
+    async with running(source, tmp_path / "cdi") as agent:
+        assert list(agent.runners["loop"].board.devices) == ["loop0"]
+    # running() stopped the agent within its 5 s: the follower was cancelled, not awaited.
