@@ -15,14 +15,16 @@ from hypothesis import strategies as st
 from cdi_gen import names
 from cdi_gen.config.models import (
     DEFAULT_VENDOR,
-    DEVICE_NAME_FIELDS,
-    EDIT_FIELDS,
-    KEYED_FIELDS,
-    Field_,
     catalogue_text,
     config_json_schema,
     load_config,
     parse_config,
+)
+from cdi_gen.config.templates import (
+    DEVICE_NAME_FIELDS,
+    EDIT_FIELDS,
+    KEYED_FIELDS,
+    Field_,
     parse_template,
 )
 from cdi_gen.errors import ConfigError

@@ -13,11 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cdi_gen.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
-from cdi_gen.config.models import (
-    ClassConfig,
-    Field_,
-    Template,
-)
+from cdi_gen.config.models import ClassConfig
+from cdi_gen.config.templates import Field_, Template
 from cdi_gen.discovery.match import sysfs_value
 from cdi_gen.errors import quote
 from cdi_gen.model import (
