@@ -49,6 +49,10 @@ def test_module_map_lists_exactly_the_modules_that_exist() -> None:
         ("cdi_gen.agent", "pyudev"),
         ("cdi_gen.cdi.registry", "grpc"),
         ("cdi_gen.discovery.inventory", "grpc"),
+        # The CLI imports per command: `cdi-gen --help` and `render` must not load these.
+        ("cdi_gen.cli.main", "pydantic"),
+        ("cdi_gen.cli.main", "asyncio"),
+        ("cdi_gen.cli.main", "pyudev"),
     ],
 )
 def test_importing_a_module_does_not_load_an_adapter_it_does_not_use(

@@ -15,28 +15,51 @@ from typing import Any, TypeVar
 
 import click
 
-from cdi_gen.config.settings import ENV_PREFIX, Settings
-
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Must match config.settings.ENV_PREFIX (test_settings checks each option's variable).
+_ENV_PREFIX = "CDI_GEN_"
+#: The settings fields the options below feed.
+_FIELDS: set[str] = set()
+
+
+class _SettingOption(click.Option):
+    """An option whose help is the settings field's description, read when help is shown.
+
+    Lazily: importing the settings model loads pydantic, and ``cdi-gen --help`` or
+    ``render`` must not pay for it.
+    """
+
+    def __init__(self, *args: Any, field: str, **kwargs: Any) -> None:
+        self.field = field
+        super().__init__(*args, **kwargs)
+
+    @property
+    def help(self) -> str:
+        from cdi_gen.config.settings import Settings
+
+        info = Settings.model_fields[self.field]
+        text = info.description or ""
+        out = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+        if info.default not in (None, (), False):
+            out += f" Default: {info.default}."
+        out += f"  [env: {_ENV_PREFIX}{self.field.upper()}"
+        return out + (", space-separated]" if self.multiple else "]")
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        pass  # always the field's description
 
 
 def setting(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     """A click option for ``Settings.<field>`` (see the module docstring)."""
-    info = Settings.model_fields[field]
-    text = kwargs.pop("help", None) or info.description or ""
-    help_text = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
-    default = info.default
-    if default not in (None, (), False):
-        help_text += f" Default: {default}."
-    help_text += f"  [env: {ENV_PREFIX}{field.upper()}"
-    if kwargs.get("multiple"):
-        help_text += ", space-separated"
-    return click.option(*decls, field, default=None, help=help_text + "]", **kwargs)
+    _FIELDS.add(field)
+    return click.option(*decls, field, cls=_SettingOption, field=field, default=None, **kwargs)
 
 
 def flags_of(values: dict[str, Any]) -> dict[str, Any]:
     """The settings flags among a command's parameters."""
-    return {k: v for k, v in values.items() if k in Settings.model_fields}
+    return {k: v for k, v in values.items() if k in _FIELDS}
 
 
 CONFIG = setting("config", "--config", type=click.Path(path_type=Path, dir_okay=False))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import click
@@ -34,6 +33,8 @@ def run(**flags: Any) -> None:
     Runs until SIGTERM, SIGINT or SIGHUP, then removes its sockets (and, with
     --cleanup-on-exit, its spec files) and exits 0.
     """
+    import asyncio
+
     from cdi_gen.agent import Agent
     from cdi_gen.config.settings import load_settings
     from cdi_gen.logs import setup_logging
