@@ -146,3 +146,45 @@ def test_kill_at_any_step_leaves_old_or_new_file(tmp_path: Path, step: str) -> N
     writer.write_spec(tmp_path, new)
     assert (tmp_path / "example.com-loop.json").read_bytes() == dump_spec(new)
     assert not [n for n in os.listdir(tmp_path) if n.endswith(writer.TEMP_SUFFIX)]
+
+
+def test_write_file_is_atomic_and_readable_wherever_it_goes(tmp_path: Path) -> None:
+    """`render --output`: the one writer, without an ownership record."""
+    target = tmp_path / "new" / "folder" / "spec.json"
+    old = os.umask(0o077)
+    try:
+        writer.write_file(target, b"first")
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"first"
+    assert target.stat().st_mode & 0o777 == writer.SPEC_MODE  # not 0600 under umask 077
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    link = target.parent / "link.json"
+    link.symlink_to(victim)
+    writer.write_file(link, b"second")  # the link is replaced by the file, not followed
+    assert victim.read_bytes() == b"keep" and link.read_bytes() == b"second"
+    assert not link.is_symlink()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["link.json", "spec.json"]
+    with pytest.raises(SpecWriteError, match="not a file name"):
+        writer.write_file(tmp_path / "..", b"x")
+
+
+def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
+    """The agent and `cdi-gen write` share these: write/remove one class, drop stale ones."""
+    assert writer.sync_spec(tmp_path, "example.com", "loop", dump_spec(make_spec("a"))) == "written"
+    assert writer.sync_spec(tmp_path, "example.com", "loop", dump_spec(make_spec("a"))) == (
+        "unchanged"
+    )
+    writer.write_spec(tmp_path, make_spec("b").model_copy(update={"kind": "example.com/gone"}))
+    writer.write_spec(tmp_path, make_spec("c").model_copy(update={"kind": "other.org/gone"}))
+    (tmp_path / "example.com-foreign.json").write_text("{}")
+    configured = {("example.com", "loop")}
+    done = writer.remove_unconfigured(tmp_path, configured, vendor="example.com")
+    assert done == [("example.com", "gone", None)]  # other.org's is not this vendor's
+    assert writer.remove_unconfigured(tmp_path, configured) == [("other.org", "gone", None)]
+    assert writer.sync_spec(tmp_path, "example.com", "loop", None) == "removed"
+    assert writer.sync_spec(tmp_path, "example.com", "loop", None) == "absent"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "example.com-foreign.json"
+    ]
