@@ -80,7 +80,7 @@ from pathlib import Path
 from cdi_gen.model import DeviceRecord
 from cdi_gen.agent import Agent
 from cdi_gen.config.settings import Settings
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 
 CLASSES, PER_CLASS = 5, 200
 records = [
@@ -131,7 +131,7 @@ async def _hotplug(cycles: int) -> list[float]:
     import yaml
 
     from cdi_gen.agent import Agent
-    from cdi_gen.config.models import parse_config
+    from cdi_gen.config.loader import parse_config
     from cdi_gen.config.settings import Settings
     from tests.fakes.kubelet import FakeKubelet
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from _table import Row, best_ms, percentile, print_table
 
 from cdi_gen.cdi.writer import spec_filename, write_spec
-from cdi_gen.config.models import load_config, parse_config
+from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.model import DeviceRecord
 from cdi_gen.sources.records import record_from_json, records_from_export_db

@@ -14,7 +14,7 @@ import pytest
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.agent import Agent
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
@@ -189,7 +189,7 @@ async def test_unwritable_spec_folder_is_retried_not_advertised(
 async def test_shared_device_slots_follow_the_device(short_dir: Path, loops: LoopDevices) -> None:
     """replicas: 3 → three IDs per loop device; removal withdraws all of them before the
     spec entries go; preferred allocation spreads or packs by the class policy."""
-    from cdi_gen.config.models import parse_config as parse
+    from cdi_gen.config.loader import parse_config as parse
 
     config = _config()
     config["classes"][0]["sharing"] = {"replicas": 3, "policy": "spread"}  # type: ignore[index]

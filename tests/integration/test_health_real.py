@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.sources.udev import UdevWatcher, enumerate_records
 from tests.loopdev import LoopDevices

@@ -23,7 +23,8 @@ import pytest
 from loopdev import LoopDevices
 
 from cdi_gen.cdi.writer import remove_spec, spec_filename, write_spec
-from cdi_gen.config.models import AgentConfig, parse_config
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.sources import RecordBatch
 from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, udevd_running

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from cdi_gen.agent import Agent
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.errors import DiscoveryError
 from cdi_gen.model import DeviceRecord

@@ -13,13 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen import names
-from cdi_gen.config.models import (
-    DEFAULT_VENDOR,
-    catalogue_text,
-    config_json_schema,
-    load_config,
-    parse_config,
-)
+from cdi_gen.config.loader import catalogue_text, config_json_schema, load_config, parse_config
+from cdi_gen.config.models import DEFAULT_VENDOR
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EDIT_FIELDS,

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 from tests.conftest import REPO
 
 K8S = REPO / "deploy" / "kubernetes"

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from cdi_gen.cdi.codec import dump_spec
 from cdi_gen.cdi.spec import DeviceNode
 from cdi_gen.cdi.validation import check_spec
-from cdi_gen.config.models import AgentConfig, load_config, parse_config
+from cdi_gen.config.loader import load_config, parse_config
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.match import glob_match, match_record, matches
 from cdi_gen.discovery.spec import build_spec

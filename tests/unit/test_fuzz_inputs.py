@@ -1,6 +1,6 @@
 """Property-based fuzzing of every input cdi-gen parses, through the real entry points.
 
-Configs go through :func:`cdi_gen.config.models.load_config` (from a file, as ``--config`` does),
+Configs go through :func:`cdi_gen.config.loader.load_config` (from a file, as ``--config`` does),
 specs through :func:`cdi_gen.cdi.registry.load_file` (as ``list`` and the device plugin read a
 spec folder), udev records through the ``--records`` loader and then discovery and spec
 building. The only property: each input ends in the result or the one documented error type
@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from cdi_gen.cdi.registry import load_file
 from cdi_gen.cli.inputs import load_records_file
-from cdi_gen.config.models import AgentConfig, catalogue_text, load_config
+from cdi_gen.config.loader import catalogue_text, load_config
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import CdiGenError, ConfigError
 from cdi_gen.sources.records import record_from_json, records_from_export_db

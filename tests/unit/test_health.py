@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.config.models import AgentConfig, parse_config
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord

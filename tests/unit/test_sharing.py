@@ -56,7 +56,7 @@ def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     """`cdi-gen write` (build_spec) and the agent (expand_change) list slots alike."""
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document, dump_spec
-    from cdi_gen.config.models import parse_config
+    from cdi_gen.config.loader import parse_config
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.discovery.sharing import expand_change
     from cdi_gen.model import DeviceRecord

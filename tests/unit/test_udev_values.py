@@ -14,7 +14,7 @@ import pytest
 
 from cdi_gen.cdi.codec import load_spec
 from cdi_gen.cdi.validation import check_spec
-from cdi_gen.config.models import parse_config
+from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import SpecError
 from cdi_gen.model import DeviceRecord, ParentRecord

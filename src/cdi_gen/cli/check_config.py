@@ -11,7 +11,7 @@ import click
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
 def check_config(path: Path) -> None:
     """Validate an agent config; print its classes. Exit 2 with one line per problem."""
-    from cdi_gen.config.models import load_config
+    from cdi_gen.config.loader import load_config
 
     config = load_config(path)
     names = ", ".join(c.name for c in config.classes)

@@ -28,7 +28,7 @@ def discover_devices(
     runtime_refs: Sequence[str] = (),
 ) -> Discovery:
     """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
-    from cdi_gen.config.models import load_config
+    from cdi_gen.config.loader import load_config
     from cdi_gen.config.settings import pin_versions
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.sources.udev import enumerate_records

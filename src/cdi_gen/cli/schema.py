@@ -28,7 +28,7 @@ def dump_schema(schema: dict[str, Any]) -> bytes:
 
 
 def config_schema() -> dict[str, Any]:
-    from cdi_gen.config.models import config_json_schema
+    from cdi_gen.config.loader import config_json_schema
 
     return config_json_schema()
 

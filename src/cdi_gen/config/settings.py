@@ -24,7 +24,8 @@ from cdi_gen import paths
 from cdi_gen.cdi.registry import unique_dirs
 from cdi_gen.cdi.runtimes import detect_all, node_limit
 from cdi_gen.cdi.version import normalize
-from cdi_gen.config.models import RUNTIME_PIN, AgentConfig, load_config
+from cdi_gen.config.loader import load_config
+from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
 from cdi_gen.errors import ConfigError, quote
 
 __all__ = [

@@ -1,0 +1,216 @@
+"""Reading a config file, or the embedded catalogue, into the models; one line per problem.
+
+A config is YAML or JSON, read bounded (:mod:`cdi_gen.files`) and parsed strictly (unknown
+and duplicate keys are errors). Every problem becomes ``file: path.to.field: message``
+quoting the offending value, so a bad config never produces a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
+from cdi_gen.config.models import AgentConfig, FieldError
+from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, quote
+from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
+
+__all__ = ["CATALOGUE_NAME", "catalogue_text", "config_json_schema", "load_config", "parse_config"]
+
+#: The embedded catalogue, package data beside this module.
+CATALOGUE_NAME = "catalogue.yaml"
+
+
+def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
+    out = ""
+    node = raw
+    for part in loc:
+        if isinstance(part, int):
+            if isinstance(node, Mapping):
+                continue  # a single rule written as a mapping: no index in the user's file
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+        else:
+            if part in ("function-after", "function-before") or part.startswith("function-"):
+                continue
+            node = node.get(part) if isinstance(node, Mapping) else None
+            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            out += f".{name}" if out else name
+    return out
+
+
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model that validated the mapping at ``loc`` (to list its keys)."""
+    model: type[BaseModel] = AgentConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next(
+            (f for n, f in model.model_fields.items() if part in (n, f.alias)),
+            None,
+        )
+        if field is None:
+            return None
+        found = _find_model(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _find_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _find_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _message(err: ErrorDetails, raw: Any) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        model = _model_at(err["loc"][:-1])
+        allowed = (
+            f", allowed: {', '.join(f.alias or n for n, f in model.model_fields.items())}"
+            if model is not None
+            else ""
+        )
+        return f"unknown key {quote(err['loc'][-1])}{allowed}"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    for prefix in _PYDANTIC_PREFIXES:
+        if msg.startswith(prefix):
+            return msg[len(prefix) :]
+    if kind.startswith("literal_error") or kind in (
+        "string_type",
+        "int_type",
+        "int_parsing",
+        "float_type",
+        "float_parsing",
+        "bool_type",
+        "bool_parsing",
+        "list_type",
+        "dict_type",
+        "model_type",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "int_from_float",
+    ):
+        return f"{msg[0].lower()}{msg[1:]}, got {quote(value)}"
+    return f"{msg}, got {quote(value)}"
+
+
+def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
+    out: list[Problem] = []
+    for err in exc.errors():
+        ctx = err.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, FieldError):
+            # Relative to the model whose validator raised it.
+            out.append(Problem(_loc_path((*err["loc"], *inner.loc), raw), inner.message))
+            continue
+        loc = err["loc"]
+        if err["type"] == "extra_forbidden":
+            parent = _loc_path(loc[:-1], raw)
+            out.append(Problem(parent, _message(err, raw)))
+            continue
+        out.append(Problem(_loc_path(loc, raw), _message(err, raw)))
+    return out
+
+
+def parse_config(data: Any, source: str = "config") -> AgentConfig:
+    """Validate already-parsed data; raise ConfigError with one ``source: path: msg`` line each."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source}: should be a mapping with vendor and classes, got {quote(data)}"
+        )
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: {p}" for p in _problems(exc, data)]
+        error = ConfigError("\n".join(lines))
+        error.problems = _problems(exc, data)  # type: ignore[attr-defined]
+        raise error from None
+
+
+def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
+    if fmt == "json":
+        try:
+            # Duplicate keys are refused as in YAML configs and in specs: "last one wins"
+            # would hide a typo.
+            return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+            ) from None
+        except RecursionError:
+            raise ConfigError(f"{source}: invalid JSON: nested too deep") from None
+        except ValueError as exc:  # a duplicate key, NaN, an integer of 5,000 digits
+            raise ConfigError(f"{source}: invalid JSON: {one_line(exc)}") from None
+    try:
+        return load_yaml(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        what = exc.problem or str(exc)
+        raise ConfigError(f"{source}: {where}invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+
+
+def catalogue_text() -> str:
+    """The embedded default config, as shipped."""
+    return resources.files("cdi_gen.config").joinpath(CATALOGUE_NAME).read_text(encoding="utf-8")
+
+
+def load_config(path: Path | None) -> AgentConfig:
+    """Load the config at ``path``, or the embedded catalogue when ``path`` is None.
+
+    ``.json`` files are read as JSON, anything else as YAML. Raises ConfigError (exit 2) with
+    one ``file: path.to.field: message`` line per problem; never another exception.
+    """
+    if path is None:
+        return parse_config(_parse_text(catalogue_text(), CATALOGUE_NAME, "yaml"), CATALOGUE_NAME)
+    source = str(path)
+    if not source:
+        raise ConfigError("config path is empty: give a file, or leave it out for the catalogue")
+    try:
+        # A FIFO would block, a huge file would take minutes: regular files up to a cap only.
+        text = read_regular(path, CONFIG_MAX_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except FileRefused as exc:
+        raise ConfigError(f"{source}: {exc}, expected a YAML or JSON file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
+    return parse_config(_parse_text(text, source, fmt), source)
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON schema of the config file (``schemas/config.schema.json``)."""
+    schema = AgentConfig.model_json_schema(by_alias=True, mode="validation")
+    # The model stores a list; the file may also hold a single rule as a mapping.
+    match = schema["$defs"]["ClassConfig"]["properties"]["match"]
+    rule = match.pop("items")
+    match.pop("type")
+    match["anyOf"] = [rule, {"type": "array", "items": rule, "minItems": 1}]
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "cdi-gen agent config"
+    return schema
