@@ -180,6 +180,12 @@ _StatKey = tuple[int, int, int, int]
 _Listing = tuple[tuple[Path, _StatKey], ...]
 
 
+def _unresolved(reg: Registry, qualified_names: Iterable[str]) -> list[str]:
+    devices = reg.devices
+    # Names that resolve (all of them, nearly always) cost a set lookup, not a call.
+    return [m for n in qualified_names if n not in devices and (m := reg.explain(n)) is not None]
+
+
 def _relevant(name: str) -> bool:
     return format_of(name) is not None
 
@@ -253,16 +259,12 @@ class SpecCache:
 
     def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
         """One message per name that a runtime could not resolve now; empty if all resolve."""
-        explain = self.registry().explain
-        return [msg for name in qualified_names if (msg := explain(name)) is not None]
+        return _unresolved(self.registry(), qualified_names)
 
     def unresolved_if_fresh(self, qualified_names: Iterable[str]) -> list[str] | None:
         """Like :meth:`unresolved` from :meth:`fresh_registry`; None when that has no answer."""
         reg = self.fresh_registry()
-        if reg is None:
-            return None
-        explain = reg.explain
-        return [msg for name in qualified_names if (msg := explain(name)) is not None]
+        return None if reg is None else _unresolved(reg, qualified_names)
 
     def _current(self) -> Registry | None:
         """The registry if nothing changed since it was built, else None (no folder I/O)."""
