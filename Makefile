@@ -25,6 +25,7 @@ lint: setup-lint
 	ruff check src tests benchmarks scripts
 	ruff format --check src tests benchmarks scripts
 	mypy
+	lint-imports
 
 bench: setup-test
 	$(PYTHON) benchmarks/run.py

@@ -77,35 +77,36 @@ async def _startup(rounds: int) -> list[float]:
 MEMORY_CHILD = r"""
 import asyncio, os, sys, tempfile
 from pathlib import Path
-from cdi_gen.sources import udev
-from cdi_gen.agent import Agent, AgentOptions
+from cdi_gen.model import DeviceRecord
+from cdi_gen.agent import Agent
+from cdi_gen.config.settings import Settings
 from cdi_gen.config.models import parse_config
 
 CLASSES, PER_CLASS = 5, 200
 records = [
-    udev.DeviceRecord(sys_path=f"/sys/devices/virtual/misc/dev{c}x{i}", subsystem="misc",
+    DeviceRecord(sys_path=f"/sys/devices/virtual/misc/dev{c}x{i}", subsystem="misc",
                       sys_name=f"dev{c}x{i}", devnode=f"/dev/dev{c}x{i}", major=10, minor=i)
     for c in range(CLASSES) for i in range(PER_CLASS)
 ]
 
-class RecordedWatcher:
-    # udev replaced by recorded devices; everything downstream is the real agent.
+class RecordedSource:
+    # The agent's record source, fed recorded devices; everything downstream is the real agent.
     source = "recorded"
-    def __init__(self, **_): pass
     def start(self): return list(records)
     async def batches(self):
         await asyncio.Event().wait()
         yield
+    def request_resync(self): pass
     def close(self): pass
 
-udev.UdevWatcher = RecordedWatcher
 config = parse_config({"vendor": "example.com", "classes": [
     {"name": f"class{c}", "match": {"subsystem": "misc", "kernel": f"dev{c}x*"},
      "containerEdits": {"env": ["DEVICE={name}"]}} for c in range(CLASSES)]}, "bench")
 tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgm"))
 
 async def main():
-    agent = Agent(config, AgentOptions(spec_dir=tmp / "cdi", plugin_dir=tmp / "dp"))
+    settings = Settings(spec_dir=tmp / "cdi", device_plugin_dir=tmp / "dp", metrics_address=None)
+    agent = Agent(config, settings, source=RecordedSource())
     task = asyncio.create_task(agent.run())
     await agent.started.wait()
     await asyncio.sleep(0.5)
@@ -129,15 +130,20 @@ def _memory() -> tuple[float, float, int]:
 async def _hotplug(cycles: int) -> list[float]:
     import yaml
 
-    from cdi_gen.agent import Agent, AgentOptions
+    from cdi_gen.agent import Agent
     from cdi_gen.config.models import parse_config
+    from cdi_gen.config.settings import Settings
     from tests.fakes.kubelet import FakeKubelet
 
     tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgh"))
     config = parse_config(yaml.safe_load(CONFIG), "bench")
-    agent = Agent(
-        config, AgentOptions(spec_dir=tmp / "cdi", plugin_dir=tmp / "dp", udev_source="kernel")
+    settings = Settings(
+        spec_dir=tmp / "cdi",
+        device_plugin_dir=tmp / "dp",
+        udev_source="kernel",
+        metrics_address=None,
     )
+    agent = Agent(config, settings)
     samples: list[float] = []
     numbers = free_loop_numbers(cycles, 500, 999)
     try:

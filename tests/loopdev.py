@@ -133,6 +133,12 @@ class LoopDevices:
             fcntl.ioctl(d.fileno(), LOOP_SET_FD, f.fileno())
         self.backing[dev.number] = backing_file
 
+    def detach(self, dev: LoopDevice) -> None:
+        """Clear the backing file (LOOP_CLR_FD): the device stays, with size 0."""
+        with open(dev.path, "rb") as d:
+            fcntl.ioctl(d.fileno(), LOOP_CLR_FD, 0)
+        self.backing.pop(dev.number, None)
+
     def remove(self, device: LoopDevice | int) -> None:
         dev = LoopDevice(device) if isinstance(device, int) else device
         if self.backing.pop(dev.number, None) is not None:

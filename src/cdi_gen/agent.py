@@ -1,8 +1,11 @@
 """``cdi-gen run``: the node agent. udev discovery → CDI spec files → kubelet device plugins.
 
-One asyncio loop runs everything: the udev watcher delivers batches, :class:`Discovery` turns
-them into per-class changes, and each :class:`_ClassRunner` applies a change in the order
-that keeps the runtime and the kubelet consistent:
+One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
+(a consumer that fails stops the others, and the agent raises its error after a clean
+shutdown). A record source (:class:`~cdi_gen.sources.RecordSource`: udev, or any other in
+tests) delivers batches, :class:`Discovery` turns them into per-class changes, and each
+:class:`_ClassRunner` applies a change in the order that keeps the runtime and the kubelet
+consistent:
 
 1. withdraw from ListAndWatch every device that is gone or became unhealthy,
 2. write the class's spec file (or remove it when no device is left),
@@ -15,7 +18,10 @@ cannot resolve. Entries never pin major/minor for nodes that exist on the host, 
 re-plugged device with new numbers is injected with its current ones.
 
 Each device's spec entry is validated once, when it appears, and reused (see
-:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one serialisation.
+:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one
+serialisation, done on the loop; the write and its fsyncs run in a thread, so a slow disk
+never stalls ListAndWatch or Allocate. The settings come from
+:class:`~cdi_gen.config.settings.Settings`.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
@@ -33,18 +39,18 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from cdi_gen import paths
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.registry import SpecCache, unique_dirs
+from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.spec import ContainerEdits
 from cdi_gen.cdi.version import choose_version
 from cdi_gen.config.models import AgentConfig, ClassConfig
+from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.errors import (
@@ -58,9 +64,10 @@ from cdi_gen.errors import (
 from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.plugin import KubeletPlugin
 from cdi_gen.logs import fields
-from cdi_gen.metrics import Metrics, parse_address, serve_http
+from cdi_gen.metrics import Metrics, serve_http
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
 from cdi_gen.modes import make_folder
+from cdi_gen.sources import RecordSource
 
 log = logging.getLogger("cdi_gen.agent")
 
@@ -72,31 +79,6 @@ log = logging.getLogger("cdi_gen.agent")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Longest the start-up scan of our spec folder (stale specs of removed classes) may take.
 FOLDER_SCAN_SECONDS = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class AgentOptions:
-    """Everything ``cdi-gen run`` takes besides the config."""
-
-    spec_dir: Path = paths.DYNAMIC_SPEC_DIR
-    plugin_dir: Path = paths.DEVICE_PLUGIN_DIR
-    kubelet_socket: Path | None = None
-    #: Folders the runtime reads, lowest priority first; Allocate checks names against them.
-    #: Default: /etc/cdi and the spec folder.
-    runtime_spec_dirs: tuple[Path, ...] = ()
-    udev_source: str | None = None
-    metrics_address: str | None = None
-    cdi_annotations: bool = False
-    cleanup_on_exit: bool = False
-    kubelet: bool = True
-    retry_max_seconds: float = 30.0
-
-    def spec_dirs_for_runtime(self) -> tuple[Path, ...]:
-        if self.runtime_spec_dirs:
-            # A folder named twice would conflict with itself and fail every Allocate.
-            return unique_dirs(self.runtime_spec_dirs)
-        etc = paths.STATIC_SPEC_DIR
-        return (self.spec_dir,) if self.spec_dir == etc else (etc, self.spec_dir)
 
 
 @dataclass(slots=True)
@@ -117,6 +99,7 @@ class _ClassRunner:
     rejected: dict[str, tuple[ContainerEdits, str]] = field(default_factory=dict)
     #: Why the class's device plugin is not serving, or None.
     plugin_error: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def resource(self) -> str:
@@ -135,14 +118,14 @@ class _ClassRunner:
         else:
             log.error(message, *args, extra=extra)
 
-    def apply(self, change: ClassChange, received: float | None) -> None:
+    async def apply(self, change: ClassChange, received: float | None) -> None:
         """Bring the board and the spec file to ``change``; never raises."""
         try:
-            self._apply(change, received)
+            await self._apply(change, received)
         except Exception as exc:
             self.fail("internal", "applying a change failed: %s", exc)
 
-    def _apply(self, change: ClassChange, received: float | None) -> None:
+    async def _apply(self, change: ClassChange, received: float | None) -> None:
         # Logged per physical device: a shared device is one event, not one line per slot.
         self._log_transitions(change)
         change = expand_change(change, self.config.sharing.replicas)
@@ -153,33 +136,34 @@ class _ClassRunner:
             self.fail(
                 "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
             )
-        new = {d.id: d for d in change.after_write}
         # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
-        interim = []
-        for old in self.board.devices.values():
-            now = new.get(old.id)
-            if now is None:
-                continue
-            interim.append(now if not now.healthy else old)
-        self.board.publish(interim)
+        self.board.publish(change.before_write(self.board.devices.values()))
         self.devices = change.devices
         self.target = change.after_write
-        self.sync(received)
+        await self.sync(received)
 
-    def sync(self, received: float | None = None) -> None:
-        """Write the spec of ``self.devices``; on success publish ``self.target``."""
+    async def sync(self, received: float | None = None) -> None:
+        """Write the spec of ``self.devices``; on success publish ``self.target``.
+
+        One sync of a class at a time (a retry waits for a running one); the write itself
+        (and its fsync) runs in a thread, so other classes and the plugins go on meanwhile.
+        """
         self._cancel_retry()
+        async with self.lock:
+            await self._sync(received)
+
+    async def _sync(self, received: float | None) -> None:
         try:
-            changed = self._write_spec()
+            changed = await self._write_spec()
         except Exception as exc:
             # Not published: the kubelet never sees a device the runtime cannot resolve.
             self.spec_ok = False
             self.failures += 1
-            delay = min(self.agent.options.retry_max_seconds, 0.5 * 2 ** min(self.failures, 8))
+            delay = min(self.agent.settings.retry_max_seconds, 0.5 * 2 ** min(self.failures, 8))
             reason = "spec-write" if isinstance(exc, CdiGenError) else "internal"
             self.fail(reason, "spec write failed, retrying in %.1fs: %s", delay, exc)
             self.agent.metrics.spec_writes.labels(self.resource, "error").inc()
-            self.retry = asyncio.get_running_loop().call_later(delay, self.sync)
+            self.retry = asyncio.get_running_loop().call_later(delay, self._retry)
             return
         self.failures = 0
         self.spec_ok = True
@@ -193,21 +177,32 @@ class _ClassRunner:
             self.agent.metrics.hotplug_latency.observe(time.monotonic() - received)
         self._export_gauges()
 
-    def _write_spec(self) -> bool:
-        spec_dir = self.agent.options.spec_dir
+    def _retry(self) -> None:
+        self.retry = None
+        if self.agent.running:
+            self.agent.spawn(self.sync(), f"retry {self.resource}")
+
+    async def _write_spec(self) -> bool:
+        """Write (or, without devices, remove) the class's spec; True if the file changed.
+
+        Built on the loop from cached entries (cheap), written in a thread (the fsyncs).
+        """
+        spec_dir = self.agent.settings.spec_dir
         vendor, cls = self.agent.config.vendor, self.config.name
         entries = [e for e in map(self._entry, self.devices) if e is not None]
-        if not entries:
-            removed = writer.remove_spec(spec_dir, vendor, cls)
-            if removed:
-                log.info(
-                    "spec removed: no devices left",
-                    extra=fields(resource=self.resource, dir=str(spec_dir)),
-                )
-            return removed
-        doc = assemble(f"{vendor}/{cls}", entries, target_version=self.config.cdi_version)
-        changed = writer.write_bytes(spec_dir, vendor, cls, dump_document(doc))
-        if changed:
+        doc = (
+            assemble(f"{vendor}/{cls}", entries, target_version=self.config.cdi_version)
+            if entries
+            else None
+        )
+        data = None if doc is None else dump_document(doc)
+        outcome = await asyncio.to_thread(writer.sync_spec, spec_dir, vendor, cls, data)
+        if outcome == "removed":
+            log.info(
+                "spec removed: no devices left",
+                extra=fields(resource=self.resource, dir=str(spec_dir)),
+            )
+        elif outcome == "written" and doc is not None:
             log.info(
                 "spec written",
                 extra=fields(
@@ -217,7 +212,7 @@ class _ClassRunner:
                     file=str(spec_dir / writer.spec_filename(vendor, cls)),
                 ),
             )
-        return changed
+        return outcome in ("written", "removed")
 
     def _entry(self, device: DiscoveredDevice) -> DeviceEntry | None:
         """The device's validated entry, or None when it cannot be in this class's spec."""
@@ -289,17 +284,21 @@ class _ClassRunner:
 class Agent:
     """The node agent. ``await agent.run()`` until :meth:`stop` or SIGTERM/SIGINT/SIGHUP."""
 
-    def __init__(self, config: AgentConfig, options: AgentOptions) -> None:
+    def __init__(
+        self, config: AgentConfig, settings: Settings, source: RecordSource | None = None
+    ) -> None:
         self.config = config
-        self.options = options
+        self.settings = settings
         self.metrics = Metrics()
         self.discovery = Discovery(config)
         self.runners = {c.name: _ClassRunner(self, c) for c in config.classes}
-        self.spec_cache = SpecCache(options.spec_dirs_for_runtime())
+        self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
         self._stop = asyncio.Event()
-        self._watcher: Any = None
+        #: The records' source; udev (started in :meth:`run`) unless one is given.
+        self.source = source
         self._http: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self.started = asyncio.Event()
 
     def stop(self) -> None:
@@ -323,46 +322,57 @@ class Agent:
         return True, "ready"
 
     async def run(self) -> None:
-        """Start everything, follow udev until stopped, then shut down cleanly.
+        """Start everything, follow the records until stopped, then shut down cleanly.
 
-        Raises :class:`~cdi_gen.errors.DiscoveryError` when udev cannot be read at start.
+        The consumers run as tasks of one :class:`asyncio.TaskGroup`: the record follower
+        and the plugins still trying to start. Raises
+        :class:`~cdi_gen.errors.DiscoveryError` when udev cannot be read at start (or its
+        reading fails later), after the same clean shutdown.
         """
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
         try:
-            await self._start()
-            events = asyncio.create_task(self._follow_udev(), name="udev")
-            stop = asyncio.create_task(self._stop.wait(), name="stop")
-            done, _ = await asyncio.wait({events, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if events in done and events.exception() is not None:
-                raise events.exception()  # type: ignore[misc]
-            events.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await events
-            stop.cancel()
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                await self._start()
+                group.create_task(self._follow_records(), name="records")
+                await self._stop.wait()
+                # Ending the source ends the follower; plugins still starting are cancelled.
+                self._close_source()
+                for task in self._tasks:
+                    task.cancel()
+        except BaseExceptionGroup as group_error:
+            # One consumer failed (the others were cancelled): raise it as itself, so the
+            # CLI maps it to its exit code.
+            raise _first(group_error) from None
         finally:
+            self._group = None
+            self._close_source()
             await self._shutdown()
             for sig in STOP_SIGNALS:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
 
-    async def _start(self) -> None:
-        from cdi_gen.sources.udev import UdevWatcher
+    def _close_source(self) -> None:
+        if self.source is not None:
+            self.source.close()
 
-        opts = self.options
-        if opts.metrics_address:
-            host, port = parse_address(opts.metrics_address)
+    async def _start(self) -> None:
+        settings = self.settings
+        if settings.metrics_address:
+            host, port = parse_address(settings.metrics_address)
             try:
                 self._http = await serve_http(host, port, self.metrics, self.ready)
             except OSError as exc:  # in use, or an address this host does not have
                 raise ConfigError(
-                    f"--metrics-address {quote(opts.metrics_address)}: cannot listen: "
+                    f"--metrics-address {quote(settings.metrics_address)}: cannot listen: "
                     f"{os.strerror(exc.errno) if exc.errno else exc}"
                 ) from None
             log.info(
-                "serving /metrics /healthz /readyz", extra=fields(address=opts.metrics_address)
+                "serving /metrics /healthz /readyz",
+                extra=fields(address=settings.metrics_address),
             )
         # Off the event loop and bounded: /healthz is already served, and the folder may be
         # slow or hold anything.
@@ -371,52 +381,53 @@ class Agent:
         except TimeoutError:
             log.error(
                 "stale spec scan of %s took over %gs; going on without it",
-                opts.spec_dir,
+                settings.spec_dir,
                 FOLDER_SCAN_SECONDS,
             )
-        watcher = UdevWatcher(
-            source=opts.udev_source or self.config.udev_source,  # type: ignore[arg-type]
-            subsystems=self.discovery.subsystems,
-            interest=self.discovery.interest,
-            wants=self.discovery.wants,
-            resync_seconds=self.config.resync_seconds,
-        )
-        records = watcher.start()
-        self._watcher = watcher
+        source = self.source
+        if source is None:
+            # Imported here: pyudev is loaded only by an agent that reads udev.
+            from cdi_gen.sources.udev import UdevWatcher
+
+            source = self.source = UdevWatcher(
+                source=settings.udev_source or self.config.udev_source,
+                subsystems=self.discovery.subsystems,
+                interest=self.discovery.interest,
+                wants=self.discovery.wants,
+                resync_seconds=self.config.resync_seconds,
+            )
+        records = source.start()
         log.info(
             "udev monitor started",
-            extra=fields(source=watcher.source, enumerated=len(records), classes=len(self.runners)),
+            extra=fields(source=source.source, enumerated=len(records), classes=len(self.runners)),
         )
         for change in self.discovery.replace(records):
-            self.runners[change.class_name].apply(change, None)
-        if opts.kubelet:
+            await self.runners[change.class_name].apply(change, None)
+        if settings.kubelet:
             await self._start_plugins()
         self.started.set()
 
     def _remove_stale_specs(self) -> None:
-        spec_dir = self.options.spec_dir
+        spec_dir = self.settings.spec_dir
         removed_temps = writer.remove_stale_temps(spec_dir)
         if removed_temps:
             log.info("removed %d temporary files of an interrupted write", removed_temps)
         configured = {(self.config.vendor, c) for c in self.runners}
-        for vendor, cls in writer.owned_specs(spec_dir):
-            if (vendor, cls) not in configured:
-                try:
-                    writer.remove_spec(spec_dir, vendor, cls)
-                except SpecWriteError as exc:
-                    log.error("cannot remove stale spec: %s", exc)
-                    continue
-                log.info(
-                    "stale spec removed: class no longer configured",
-                    extra=fields(resource=f"{vendor}/{cls}", dir=str(spec_dir)),
-                )
+        for vendor, cls, error in writer.remove_unconfigured(spec_dir, configured):
+            if error is not None:
+                log.error("cannot remove stale spec: %s", error)
+                continue
+            log.info(
+                "stale spec removed: class no longer configured",
+                extra=fields(resource=f"{vendor}/{cls}", dir=str(spec_dir)),
+            )
 
     async def _start_plugins(self) -> None:
         # grpc loads here, with the device plugin, and only when a kubelet is used.
         from cdi_gen.kubelet.allocation import Refusal
         from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
-        opts = self.options
+        settings = self.settings
         for runner in self.runners.values():
             resource = runner.resource
             on_allocate = self.metrics.allocate_hook(resource, [*Refusal, "internal"])
@@ -434,9 +445,9 @@ class Agent:
                     runner.config.name,
                     runner.board,
                     self.spec_cache,
-                    plugin_dir=opts.plugin_dir,
-                    kubelet_socket=opts.kubelet_socket,
-                    cdi_annotations=opts.cdi_annotations,
+                    plugin_dir=settings.device_plugin_dir,
+                    kubelet_socket=settings.kubelet_socket,
+                    cdi_annotations=settings.cdi_annotations,
                     physical_policy=runner.config.sharing.policy,
                     one_slot_per_device=runner.config.sharing.fail_requests_greater_than_one,
                     on_allocate=on_allocate,
@@ -448,16 +459,14 @@ class Agent:
                 runner.fail("plugin-start", "device plugin cannot be created: %s", exc)
                 continue
             if not await self._start_plugin(runner, 1):
-                self._tasks.add(
-                    asyncio.create_task(self._keep_starting(runner), name=f"start {resource}")
-                )
+                self.spawn(self._keep_starting(runner), f"start {resource}")
 
     async def _start_plugin(self, runner: _ClassRunner, attempt: int) -> bool:
         """One attempt to serve the class's plugin; False (logged, counted) if it failed."""
         plugin = runner.plugin
         assert plugin is not None
         try:
-            make_folder(self.options.plugin_dir)
+            make_folder(self.settings.device_plugin_dir)
             await plugin.start()
         except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.
@@ -477,15 +486,30 @@ class Agent:
         """Retry a plugin that failed to start, with backoff, until it serves."""
         attempt = 1
         while True:
-            delay = min(self.options.retry_max_seconds, 0.5 * 2 ** min(attempt - 1, 8))
+            delay = min(self.settings.retry_max_seconds, 0.5 * 2 ** min(attempt - 1, 8))
             await asyncio.sleep(delay)
             attempt += 1
             if await self._start_plugin(runner, attempt):
                 return
 
-    async def _follow_udev(self) -> None:
-        watcher = self._watcher
-        async for batch in watcher.batches():
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` is between start and shutdown (its task group is open)."""
+        return self._group is not None
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` as a task of the agent's group (cancelled on stop)."""
+        if self._group is None:
+            work.close()
+            return
+        task = self._group.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _follow_records(self) -> None:
+        source = self.source
+        assert source is not None
+        async for batch in source.batches():
             try:
                 if batch.full:
                     self.metrics.resyncs.labels("resync").inc()
@@ -498,14 +522,12 @@ class Agent:
                 # Not tied to one class: counted under "*"; a full enumeration starts afresh.
                 self.metrics.failures.labels("*", "internal").inc()
                 log.exception("discovery failed on a batch of %d records", len(batch.records))
-                watcher.request_resync()
+                source.request_resync()
                 continue
             for change in changes:
-                self.runners[change.class_name].apply(change, batch.received or None)
+                await self.runners[change.class_name].apply(change, batch.received or None)
 
     async def _shutdown(self) -> None:
-        if self._watcher is not None:
-            self._watcher.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -514,14 +536,25 @@ class Agent:
             runner.board.close()
             runner._cancel_retry()
         await asyncio.gather(*(p.stop(grace=1.0) for p in plugins), return_exceptions=True)
-        if self.options.cleanup_on_exit:
+        if self.settings.cleanup_on_exit:
             for runner in self.runners.values():
                 with contextlib.suppress(SpecWriteError):
-                    if writer.remove_spec(
-                        self.options.spec_dir, self.config.vendor, runner.config.name
+                    if await asyncio.to_thread(
+                        writer.remove_spec,
+                        self.settings.spec_dir,
+                        self.config.vendor,
+                        runner.config.name,
                     ):
                         log.info("spec removed on exit", extra=fields(resource=runner.resource))
         if self._http is not None:
             self._http.close()
             await self._http.wait_closed()
         log.info("stopped")
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf exception of a (possibly nested) exception group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

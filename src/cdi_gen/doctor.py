@@ -19,9 +19,11 @@ from typing import Any, Literal
 
 from cdi_gen.cdi.registry import Registry, load_registry
 from cdi_gen.cdi.runtimes import Runtime, readability_problems
-from cdi_gen.errors import quote
+from cdi_gen.config.settings import Settings
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.errors import ConfigError, quote
 from cdi_gen.files import RUNTIME_CONFIG_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.paths import KUBELET_SOCKET_NAME, RUNTIME_SPEC_DIRS, UDEV_RUN_DIR
+from cdi_gen.paths import CRIO_CONFIG, KUBELET_SOCKET_NAME, RUNTIME_SPEC_DIRS, UDEV_RUN_DIR
 
 Status = Literal["OK", "WARN", "FAIL"]
 #: The runtimes' own default folders, as strings to compare with their config files.
@@ -96,7 +98,9 @@ def _cri_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]
     return "plugins.cri", _typed(plugins, "cri", dict, "a table", None), False
 
 
-def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:
+# Complexity exception (C901, PLR0912): a checklist of the containerd config, one branch
+# per verdict, in the order the lines are printed.
+def check_containerd(config: Path, spec_dir: Path, version: tuple[int, ...] | None) -> list[Check]:  # noqa: C901, PLR0912
     """Whether containerd will inject CDI devices from ``spec_dir``."""
     topic = "containerd"
     checks: list[Check] = []
@@ -234,12 +238,8 @@ def check_crio(configs: Sequence[Path], spec_dir: Path) -> list[Check]:
     ]
 
 
-def check_spec_dirs(
-    spec_dirs: Sequence[Path], ours: Path, vendor: str, reg: Registry | None = None
-) -> list[Check]:
-    """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
-
-    ``reg``: the folders already scanned (the same scan serves :func:`check_runtimes`)."""
+def _folder_checks(spec_dirs: Sequence[Path], ours: Path) -> list[Check]:
+    """Each folder present and world-readable (rootless podman reads them as a user)."""
     checks: list[Check] = []
     topic = "spec folders"
     for d in spec_dirs:
@@ -265,11 +265,14 @@ def check_spec_dirs(
                     f"chmod 755 {d}",
                 )
             )
-    reg = reg if reg is not None else load_registry(spec_dirs)
-    for msg in reg.dir_errors.values():
-        checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
+    return checks
+
+
+def _file_error_checks(reg: Registry, vendor: str) -> list[Check]:
+    """The files a runtime would skip: ours FAIL, others WARN, crashers FAIL."""
+    checks: list[Check] = []
     for path, msgs in sorted(reg.errors.items()):
-        level = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
+        level: Status = "FAIL" if path.name.startswith(f"{vendor}-") else "WARN"
         for msg in msgs:
             if _crashes_runtimes(msg):
                 checks.append(
@@ -290,6 +293,21 @@ def check_spec_dirs(
                     "fix or remove the file; runtimes skip it",
                 )
             )
+    return checks
+
+
+def check_spec_dirs(
+    spec_dirs: Sequence[Path], ours: Path, vendor: str, reg: Registry | None = None
+) -> list[Check]:
+    """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
+
+    ``reg``: the folders already scanned (the same scan serves :func:`check_runtimes`)."""
+    topic = "spec folders"
+    checks = _folder_checks(spec_dirs, ours)
+    reg = reg if reg is not None else load_registry(spec_dirs)
+    for msg in reg.dir_errors.values():
+        checks.append(Check("FAIL", topic, msg, "fix the folder permissions"))
+    checks += _file_error_checks(reg, vendor)
     for path in sorted({e.path for e in reg.devices.values()}):
         if path.parent == ours and not path.stat().st_mode & stat.S_IROTH:
             checks.append(
@@ -433,3 +451,82 @@ def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
                 )
             )
     return out
+
+
+def _runtimes(
+    refs: Sequence[str], containerd_version: str | None
+) -> tuple[list[Runtime], list[Check]]:
+    """The node's runtimes: named ones, else every one on PATH asked for its version."""
+    from cdi_gen.cdi import runtimes as rt
+
+    checks: list[Check] = []
+    if refs:
+        found = [rt.parse_reference(ref) for ref in refs]
+    else:
+        found = []
+        for name in rt.RUNTIMES:
+            try:
+                runtime = rt.detect(name)
+            except ConfigError as exc:
+                checks.append(Check("WARN", "runtime", str(exc), "pass --runtime NAME@VERSION"))
+                continue
+            if runtime is not None:
+                found.append(runtime)
+    if containerd_version is not None:
+        try:
+            rt.parse_release(containerd_version)
+        except ValueError:
+            raise ConfigError(
+                f"--containerd-version: {containerd_version!r} is not X.Y.Z"
+            ) from None
+        found = [r for r in found if r.name != "containerd"]
+        found.insert(0, rt.from_table("containerd", containerd_version))
+    return found, checks
+
+
+def diagnose(
+    settings: Settings,
+    discovery: Discovery,
+    *,
+    containerd_config: Path,
+    containerd_version: str | None = None,
+    crio_configs: Sequence[Path] = (),
+) -> list[Check]:
+    """Every check of this node for the agent's ``settings``, in the order printed.
+
+    Raises :class:`ConfigError` for a malformed ``--runtime`` or ``--containerd-version``.
+    """
+    from cdi_gen.cdi import runtimes as rt
+
+    spec_dir = settings.spec_dir
+    runtimes, checks = _runtimes(settings.runtime, containerd_version)
+    containerd = next((r for r in runtimes if r.name == "containerd"), None)
+    version = None if containerd is None else rt.parse_release(containerd.version)
+    dirs = settings.spec_dirs_for_runtime()
+    checks += check_containerd(containerd_config, spec_dir, version)
+    checks += check_crio(
+        crio_configs or (CRIO_CONFIG, CRIO_CONFIG.parent / "crio.conf.d"), spec_dir
+    )
+    if not any(same_dir(str(d), spec_dir) for d in dirs):
+        checks.append(
+            Check(
+                "FAIL",
+                "spec folders",
+                f"{spec_dir} is not among the runtime folders {', '.join(map(str, dirs))}",
+                "write into a folder the runtime reads",
+            )
+        )
+    registry = load_registry(dirs)
+    checks += check_spec_dirs(dirs, spec_dir, discovery.config.vendor, registry)
+    checks += check_runtimes(runtimes, registry)
+    checks += check_kubelet(settings.device_plugin_dir)
+    checks += check_udev()
+    checks += check_classes(
+        (
+            cls,
+            " | ".join(r.describe() for r in discovery.config_of(cls).match),
+            len(discovery.devices(cls)),
+        )
+        for cls in discovery.class_names
+    )
+    return checks

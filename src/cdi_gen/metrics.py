@@ -24,8 +24,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from cdi_gen.errors import quote
-
 
 class Metrics:
     """Every metric the agent exports, in one private registry."""
@@ -263,14 +261,3 @@ def _route(
         ok, why = ready()
         return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", (why + "\n").encode()
     return "404 Not Found", "text/plain", b"not found\n"
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9400`` for IPv6) → (host, port); raise ValueError."""
-    host, sep, port = address.rpartition(":")
-    # Port 0 asks the kernel for a free one (tests read it back from the listener).
-    if not sep or not port.isdigit() or len(port) > 5 or int(port) > 65535:
-        raise ValueError(
-            f"invalid address {quote(address)}, should be HOST:PORT with a port of 0 to 65535"
-        )
-    return host.strip("[]") or "0.0.0.0", int(port)

@@ -9,7 +9,7 @@ them into :class:`DiscoveredDevice` s and :class:`ClassChange` s, and the kubele
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,9 +77,9 @@ class DiscoveryWarning:
 class ClassChange:
     """The result of feeding records for one class whose device set changed.
 
-    The agent keeps its invariant by publishing ``before_write`` (the old list without the
-    removed devices), writing the spec of ``devices`` (or removing it when empty), then
-    publishing ``after_write``.
+    The agent keeps its invariant by publishing :meth:`before_write` of what it advertises,
+    writing the spec of ``devices`` (or removing it when empty), then publishing
+    ``after_write``.
     """
 
     class_name: str
@@ -89,12 +89,25 @@ class ClassChange:
     changed: tuple[str, ...] = ()
     #: Warnings that are new since the previous change of this class.
     warnings: tuple[DiscoveryWarning, ...] = ()
-    before_write: tuple[AdvertisedDevice, ...] = ()
     after_write: tuple[AdvertisedDevice, ...] = ()
 
     @property
     def devices_changed(self) -> bool:
         return bool(self.added or self.removed or self.changed)
+
+    def before_write(self, advertised: Iterable[AdvertisedDevice]) -> list[AdvertisedDevice]:
+        """What to advertise while the spec is rewritten, given what is ``advertised`` now.
+
+        Every advertised device that is still present, marked unhealthy if it became so;
+        nothing new yet. Computed from what is advertised, not from the previous change: a
+        spec write that failed left the previous list unpublished.
+        """
+        now = {d.id: d for d in self.after_write}
+        return [
+            new if not new.healthy else old
+            for old in advertised
+            if (new := now.get(old.id)) is not None
+        ]
 
 
 @dataclass(frozen=True, slots=True)

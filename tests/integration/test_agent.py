@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
-from cdi_gen.agent import Agent, AgentOptions
+from cdi_gen.agent import Agent
 from cdi_gen.config.models import parse_config
+from cdi_gen.config.settings import Settings
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
 
@@ -59,9 +60,9 @@ async def running_agent(short_dir: Path, **options: object) -> AsyncIterator[Age
     config = parse_config(_config(), "test.yaml")
     agent = Agent(
         config,
-        AgentOptions(
+        Settings(
             spec_dir=short_dir / "cdi",
-            plugin_dir=short_dir / "dp",
+            device_plugin_dir=short_dir / "dp",
             udev_source="kernel",
             metrics_address="127.0.0.1:0",
             **options,  # type: ignore[arg-type]
@@ -163,7 +164,7 @@ async def test_cleanup_on_exit_and_stale_specs(short_dir: Path, loops: LoopDevic
     writer.write_document(spec_dir, stale)
     (spec_dir / "foreign.json").write_text("{}")
     first = loops.add()
-    async with running_agent(short_dir, cleanup_on_exit=True, kubelet=False):
+    async with running_agent(short_dir, cleanup_on_exit=True, no_kubelet=True):
         assert first.name in _spec_names(spec_dir)
         assert not (spec_dir / "example.com-gone.json").exists()
     assert not (spec_dir / "example.com-loop.json").exists()
@@ -197,7 +198,12 @@ async def test_shared_device_slots_follow_the_device(short_dir: Path, loops: Loo
     spec_dir = short_dir / "cdi"
     agent = Agent(
         parse(config, "test.yaml"),
-        AgentOptions(spec_dir=spec_dir, plugin_dir=short_dir / "dp", udev_source="kernel"),
+        Settings(
+            spec_dir=spec_dir,
+            device_plugin_dir=short_dir / "dp",
+            udev_source="kernel",
+            metrics_address=None,
+        ),
     )
     async with FakeKubelet(short_dir / "dp") as kubelet:
         task = asyncio.create_task(agent.run())

@@ -21,8 +21,9 @@ from typing import Any
 import orjson
 import pytest
 
-from cdi_gen.agent import Agent, AgentOptions
+from cdi_gen.agent import Agent
 from cdi_gen.config.models import parse_config
+from cdi_gen.config.settings import Settings
 from cdi_gen.model import DeviceRecord
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
@@ -68,9 +69,9 @@ async def running_agent(
 ) -> AsyncIterator[tuple[Agent, asyncio.Task[None]]]:
     agent = Agent(
         parse_config(config, "test.yaml"),
-        AgentOptions(
+        Settings(
             spec_dir=short_dir / "cdi",
-            plugin_dir=short_dir / "dp",
+            device_plugin_dir=short_dir / "dp",
             udev_source="kernel",
             metrics_address="127.0.0.1:0",
             **options,
@@ -193,7 +194,9 @@ async def test_only_the_offending_device_of_a_class_is_skipped(
         },
         "test.yaml",
     )
-    agent = Agent(config, AgentOptions(spec_dir=short_dir / "cdi", kubelet=False))
+    agent = Agent(
+        config, Settings(spec_dir=short_dir / "cdi", no_kubelet=True, metrics_address=None)
+    )
 
     def disk(name: str) -> DeviceRecord:
         return DeviceRecord(
@@ -206,7 +209,7 @@ async def test_only_the_offending_device_of_a_class_is_skipped(
     runner = agent.runners["disk"]
     with caplog.at_level(logging.WARNING, logger="cdi_gen.agent"):
         for change in agent.discovery.replace([disk("loop1"), disk("9xyz")]):
-            runner.apply(change, None)
+            await runner.apply(change, None)
     assert _names(short_dir / "cdi", "disk") == {"loop1"}
     assert set(runner.board.devices) == {"loop1"}
     assert agent.metrics.failures.labels("example.com/disk", "version")._value.get() == 1
@@ -215,7 +218,7 @@ async def test_only_the_offending_device_of_a_class_is_skipped(
     # A rewrite of the class (another device arrives) neither logs nor counts it again.
     caplog.clear()
     for change in agent.discovery.apply([dataclasses.replace(disk("loop2"), action="add")]):
-        runner.apply(change, None)
+        await runner.apply(change, None)
     assert _names(short_dir / "cdi", "disk") == {"loop1", "loop2"}
     assert set(runner.board.devices) == {"loop1", "loop2"}
     assert agent.metrics.failures.labels("example.com/disk", "version")._value.get() == 1

@@ -206,12 +206,12 @@ async def test_a_stuck_folder_scan_is_bounded_and_other_classes_answer(
 
 
 async def test_runtime_spec_dir_given_twice_still_allocates(short_dir: Path) -> None:
-    from cdi_gen.agent import AgentOptions
+    from cdi_gen.config.settings import Settings
 
     spec_dir = short_dir / "cdi"
     spec_dir.mkdir()
     (spec_dir / "example.com-loop.json").write_text(json.dumps(GOOD))
-    options = AgentOptions(spec_dir=spec_dir, runtime_spec_dirs=(spec_dir, Path(f"{spec_dir}/")))
+    options = Settings(spec_dir=spec_dir, runtime_spec_dirs=(spec_dir, Path(f"{spec_dir}/")))
     assert options.spec_dirs_for_runtime() == (spec_dir,)
     kubelet = FakeKubelet(short_dir / "dp")
     await kubelet.start()

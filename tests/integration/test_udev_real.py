@@ -25,7 +25,8 @@ from loopdev import LoopDevices
 from cdi_gen.cdi.writer import remove_spec, spec_filename, write_spec
 from cdi_gen.config.models import AgentConfig, parse_config
 from cdi_gen.discovery.inventory import Discovery
-from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevBatch, UdevWatcher, udevd_running
+from cdi_gen.sources import RecordBatch
+from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, udevd_running
 
 pytestmark = pytest.mark.kernel
 
@@ -107,7 +108,7 @@ class Follower:
             interest=self.discovery.interest,
             wants=self.discovery.wants,
         )
-        self.batches: list[UdevBatch] = []
+        self.batches: list[RecordBatch] = []
         self._task: asyncio.Task[None] | None = None
 
     def _sync(self) -> None:

@@ -16,10 +16,12 @@ from cdi_gen.cdi.codec import dump_spec
 from cdi_gen.cdi.spec import DeviceNode
 from cdi_gen.cdi.validation import check_spec
 from cdi_gen.config.models import AgentConfig, load_config, parse_config
-from cdi_gen.discovery.inventory import Discovery, build_spec, glob_match, match_record, matches
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.match import glob_match, match_record, matches
+from cdi_gen.discovery.spec import build_spec
 from cdi_gen.errors import VersionError
 from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
-from cdi_gen.sources.udev import record_from_json, records_from_export_db
+from cdi_gen.sources.records import record_from_json, records_from_export_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -293,7 +295,7 @@ def test_apply_add_remove_change_and_ordering_lists() -> None:
     assert initial.added == ("loop201",)
     (added,) = discovery.apply([dataclasses.replace(_loop(202), action="add")])
     assert added.added == ("loop202",) and not added.removed
-    assert [d.id for d in added.before_write] == ["loop201"]
+    assert [d.id for d in added.before_write(initial.after_write)] == ["loop201"]
     assert [d.id for d in added.after_write] == ["loop201", "loop202"]
     removed_event = DeviceRecord(
         sys_path="/sys/devices/virtual/block/loop201",
@@ -304,7 +306,7 @@ def test_apply_add_remove_change_and_ordering_lists() -> None:
     )
     (removed,) = discovery.apply([removed_event])
     assert removed.removed == ("loop201",)
-    assert [d.id for d in removed.before_write] == ["loop202"]
+    assert [d.id for d in removed.before_write(added.after_write)] == ["loop202"]
     assert [d.id for d in removed.after_write] == ["loop202"]
     # An event that changes nothing the spec or kubelet sees produces no change.
     assert discovery.apply([dataclasses.replace(_loop(202), action="change")]) == []

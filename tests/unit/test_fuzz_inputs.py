@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdi_gen.cdi.registry import load_file
-from cdi_gen.cli.main import _load_records
+from cdi_gen.cli.inputs import load_records_file
 from cdi_gen.config.models import AgentConfig, catalogue_text, load_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import CdiGenError, ConfigError
-from cdi_gen.sources.udev import record_from_json, records_from_export_db
+from cdi_gen.sources.records import record_from_json, records_from_export_db
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("CDI_GEN_FUZZ_EXAMPLES", "40"))
@@ -243,7 +243,7 @@ DISCOVERY_CONFIG = load_config(None)
 def check_records(data: str, suffix: str) -> None:
     with written(data, f".{suffix}") as path, cpu_bound():
         try:
-            records = _load_records(path)
+            records = load_records_file(path)
         except ConfigError as exc:
             assert "\n" not in str(exc)
             short_lines(str(exc))

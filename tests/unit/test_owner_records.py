@@ -109,12 +109,15 @@ def test_cli_write_leaves_the_file_elsewhere(tmp_path: Path) -> None:
 
 
 def test_agent_startup_leaves_the_file_elsewhere(tmp_path: Path) -> None:
-    from cdi_gen.agent import Agent, AgentOptions
+    from cdi_gen.agent import Agent
     from cdi_gen.cdi.codec import load_yaml
     from cdi_gen.config.models import parse_config
+    from cdi_gen.config.settings import Settings
 
     spec_dir, victim = plant(tmp_path)
-    agent = Agent(parse_config(load_yaml(CONFIG)), AgentOptions(spec_dir=spec_dir))
+    agent = Agent(
+        parse_config(load_yaml(CONFIG)), Settings(spec_dir=spec_dir, metrics_address=None)
+    )
     agent._remove_stale_specs()
     assert victim.exists()
 

@@ -13,17 +13,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import pyudev
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.model import DeviceRecord, ParentRecord
-from cdi_gen.sources.udev import (
-    UdevWatcher,
-    record_from_json,
-    record_to_json,
-    records_from_export_db,
-    resolve_source,
-)
+from cdi_gen.sources.records import record_from_json, record_to_json, records_from_export_db
+from cdi_gen.sources.udev import UdevWatcher, resolve_source
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -120,13 +116,43 @@ class _FakeDevice:
         self.sys_path = sys_path
         self.sys_name = sys_path.rsplit("/", 1)[-1]
         self.subsystem = "block"
-        self.action = action
+        self.action: str | None = action
         self.device_node = device_node
         self.sys_number = self.sys_name.removeprefix("loop")
         self.device_type = "disk"
         self.driver = None
         self.parent = None
         self.properties: dict[str, str] = {}
+        self.attributes: dict[str, str] = {}
+
+
+class _RecordedContext:
+    """What the watcher asks of a pyudev Context, answered from recorded devices: the
+    machine's own udev database is never read (see tests/unit/conftest.py)."""
+
+    def __init__(self, devices: list[_FakeDevice]) -> None:
+        self.devices = devices
+
+    def list_devices(self, subsystem: str | None = None) -> list[_FakeDevice]:
+        return [d for d in self.devices if subsystem in (None, d.subsystem)]
+
+
+def _recorded_loops() -> _RecordedContext:
+    """The loop devices of the recorded VM (export-db-vm.txt), as pyudev devices."""
+    records = records_from_export_db((DATA / "export-db-vm.txt").read_text())
+    devices = []
+    for r in records:
+        if r.subsystem == "block" and r.sys_name.startswith("loop"):
+            device = _FakeDevice(r.sys_path, "add", r.devnode)
+            device.action = None  # enumerated, not an event
+            device.properties = dict(r.properties)
+            devices.append(device)
+    assert devices, "the recording has loop devices"
+    return _RecordedContext(devices)
+
+
+def _watcher() -> UdevWatcher:
+    return UdevWatcher(source="kernel", subsystems={"block"}, context=_recorded_loops())
 
 
 class _FakeMonitor:
@@ -154,16 +180,23 @@ class _FakeMonitor:
         os.write(self.write_fd, b"x")
 
 
-def test_parent_driver_event_refreshes_known_children() -> None:
-    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+def test_parent_driver_event_refreshes_known_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    watcher = _watcher()
     loop0 = "/sys/devices/virtual/block/loop0"
     watcher._known = {loop0}
+    # The refresh looks the child up by its sys path: answered from the recording.
+    context = watcher._context
+    monkeypatch.setattr(
+        pyudev.Devices,
+        "from_sys_path",
+        lambda ctx, path: next(d for d in context.devices if d.sys_path == path),
+    )
     watcher._handle(_FakeDevice("/sys/devices/virtual/block", "bind"))
     assert [(r.sys_path, r.action) for r in watcher._pending] == [(loop0, "change")]
 
 
 async def test_receive_error_turns_into_full_batch() -> None:
-    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+    watcher = _watcher()
     monitor = _FakeMonitor([OSError(errno.ENOBUFS, "No buffer space available")])
     watcher._monitor = monitor
     batches = watcher.batches()
@@ -180,7 +213,7 @@ async def test_receive_error_turns_into_full_batch() -> None:
 
 
 async def test_pending_events_coalesce_into_one_batch() -> None:
-    watcher = UdevWatcher(source="kernel", subsystems={"block"})
+    watcher = _watcher()
     events = [
         _FakeDevice(f"/sys/devices/virtual/block/loop{n}", "remove", f"/dev/loop{n}")
         for n in (1, 2)

@@ -18,7 +18,7 @@ from cdi_gen.config.models import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import SpecError
 from cdi_gen.model import DeviceRecord, ParentRecord
-from cdi_gen.sources.udev import record_from_json
+from cdi_gen.sources.records import record_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -123,7 +123,7 @@ def test_hostile_value_skips_only_its_device(
 
 
 def test_value_at_the_limit_is_kept(hw_records: list[DeviceRecord]) -> None:
-    from cdi_gen.discovery.inventory import MAX_VALUE_BYTES
+    from cdi_gen.discovery.render import MAX_VALUE_BYTES
 
     names, warnings = _discover(_hostile(hw_records, prop="S" * MAX_VALUE_BYTES))
     assert names == ["ttyUSB0", "ttyUSB1"] and warnings == []

@@ -59,6 +59,23 @@ def _checked_kind(kind: str) -> str:
     return kind
 
 
+def _kind_and_device_problems(kind: str, entries: Sequence[DeviceEntry]) -> list[Problem]:
+    problems: list[Problem] = []
+    try:
+        _checked_kind(kind)
+    except InvalidNameError as exc:
+        problems.append(Problem("kind", str(exc)))
+    if not entries:
+        problems.append(Problem("devices", "invalid spec, no devices"))
+    if len({e.name for e in entries}) != len(entries):
+        seen: set[str] = set()
+        for e in entries:
+            if e.name in seen:
+                problems.append(Problem("devices", f"invalid spec, multiple device {e.name!r}"))
+            seen.add(e.name)
+    return problems
+
+
 def assemble(
     kind: str,
     entries: Sequence[DeviceEntry],
@@ -73,19 +90,7 @@ def assemble(
     Raises :class:`SpecError` for an invalid kind, no devices or a repeated device name, and
     :class:`~cdi_gen.errors.VersionError` when the pinned version is too old for a field.
     """
-    problems: list[Problem] = []
-    try:
-        _checked_kind(kind)
-    except InvalidNameError as exc:
-        problems.append(Problem("kind", str(exc)))
-    if not entries:
-        problems.append(Problem("devices", "invalid spec, no devices"))
-    seen: set[str] = set()
-    if len({e.name for e in entries}) != len(entries):
-        for e in entries:
-            if e.name in seen:
-                problems.append(Problem("devices", f"invalid spec, multiple device {e.name!r}"))
-            seen.add(e.name)
+    problems = _kind_and_device_problems(kind, entries)
     if annotations:
         problems += annotation_problems(annotations, "annotations")
     if container_edits:

@@ -87,18 +87,6 @@ class ContainerEdits(_Wire):
     intel_rdt: IntelRdt | None = None
     additional_gids: list[Uint32] | None = None
 
-    def is_empty(self) -> bool:
-        """True when the edits change nothing (runtimes reject such device edits)."""
-        return not (
-            self.env
-            or self.device_nodes
-            or self.hooks
-            or self.mounts
-            or self.net_devices
-            or self.intel_rdt is not None
-            or self.additional_gids
-        )
-
 
 class Device(_Wire):
     name: str

@@ -152,44 +152,58 @@ def edits_problems(edits: Mapping[str, Any], where: str) -> list[Problem]:
     """Problems of one wire ``containerEdits`` object found at ``where``."""
     problems = _env_problems(edits.get("env"), f"{where}.env")
     for i, node in enumerate(edits.get("deviceNodes") or ()):
-        # Fast path: a plain absolute node with no type/permissions needs no further look.
-        if len(node) == 1 and (path := node.get("path", ""))[:1] == "/":
-            if not _plain_path(path) and (
-                p := _path_shape_problem(path, f"{where}.deviceNodes[{i}].path", "device node path")
-            ):
-                problems.append(p)
-            continue
-        problems += _node_problems(node, f"{where}.deviceNodes[{i}]")
+        problems += _device_node_problems(node, f"{where}.deviceNodes[{i}]")
     for i, hook in enumerate(edits.get("hooks") or ()):
         problems += _hook_problems(hook, f"{where}.hooks[{i}]")
     for i, mount in enumerate(edits.get("mounts") or ()):
-        host = mount.get("hostPath")
-        if not host:
-            problems.append(
-                Problem(f"{where}.mounts[{i}].hostPath", "mount hostPath must not be empty")
-            )
-        # Not necessarily absolute: the source of a tmpfs or overlay mount is a word.
-        elif p := _path_shape_problem(host, f"{where}.mounts[{i}].hostPath", "mount hostPath"):
-            problems.append(p)
-        cpath = mount.get("containerPath", "")
-        if p := _path_problem(cpath, f"{where}.mounts[{i}].containerPath", "containerPath"):
-            problems.append(p)
-    seen_host: set[str] = set()
-    seen_name: set[str] = set()
-    for i, net in enumerate(edits.get("netDevices") or ()):
-        for field, seen in (("hostInterfaceName", seen_host), ("name", seen_name)):
-            value = net.get(field, "")
-            at = f"{where}.netDevices[{i}].{field}"
-            if not value:
-                problems.append(Problem(at, f"{field} must not be empty"))
-            elif value in seen:
-                problems.append(Problem(at, f"duplicate {field} {quote(value)}"))
-            seen.add(value)
+        problems += _mount_problems(mount, f"{where}.mounts[{i}]")
+    problems += _net_device_problems(edits.get("netDevices") or (), f"{where}.netDevices")
     rdt = edits.get("intelRdt")
     if rdt is not None and rdt.get("closID") not in (None, "/"):
         clos = rdt["closID"]
         if len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos:
             problems.append(Problem(f"{where}.intelRdt.closID", f"invalid closID {quote(clos)}"))
+    return problems
+
+
+def _device_node_problems(node: Mapping[str, Any], where: str) -> list[Problem]:
+    # Fast path: a plain absolute node with no type/permissions needs no further look.
+    if len(node) == 1 and (path := node.get("path", ""))[:1] == "/":
+        if _plain_path(path):
+            return []
+        p = _path_shape_problem(path, f"{where}.path", "device node path")
+        return [p] if p else []
+    return _node_problems(node, where)
+
+
+def _mount_problems(mount: Mapping[str, Any], where: str) -> list[Problem]:
+    problems: list[Problem] = []
+    host = mount.get("hostPath")
+    if not host:
+        problems.append(Problem(f"{where}.hostPath", "mount hostPath must not be empty"))
+    # Not necessarily absolute: the source of a tmpfs or overlay mount is a word.
+    elif p := _path_shape_problem(host, f"{where}.hostPath", "mount hostPath"):
+        problems.append(p)
+    if p := _path_problem(
+        mount.get("containerPath", ""), f"{where}.containerPath", "containerPath"
+    ):
+        problems.append(p)
+    return problems
+
+
+def _net_device_problems(nets: Sequence[Mapping[str, Any]], where: str) -> list[Problem]:
+    problems: list[Problem] = []
+    seen_host: set[str] = set()
+    seen_name: set[str] = set()
+    for i, net in enumerate(nets):
+        for field, seen in (("hostInterfaceName", seen_host), ("name", seen_name)):
+            value = net.get(field, "")
+            at = f"{where}[{i}].{field}"
+            if not value:
+                problems.append(Problem(at, f"{field} must not be empty"))
+            elif value in seen:
+                problems.append(Problem(at, f"duplicate {field} {quote(value)}"))
+            seen.add(value)
     return problems
 
 
@@ -237,30 +251,34 @@ def device_problems(device: Mapping[str, Any], where: str) -> list[Problem]:
     return problems
 
 
+def _declared_version_problems(doc: Mapping[str, Any]) -> list[Problem]:
+    """The declared ``cdiVersion`` is known and allows every field the document uses."""
+    declared = doc.get("cdiVersion", "")
+    try:
+        parse_version(declared)
+    except ValueError as exc:
+        return [Problem("cdiVersion", str(exc))]
+    problems: list[Problem] = []
+    reqs = list(document_requirements(doc))
+    needed = minimum_of(reqs)
+    if parse_version(declared) < parse_version(needed):
+        problems.append(
+            Problem(
+                "cdiVersion",
+                f"the spec version must be at least v{needed}, it is {quote(declared)}",
+            )
+        )
+    problems += [p for p in problems_for(reqs, declared) if "only valid up to" in p.message]
+    return problems
+
+
 def check_document(doc: Mapping[str, Any], *, check_version: bool = True) -> list[Problem]:
     """Every semantic problem of a wire spec document; empty when a runtime would accept it.
 
     With ``check_version`` the declared ``cdiVersion`` must be known and at least the minimum
     the content needs (builders set it afterwards, so they pass False).
     """
-    problems: list[Problem] = []
-    if check_version:
-        declared = doc.get("cdiVersion", "")
-        try:
-            parse_version(declared)
-        except ValueError as exc:
-            problems.append(Problem("cdiVersion", str(exc)))
-        else:
-            reqs = list(document_requirements(doc))
-            needed = minimum_of(reqs)
-            if parse_version(declared) < parse_version(needed):
-                problems.append(
-                    Problem(
-                        "cdiVersion",
-                        f"the spec version must be at least v{needed}, it is {quote(declared)}",
-                    )
-                )
-            problems += [p for p in problems_for(reqs, declared) if "only valid up to" in p.message]
+    problems = _declared_version_problems(doc) if check_version else []
     try:
         names.parse_kind(doc.get("kind", ""))
     except InvalidNameError as exc:

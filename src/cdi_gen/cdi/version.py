@@ -79,22 +79,22 @@ def edits_requirements(edits: Mapping[str, Any], where: str) -> Iterator[Require
             yield Requirement("0.5.0", f"{where}.deviceNodes[{i}].hostPath", "device node hostPath")
     rdt = edits.get("intelRdt")
     if rdt is not None:
-        yield Requirement("0.7.0", f"{where}.intelRdt", "intelRdt")
-        if rdt.get("schemata") is not None:
-            yield Requirement("1.1.0", f"{where}.intelRdt.schemata", "intelRdt schemata")
-        if rdt.get("enableMonitoring"):
-            yield Requirement(
-                "1.1.0", f"{where}.intelRdt.enableMonitoring", "intelRdt enableMonitoring"
-            )
-        for name in ("enableCMT", "enableMBM"):
-            if rdt.get(name) is not None:
-                yield Requirement(
-                    "1.0.0", f"{where}.intelRdt.{name}", f"{name} (removed in 1.1.0)", True
-                )
+        yield from _rdt_requirements(rdt, f"{where}.intelRdt")
     if edits.get("additionalGids"):
         yield Requirement("0.7.0", f"{where}.additionalGids", "additionalGids")
     if edits.get("netDevices"):
         yield Requirement("1.1.0", f"{where}.netDevices", "netDevices")
+
+
+def _rdt_requirements(rdt: Mapping[str, Any], where: str) -> Iterator[Requirement]:
+    yield Requirement("0.7.0", where, "intelRdt")
+    if rdt.get("schemata") is not None:
+        yield Requirement("1.1.0", f"{where}.schemata", "intelRdt schemata")
+    if rdt.get("enableMonitoring"):
+        yield Requirement("1.1.0", f"{where}.enableMonitoring", "intelRdt enableMonitoring")
+    for name in ("enableCMT", "enableMBM"):
+        if rdt.get(name) is not None:
+            yield Requirement("1.0.0", f"{where}.{name}", f"{name} (removed in 1.1.0)", True)
 
 
 def device_requirements(device: Mapping[str, Any], where: str) -> Iterator[Requirement]:

@@ -26,9 +26,9 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -315,3 +315,54 @@ def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
     except OSError:
         return found
     return sorted(found)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Atomically make ``path`` hold ``data`` (``render --output``): the same temporary name,
+    fsync, rename and folder fsync as a spec, without an ownership record (the user named
+    the file). Creates missing folders. A link or file planted at the temporary name is never
+    written through. Raises :class:`SpecWriteError`.
+    """
+    if not path.name or path.name in (".", ".."):
+        raise SpecWriteError(f"cannot write {str(path)!r}: not a file name")
+    try:
+        with _folder(path.parent, create=True) as dir_fd:
+            _atomic_replace(dir_fd, path.name, data, None)
+    except OSError as exc:
+        raise SpecWriteError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from exc
+
+
+#: What :func:`sync_spec` did to a class's spec file.
+SyncOutcome = Literal["written", "unchanged", "removed", "absent"]
+
+
+def sync_spec(spec_dir: Path, vendor: str, cls: str, data: bytes | None) -> SyncOutcome:
+    """Bring the spec of ``vendor/cls`` to ``data``, or remove ours when ``data`` is None.
+
+    The one answer to "write or remove a class's spec", for the agent and ``cdi-gen write``.
+    Raises :class:`SpecWriteError` (see :func:`write_bytes` and :func:`remove_spec`).
+    """
+    if data is None:
+        return "removed" if remove_spec(spec_dir, vendor, cls) else "absent"
+    return "written" if write_bytes(spec_dir, vendor, cls, data) else "unchanged"
+
+
+def remove_unconfigured(
+    spec_dir: Path, configured: Collection[tuple[str, str]], *, vendor: str | None = None
+) -> list[tuple[str, str, SpecWriteError | None]]:
+    """Remove our specs of classes not in ``configured`` (``(vendor, class)`` pairs); only
+    those of ``vendor`` when given. Returns ``(vendor, class, error or None)`` for each spec
+    removed or that could not be.
+    """
+    done: list[tuple[str, str, SpecWriteError | None]] = []
+    for owned_vendor, owned_cls in owned_specs(spec_dir):
+        if (owned_vendor, owned_cls) in configured:
+            continue
+        if vendor is not None and owned_vendor != vendor:
+            continue
+        try:
+            if remove_spec(spec_dir, owned_vendor, owned_cls):
+                done.append((owned_vendor, owned_cls, None))
+        except SpecWriteError as exc:
+            done.append((owned_vendor, owned_cls, exc))
+    return done

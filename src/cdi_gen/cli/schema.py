@@ -7,8 +7,10 @@ files in sync with the models.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import click
 import orjson
 
 
@@ -29,3 +31,10 @@ def config_schema() -> dict[str, Any]:
     from cdi_gen.config.models import config_json_schema
 
     return config_json_schema()
+
+
+@click.command()
+@click.argument("which", type=click.Choice(["spec", "config"]))
+def schema(which: str) -> None:
+    """Print the JSON Schema of a CDI spec (as cdi-gen validates it) or of the config file."""
+    sys.stdout.buffer.write(dump_schema(cdi_spec_schema() if which == "spec" else config_schema()))

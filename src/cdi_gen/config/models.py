@@ -128,12 +128,10 @@ class Template:
     def fields(self) -> tuple[Field_, ...]:
         return tuple(p for p in self.parts if isinstance(p, Field_))
 
-    @property
-    def is_literal(self) -> bool:
-        return not self.fields
 
-
-def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template:
+# Complexity exception (C901): a tokenizer; one loop over the characters reads better
+# than states split across functions.
+def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template:  # noqa: C901
     """Parse ``text``; raise ValueError quoting the template and the offending position.
 
     Only fields in ``allowed`` are accepted; ``property``/``attribute``/``parent_attribute``
@@ -462,6 +460,41 @@ class SharingConfig(_Strict):
     )
 
 
+class HealthConfig(_Strict):
+    """When a present device is healthy, beyond its device node existing.
+
+    Some devices exist but cannot serve: a loop device without a backing file (size 0), a
+    network device whose carrier is down, an accelerator whose firmware reports an error
+    state in sysfs. Each key is a sysfs attribute and each value a udev glob (``|`` for
+    alternatives), compared with trailing whitespace removed, as udev's ATTR and ATTRS are.
+    Attributes are read at every enumeration and every uevent of the device: a change that
+    comes without a uevent is seen at the next resync (``resyncSeconds``).
+    """
+
+    attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="sysfs attributes of the device and the globs their values must match "
+        "for it to be healthy, e.g. {size: '[1-9]*'}",
+    )
+    parent_attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="sysfs attributes that the device or one parent must all match (like "
+        "ATTRS) for it to be healthy",
+    )
+
+    @field_validator("attributes", "parent_attributes")
+    @classmethod
+    def _attribute_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_globs(value, _SYSFS_NAME_RE, "sysfs attribute")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> HealthConfig:
+        if not (self.attributes or self.parent_attributes):
+            raise ValueError("a health check needs attributes or parentAttributes")
+        return self
+
+
 class ClassConfig(_Strict):
     """One CDI class (and Kubernetes resource ``<vendor>/<name>``)."""
 
@@ -482,6 +515,11 @@ class ClassConfig(_Strict):
         default=None,
         description="pin cdiVersion for this class: X.Y.Z, or 'runtime' for the newest the "
         "node's container runtime reads (default: the minimum the spec needs)",
+    )
+    health: HealthConfig | None = Field(
+        default=None,
+        description="when a present device is healthy beyond its node existing (sysfs "
+        "attribute values); unhealthy devices stay advertised as Unhealthy",
     )
     when_gone: Literal["withdraw", "unhealthy"] = Field(
         default="withdraw",
@@ -530,6 +568,8 @@ class ClassConfig(_Strict):
     def wanted_attributes(self) -> frozenset[str]:
         """sysfs attributes of the device that rules or templates read."""
         keys = {k for r in self.match for k in r.attributes}
+        if self.health is not None:
+            keys |= set(self.health.attributes)
         keys |= {
             f.key for t in self.templates() for f in t.fields if f.name == "attribute" and f.key
         }
@@ -539,6 +579,8 @@ class ClassConfig(_Strict):
     def wanted_parent_attributes(self) -> frozenset[str]:
         """sysfs attributes of parents that rules or templates read."""
         keys = {k for r in self.match for k in r.parent_attributes}
+        if self.health is not None:
+            keys |= set(self.health.parent_attributes)
         keys |= {
             f.key
             for t in self.templates()

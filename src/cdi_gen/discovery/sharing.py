@@ -89,6 +89,5 @@ def expand_change(change: ClassChange, replicas: int) -> ClassChange:
         removed=names(change.removed),
         changed=names(change.changed),
         warnings=change.warnings + fresh,
-        before_write=expand_advertised(change.before_write, replicas),
         after_write=expand_advertised(change.after_write, replicas),
     )

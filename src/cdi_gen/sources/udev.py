@@ -25,27 +25,21 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import pyudev
 
-from cdi_gen.errors import DiscoveryError, quote
+from cdi_gen.errors import DiscoveryError
 from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants
 from cdi_gen.paths import UDEV_RUN_DIR
+from cdi_gen.sources import RecordBatch
 
 __all__ = [
-    "DeviceRecord",
-    "ParentRecord",
-    "RecordWants",
-    "UdevBatch",
     "UdevWatcher",
     "enumerate_records",
-    "record_from_json",
-    "record_to_json",
-    "records_from_export_db",
+    "record_from_device",
     "resolve_source",
     "udevd_running",
 ]
@@ -57,15 +51,6 @@ Source = Literal["auto", "udev", "kernel"]
 #: and without it the kernel default applies and a storm ends in ENOBUFS and a resync.
 RECEIVE_BUFFER = 16 * 1024 * 1024
 _DRIVER_ACTIONS = frozenset({"bind", "unbind", "change", "move"})
-
-
-@dataclass(frozen=True, slots=True)
-class UdevBatch:
-    """Records delivered together. ``full``: a complete enumeration that replaces the state."""
-
-    records: tuple[DeviceRecord, ...]
-    full: bool = False
-    received: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +237,7 @@ def resolve_source(source: Source, run_dir: Path = UDEV_RUN_DIR) -> Literal["ude
 
 
 class UdevWatcher:
-    """Enumeration plus netlink monitor, delivering :class:`UdevBatch` es on an asyncio loop.
+    """Enumeration plus netlink monitor, delivering :class:`RecordBatch` es on an asyncio loop.
 
     Usage::
 
@@ -441,7 +426,7 @@ class UdevWatcher:
                 self._loop.remove_reader(monitor.fileno())
             self._paused = True
 
-    async def batches(self) -> AsyncGenerator[UdevBatch, None]:
+    async def batches(self) -> AsyncGenerator[RecordBatch, None]:
         """Yield batches until :meth:`close`. Call :meth:`start` first.
 
         Each batch holds everything read since the previous one; a ``full`` batch (after a
@@ -481,208 +466,12 @@ class UdevWatcher:
                     if self._paused:
                         self._paused = False
                         loop.add_reader(fd, self.drain)
-                    yield UdevBatch(tuple(records), full=True, received=time.monotonic())
+                    yield RecordBatch(tuple(records), full=True, received=time.monotonic())
                     continue
                 if self._pending:
                     pending, self._pending = self._pending, []
                     received, self._received = self._received, 0.0
-                    yield UdevBatch(tuple(pending), received=received)
+                    yield RecordBatch(tuple(pending), received=received)
         finally:
             with contextlib.suppress(ValueError, OSError):
                 loop.remove_reader(fd)
-
-
-# ---------------------------------------------------------------------------------------------
-# Recorded data (tests, benchmarks, `discover --from`)
-# ---------------------------------------------------------------------------------------------
-
-
-def record_to_json(record: DeviceRecord) -> dict[str, Any]:
-    """A JSON-ready dict; :func:`record_from_json` reads it back unchanged."""
-    out: dict[str, Any] = {
-        "sys_path": record.sys_path,
-        "subsystem": record.subsystem,
-        "sys_name": record.sys_name,
-    }
-    for key in ("sys_number", "devnode", "devtype", "major", "minor", "driver", "numa_node"):
-        value = getattr(record, key)
-        if value is not None:
-            out[key] = value
-    if record.properties:
-        out["properties"] = dict(record.properties)
-    if record.attributes:
-        out["attributes"] = dict(record.attributes)
-    if record.parents:
-        out["parents"] = [
-            {
-                k: v
-                for k, v in (
-                    ("sys_path", p.sys_path),
-                    ("sys_name", p.sys_name),
-                    ("subsystem", p.subsystem),
-                    ("devtype", p.devtype),
-                    ("driver", p.driver),
-                    ("attributes", dict(p.attributes) or None),
-                )
-                if v is not None
-            }
-            for p in record.parents
-        ]
-    if not record.node_exists:
-        out["node_exists"] = False
-    if record.action is not None:
-        out["action"] = record.action
-    return out
-
-
-def _json_text(data: Mapping[str, Any], key: str, required: bool = False) -> str | None:
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        what = "missing" if value is None else f"should be a string, got {quote(value)}"
-        raise ValueError(f"{key}: {what}")
-    return value
-
-
-def _json_number(data: Mapping[str, Any], key: str) -> int | None:
-    value = data.get(key)
-    # bool is an int to Python, never a device number.
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    raise ValueError(f"{key}: should be a non-negative integer, got {quote(value)}")
-
-
-def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ValueError(f"{key}: should be an object of strings, got {quote(value)}")
-    return dict(value)
-
-
-def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
-    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key.
-
-    Every field is type-checked here: a record file is input, and ``devnode: 5`` must be
-    one clear error, not a failure deep inside discovery.
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError(f"a device record should be an object, got {quote(data)}")
-    parents_raw = data.get("parents") or []
-    if not isinstance(parents_raw, list):
-        raise ValueError(f"parents: should be a list, got {quote(parents_raw)}")
-    parents = []
-    for i, p in enumerate(parents_raw):
-        if not isinstance(p, Mapping):
-            raise ValueError(f"parents[{i}]: should be an object, got {quote(p)}")
-        try:
-            p_path = str(_json_text(p, "sys_path", required=True))
-            parents.append(
-                ParentRecord(
-                    sys_path=p_path,
-                    sys_name=_json_text(p, "sys_name") or p_path.rsplit("/", 1)[-1],
-                    subsystem=_json_text(p, "subsystem"),
-                    devtype=_json_text(p, "devtype"),
-                    driver=_json_text(p, "driver"),
-                    attributes=_json_strings(p, "attributes"),
-                )
-            )
-        except ValueError as exc:
-            raise ValueError(f"parents[{i}].{exc}") from None
-    sys_path = str(_json_text(data, "sys_path", required=True))
-    node_exists = data.get("node_exists", True)
-    if not isinstance(node_exists, bool):
-        raise ValueError(f"node_exists: should be true or false, got {quote(node_exists)}")
-    return DeviceRecord(
-        sys_path=sys_path,
-        subsystem=str(_json_text(data, "subsystem", required=True)),
-        sys_name=_json_text(data, "sys_name") or sys_path.rsplit("/", 1)[-1],
-        sys_number=_json_text(data, "sys_number"),
-        devnode=_json_text(data, "devnode"),
-        devtype=_json_text(data, "devtype"),
-        major=_json_number(data, "major"),
-        minor=_json_number(data, "minor"),
-        driver=_json_text(data, "driver"),
-        properties=_json_strings(data, "properties"),
-        attributes=_json_strings(data, "attributes"),
-        parents=tuple(parents),
-        numa_node=_json_number(data, "numa_node"),
-        node_exists=node_exists,
-        action=_json_text(data, "action"),
-    )
-
-
-def _sys_number(sys_name: str) -> str | None:
-    digits = len(sys_name) - len(sys_name.rstrip("0123456789"))
-    return sys_name[-digits:] if digits else None
-
-
-def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[DeviceRecord]:
-    """Records from ``udevadm info --export-db`` output.
-
-    The database has properties but no sysfs attributes; parents are rebuilt from the other
-    entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
-    """
-    entries: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for line in [*text.splitlines(), ""]:
-        if not line.strip():
-            if current.get("P"):
-                entries.append(current)
-            current = {}
-            continue
-        tag, _, value = line.partition(": ")
-        if tag == "E":
-            key, _, val = value.partition("=")
-            current.setdefault("E", {})[key] = val
-        elif tag == "S":
-            current.setdefault("S", []).append(value)
-        else:
-            current[tag] = value
-    by_path = {e["P"]: e for e in entries}
-    records = []
-    for e in entries:
-        props: dict[str, str] = e.get("E", {})
-        devpath = e["P"]
-        devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
-        if with_node_only and not devnode:
-            continue
-        parents = []
-        # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
-        # and must not be its own parent forever.
-        up = devpath.rsplit("/", 1)[0] if "/" in devpath else ""
-        while up and up != "/devices":
-            p = by_path.get(up)
-            if p is not None:
-                pprops = p.get("E", {})
-                parents.append(
-                    ParentRecord(
-                        sys_path=f"/sys{up}",
-                        sys_name=up.rsplit("/", 1)[-1],
-                        subsystem=pprops.get("SUBSYSTEM") or p.get("U"),
-                        devtype=pprops.get("DEVTYPE") or p.get("T"),
-                        driver=pprops.get("DRIVER") or p.get("V"),
-                    )
-                )
-            up = up.rsplit("/", 1)[0] if "/" in up else ""
-        sys_name = e.get("M") or devpath.rsplit("/", 1)[-1]
-        records.append(
-            DeviceRecord(
-                sys_path=f"/sys{devpath}",
-                subsystem=props.get("SUBSYSTEM") or e.get("U", ""),
-                sys_name=sys_name,
-                sys_number=e.get("R") or _sys_number(sys_name),
-                devnode=devnode,
-                devtype=props.get("DEVTYPE") or e.get("T"),
-                major=_int(props.get("MAJOR")),
-                minor=_int(props.get("MINOR")),
-                driver=props.get("DRIVER") or e.get("V"),
-                properties=props,
-                parents=tuple(parents),
-            )
-        )
-    return records

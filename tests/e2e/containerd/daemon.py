@@ -180,7 +180,8 @@ class Containerd:
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", str(archive))
 
-    def stop(self) -> list[str]:
+    # Complexity exception (C901): the shutdown escalation (signal, wait, kill, reap) in order.
+    def stop(self) -> list[str]:  # noqa: C901
         """Undo everything, whatever state the daemon is in; returns what could not be undone."""
         problems: list[str] = []
         if self.cri is not None:

@@ -1,0 +1,105 @@
+"""What the one-shot commands read and print: the config, the devices (udev or a
+recording), the skipped devices' warnings, and a spec document to stdout or a file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.codec import Format
+    from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.model import DeviceRecord
+
+
+def discover_devices(
+    config_path: Path | None,
+    classes: Sequence[str],
+    records_path: Path | None,
+    vendor: str | None = None,
+    *,
+    cdi_version: str | None = None,
+    runtime_refs: Sequence[str] = (),
+) -> Discovery:
+    """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
+    from cdi_gen.config.models import load_config
+    from cdi_gen.config.settings import pin_versions
+    from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.sources.udev import enumerate_records
+
+    config = pin_versions(load_config(config_path), cdi_version, runtime_refs)
+    if vendor is not None:
+        config = config.with_vendor(vendor)
+    discovery = Discovery(config, classes or None)
+    if records_path is None:
+        records = enumerate_records(
+            subsystems=discovery.subsystems, interest=discovery.interest, wants=discovery.wants
+        )
+    else:
+        records = load_records_file(records_path)
+    discovery.replace(records)
+    return discovery
+
+
+def load_records_file(path: Path) -> list[DeviceRecord]:
+    """The records of a ``--records`` file; ConfigError (exit 2) naming the file and why."""
+    from cdi_gen.cdi.codec import one_line
+    from cdi_gen.errors import ConfigError
+    from cdi_gen.files import FileRefused
+    from cdi_gen.sources.records import load_records
+
+    try:
+        return load_records(path)
+    except (FileNotFoundError, FileRefused) as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else str(exc)
+        raise ConfigError(f"--records {str(path)!r}: {why}") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not udev records: {one_line(exc)}") from None
+
+
+def warn_skipped(discovery: Discovery, cls: str) -> None:
+    """One ``warning:`` line on stderr per device of ``cls`` that discovery skipped."""
+    for warning in discovery.warnings(cls):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def emit_document(
+    doc: Mapping[str, Any], *, fmt: Format = "json", output: Path | None = None
+) -> None:
+    """Print the spec document ``doc`` or write it atomically to ``output``.
+
+    Raises :class:`~cdi_gen.errors.SpecError` when it breaks a runtime rule (nothing is
+    written), :class:`~cdi_gen.errors.ConfigError` when ``output`` names something that is
+    not a regular file, :class:`~cdi_gen.errors.SpecWriteError` when it cannot be written.
+    """
+    from cdi_gen.cdi.codec import dump_document
+    from cdi_gen.cdi.validation import check_document
+    from cdi_gen.cdi.writer import write_file
+    from cdi_gen.errors import ConfigError, SpecError
+
+    problems = check_document(doc)
+    if problems:
+        raise SpecError(problems, str(doc.get("kind", "")))
+    data = dump_document(dict(doc), fmt)
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    # The file is replaced by a rename: never do that to a device, FIFO or folder someone
+    # names here (as root, `-o /dev/full` would replace the device node with a file).
+    try:
+        mode: int | None = os.stat(output).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"--output {str(output)!r}: exists and is not a regular file; "
+            "to write into it, leave --output out and redirect stdout"
+        )
+    write_file(output, data)

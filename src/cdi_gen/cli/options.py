@@ -1,0 +1,98 @@
+"""Options several commands share: the ones that feed the settings model, and the inputs of
+the discovery commands.
+
+A settings option has no default and no environment variable of its own: it hands the flag,
+if given, to :func:`~cdi_gen.config.settings.load_settings`, which applies the
+``CDI_GEN_*`` variable and the default. Its help is the field's description, so the flag,
+the variable and the docs say the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from cdi_gen.config.settings import ENV_PREFIX, Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def setting(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """A click option for ``Settings.<field>`` (see the module docstring)."""
+    info = Settings.model_fields[field]
+    text = kwargs.pop("help", None) or info.description or ""
+    help_text = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+    default = info.default
+    if default not in (None, (), False):
+        help_text += f" Default: {default}."
+    help_text += f"  [env: {ENV_PREFIX}{field.upper()}"
+    if kwargs.get("multiple"):
+        help_text += ", space-separated"
+    return click.option(*decls, field, default=None, help=help_text + "]", **kwargs)
+
+
+def flags_of(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings flags among a command's parameters."""
+    return {k: v for k, v in values.items() if k in Settings.model_fields}
+
+
+CONFIG = setting("config", "--config", type=click.Path(path_type=Path, dir_okay=False))
+SPEC_DIR = setting("spec_dir", "--spec-dir", type=click.Path(file_okay=False))
+RUNTIME_SPEC_DIRS = setting(
+    "runtime_spec_dirs",
+    "--runtime-spec-dir",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+)
+DEVICE_PLUGIN_DIR = setting(
+    "device_plugin_dir", "--device-plugin-dir", type=click.Path(file_okay=False)
+)
+CDI_VERSION = setting("cdi_version", "--cdi-version")
+RUNTIME = setting("runtime", "--runtime", multiple=True)
+
+#: The one-shot commands (discover, render, write) read the config named here, no variable.
+CONFIG_FILE = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Agent config (YAML or JSON). Default: the embedded catalogue.",
+)
+RECORDS = click.option(
+    "--records",
+    "records_path",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Use recorded udev data (`udevadm info --export-db` text or a JSON list of "
+    "records) instead of this machine's devices.",
+)
+#: The pins of the one-shot commands: they read the agent's variables for these two only, so
+#: `cdi-gen write` in the agent's environment pins what the agent pins.
+PIN_CDI_VERSION = click.option(
+    "--cdi-version",
+    envvar="CDI_GEN_CDI_VERSION",
+    help="Pin cdiVersion for classes without a pin of their own: X.Y.Z, or 'runtime' for the "
+    "newest the node's container runtime reads. A class whose spec needs more is refused, "
+    "naming the field. Default: the minimum each spec needs.  [env: CDI_GEN_CDI_VERSION]",
+)
+PIN_RUNTIME = click.option(
+    "--runtime",
+    "runtime_refs",
+    multiple=True,
+    envvar="CDI_GEN_RUNTIME",
+    help="The node's container runtime(s) as NAME@VERSION (containerd, cri-o, podman; "
+    "repeatable), for the 'runtime' pin and the doctor. Default: every runtime on PATH, "
+    "asked for its version.  [env: CDI_GEN_RUNTIME, space-separated]",
+)
+
+
+def not_empty_dir(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Refuse an empty folder: ``--spec-dir ""`` would mean the current folder."""
+    from cdi_gen.errors import ConfigError
+
+    if value == "":
+        raise ConfigError(
+            f"--{(param.name or '').replace('_', '-')}: an empty path is not a folder"
+        )
+    return Path(value)

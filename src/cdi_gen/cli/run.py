@@ -1,0 +1,47 @@
+"""``cdi-gen run``: parse the agent's flags into its settings and run it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import click
+
+from cdi_gen.cli import options
+
+
+@click.command()
+@options.CONFIG
+@options.SPEC_DIR
+@options.RUNTIME_SPEC_DIRS
+@options.DEVICE_PLUGIN_DIR
+@options.setting("udev_source", "--udev-source", type=click.Choice(["auto", "udev", "kernel"]))
+@options.setting("metrics_address", "--metrics-address")
+@options.setting("cdi_annotations", "--cdi-annotations", is_flag=True)
+@options.setting("cleanup_on_exit", "--cleanup-on-exit", is_flag=True)
+@options.setting("no_kubelet", "--no-kubelet", is_flag=True)
+@options.setting("log_format", "--log-format", type=click.Choice(["text", "json"]))
+@options.setting(
+    "log_level",
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+@options.CDI_VERSION
+@options.RUNTIME
+def run(**flags: Any) -> None:
+    """The node agent: follow udev, keep spec files current, serve a device plugin per class.
+
+    Runs until SIGTERM, SIGINT or SIGHUP, then removes its sockets (and, with
+    --cleanup-on-exit, its spec files) and exits 0.
+    """
+    from cdi_gen.agent import Agent
+    from cdi_gen.config.settings import load_settings
+    from cdi_gen.logs import setup_logging
+
+    settings = load_settings(options.flags_of(flags))
+    config = settings.class_config()
+    setup_logging(settings.log_format, settings.log_level)
+    asyncio.run(Agent(config, settings).run())
+
+
+__all__ = ["run"]

@@ -1,0 +1,78 @@
+"""``cdi-gen write``: one-shot host mode, every class's spec written or removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cdi_gen import paths
+from cdi_gen.cli import options
+
+
+@click.command()
+@options.CONFIG_FILE
+@click.option(
+    "--spec-dir",
+    type=click.Path(file_okay=False),
+    callback=options.not_empty_dir,
+    default=str(paths.DYNAMIC_SPEC_DIR),
+    show_default=True,
+    help="Spec folder to write into.",
+)
+@click.option("--class", "classes", multiple=True, help="Only this class (repeatable).")
+@options.PIN_CDI_VERSION
+@options.PIN_RUNTIME
+@options.RECORDS
+def write(
+    *,
+    config_path: Path | None,
+    spec_dir: Path,
+    classes: tuple[str, ...],
+    cdi_version: str | None,
+    runtime_refs: tuple[str, ...],
+    records_path: Path | None,
+) -> None:
+    """Write the spec of every class with devices; remove our specs of classes without.
+
+    One-shot host mode (a systemd unit or udev rule for podman/docker). Each file is written
+    atomically and only if it changes; foreign files are never touched.
+    """
+    from cdi_gen.cdi.codec import dump_document
+    from cdi_gen.cdi.writer import remove_unconfigured, spec_filename, sync_spec
+    from cdi_gen.cli.inputs import discover_devices, warn_skipped
+    from cdi_gen.errors import CdiGenError, SpecWriteError
+
+    discovery = discover_devices(
+        config_path, classes, records_path, cdi_version=cdi_version, runtime_refs=runtime_refs
+    )
+    vendor = discovery.config.vendor
+    failures: list[str] = []
+    for cls in discovery.class_names:
+        warn_skipped(discovery, cls)
+        path = spec_dir / spec_filename(vendor, cls)
+        try:
+            doc = discovery.document(cls)
+            outcome = sync_spec(spec_dir, vendor, cls, None if doc is None else dump_document(doc))
+        except CdiGenError as exc:
+            failures.extend(str(exc).splitlines())
+            continue
+        if doc is None:
+            if outcome == "removed":
+                click.echo(f"{vendor}/{cls}: no device, removed {path}")
+            continue
+        count, ids = len(discovery.devices(cls)), len(doc["devices"])
+        slots = f" ({ids} slots)" if ids != count else ""
+        click.echo(
+            f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}{slots}, {path} {outcome}"
+        )
+    if not classes:
+        # Classes that left the config have no devices any more either.
+        configured = {(vendor, cls) for cls in discovery.class_names}
+        for _, cls, error in remove_unconfigured(spec_dir, configured, vendor=vendor):
+            if error is None:
+                click.echo(f"{vendor}/{cls}: not configured, removed")
+            else:
+                failures.extend(str(error).splitlines())
+    if failures:
+        raise SpecWriteError("\n".join(failures))

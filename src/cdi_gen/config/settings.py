@@ -1,0 +1,247 @@
+"""The settings of one run: one model for command-line flags, ``CDI_GEN_*`` variables and defaults.
+
+``cdi-gen run`` and ``cdi-gen doctor`` (which judges exactly what the agent would use) read
+their settings here, nowhere else: a flag given on the command line wins, then the
+environment variable named after the field (``spec_dir`` ← ``CDI_GEN_SPEC_DIR``), then the
+default. The class config file is one setting (``config``); :meth:`Settings.class_config`
+loads it with every class's cdiVersion pin made concrete.
+
+Errors name where the bad value came from, one line each: ``--spec-dir: an empty path is not
+a folder`` for a flag, ``CDI_GEN_SPEC_DIR is set but empty: give a folder or unset it`` for a
+variable (an empty variable is a mistake in a manifest, never "use the default").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from cdi_gen import paths
+from cdi_gen.cdi.registry import unique_dirs
+from cdi_gen.cdi.runtimes import detect_all, node_limit
+from cdi_gen.cdi.version import normalize
+from cdi_gen.config.models import RUNTIME_PIN, AgentConfig, load_config
+from cdi_gen.errors import ConfigError, quote
+
+__all__ = [
+    "ENV_PREFIX",
+    "Settings",
+    "load_settings",
+    "parse_address",
+    "pin_versions",
+    "resolve_version",
+]
+
+ENV_PREFIX = "CDI_GEN_"
+_EMPTY = "empty"
+
+
+def _split(value: Any) -> Any:
+    # Lists come from the environment space-separated (a manifest's value is one string).
+    return tuple(value.split()) if isinstance(value, str) else value
+
+
+class Settings(BaseSettings):
+    """What a run of the agent takes besides the devices (see the module docstring)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
+    )
+
+    config: Path | None = Field(
+        default=None,
+        description="class config file (YAML or JSON); default: the embedded catalogue",
+    )
+    spec_dir: Path = Field(
+        default=paths.DYNAMIC_SPEC_DIR,
+        description="folder our spec files go to (/etc/cdi for static mode)",
+    )
+    runtime_spec_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
+        default=(),
+        description="folders the container runtime reads, lowest priority first; Allocate "
+        "checks names against them (default: /etc/cdi and the spec folder)",
+    )
+    device_plugin_dir: Path = Field(
+        default=paths.DEVICE_PLUGIN_DIR, description="the kubelet's device plugin folder"
+    )
+    kubelet_socket: Path | None = Field(
+        default=None,
+        description="the kubelet's registration socket (default: kubelet.sock in the device "
+        "plugin folder)",
+    )
+    udev_source: Literal["auto", "udev", "kernel"] | None = Field(
+        default=None,
+        description="netlink source; default: the config's (auto: udev when udevd runs)",
+    )
+    metrics_address: str | None = Field(
+        default=":9400",
+        description="HOST:PORT of /metrics, /healthz and /readyz; empty to disable",
+    )
+    cdi_annotations: bool = Field(
+        default=False,
+        description="also answer Allocate with cdi.k8s.io/ annotations (containerd "
+        "1.7.0/1.7.1, CRI-O < 1.28)",
+    )
+    cleanup_on_exit: bool = Field(
+        default=False,
+        description="remove our spec files on exit (default: keep them for running pods)",
+    )
+    no_kubelet: bool = Field(
+        default=False,
+        description="host mode: keep the spec files current, serve no device plugin",
+    )
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    cdi_version: str | None = Field(
+        default=None,
+        description="pin cdiVersion for classes without a pin of their own: X.Y.Z, or "
+        "'runtime' for the newest the node's container runtime reads",
+    )
+    runtime: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="the node's container runtime(s) as NAME@VERSION (containerd, cri-o, "
+        "podman), for the 'runtime' pin and the doctor; default: every runtime on PATH",
+    )
+    #: Longest wait between retries of a failed spec write or registration, in seconds.
+    retry_max_seconds: float = Field(default=30.0, gt=0)
+
+    @field_validator("runtime_spec_dirs", "runtime", mode="before")
+    @classmethod
+    def _words(cls, value: Any) -> Any:
+        return _split(value)
+
+    @field_validator("config", "spec_dir", "device_plugin_dir", "kubelet_socket", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if value == "":
+            raise ValueError(_EMPTY)
+        return value
+
+    @field_validator("runtime_spec_dirs", mode="after")
+    @classmethod
+    def _unique(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        # A folder named twice would conflict with itself and fail every Allocate.
+        return unique_dirs(value)
+
+    @field_validator("metrics_address", mode="after")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parse_address(value)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @property
+    def kubelet(self) -> bool:
+        """Whether to serve device plugins (not host mode)."""
+        return not self.no_kubelet
+
+    def class_config(self) -> AgentConfig:
+        """The class config file (or the embedded catalogue) with every class's cdiVersion
+        pin concrete; ``runtime`` is resolved once, now (the runtime does not change under a
+        running agent). Raises :class:`ConfigError` (exit 2)."""
+        return pin_versions(load_config(self.config), self.cdi_version, self.runtime)
+
+    def spec_dirs_for_runtime(self) -> tuple[Path, ...]:
+        """The folders Allocate checks names against, lowest priority first."""
+        if self.runtime_spec_dirs:
+            return self.runtime_spec_dirs
+        if self.spec_dir == paths.STATIC_SPEC_DIR:
+            return (self.spec_dir,)
+        return (paths.STATIC_SPEC_DIR, self.spec_dir)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6) → (host, port); raise ValueError."""
+    host, sep, port = address.rpartition(":")
+    # Port 0 asks the kernel for a free one (tests read it back from the listener).
+    if not sep or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+        raise ValueError(
+            f"invalid address {quote(address)}, should be HOST:PORT with a port of 0 to 65535"
+        )
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) -> str | None:
+    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now.
+
+    Raises :class:`ConfigError` naming ``what`` for an unknown version.
+    """
+    if value is None:
+        return None
+    if value == RUNTIME_PIN:
+        return node_limit(detect_all(runtime_refs))
+    try:
+        return normalize(value)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc} or {RUNTIME_PIN!r}") from None
+
+
+def pin_versions(
+    config: AgentConfig, default: str | None, runtime_refs: Sequence[str]
+) -> AgentConfig:
+    """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
+    ``runtime`` resolved once for all classes."""
+    wanted = {c.cdi_version or default for c in config.classes}
+    if wanted <= {None} and default is None:
+        return config
+    limit = (
+        resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime")
+        if RUNTIME_PIN in wanted
+        else None
+    )
+    default = limit if default == RUNTIME_PIN else resolve_version(default, (), "--cdi-version")
+    classes = [
+        c.model_copy(
+            update={
+                "cdi_version": limit if c.cdi_version == RUNTIME_PIN else c.cdi_version or default
+            }
+        )
+        for c in config.classes
+    ]
+    return config.model_copy(update={"classes": classes})
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def load_settings(flags: Mapping[str, Any] | None = None, **given: Any) -> Settings:
+    """Settings from ``flags`` (the command line: None or () for a flag not given), then the
+    environment, then the defaults.
+
+    Raises :class:`ConfigError` (exit 2) with one line per bad value, naming the flag or the
+    variable it came from.
+    """
+    explicit = {k: v for k, v in {**(flags or {}), **given}.items() if v is not None and v != ()}
+    try:
+        return Settings(**explicit)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_lines(exc, explicit))) from None
+
+
+def _lines(exc: ValidationError, explicit: Mapping[str, Any]) -> Sequence[str]:
+    lines = []
+    for err in exc.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+        env = ENV_PREFIX + field.upper()
+        if message == _EMPTY:
+            lines.append(
+                f"{_flag(field)}: an empty path is not a folder"
+                if field in explicit
+                else f"{env} is set but empty: give a folder or unset it"
+            )
+            continue
+        where = _flag(field) if field in explicit else env
+        lines.append(f"{where}: {message} (got {quote(str(err.get('input', '')))})")
+    return lines

@@ -1,0 +1,93 @@
+"""Matching udev records against class rules, and the health check of a matched record.
+
+Matching follows udev: ``subsystem`` is exact, the other keys are shell globs where ``|``
+separates alternatives; ``driver`` matches the device or any parent (DRIVERS); all
+``parentAttributes`` of a rule must hold on one device of the chain, the device itself
+included (ATTRS). A class's ``health`` check uses the same attribute semantics.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+
+from cdi_gen.config.models import (
+    ClassConfig,
+    HealthConfig,
+    MatchRule,
+)
+from cdi_gen.model import (
+    DeviceRecord,
+)
+
+
+@lru_cache(maxsize=4096)
+def _glob(pattern: str) -> re.Pattern[str]:
+    # udev globs: fnmatch plus "|" alternatives.
+    return re.compile("|".join(fnmatch.translate(p) for p in pattern.split("|")))
+
+
+def glob_match(pattern: str, value: str | None) -> bool:
+    """udev glob semantics; a missing value never matches."""
+    return value is not None and _glob(pattern).match(value) is not None
+
+
+def _attrs_match(wanted: Mapping[str, str], have: Mapping[str, str]) -> bool:
+    # udev compares sysfs values with trailing whitespace removed.
+    return all(glob_match(g, sysfs_value(have.get(k))) for k, g in wanted.items())
+
+
+def sysfs_value(value: str | None) -> str | None:
+    return value.rstrip() if value is not None else None
+
+
+def matches(rule: MatchRule, record: DeviceRecord) -> bool:
+    """Whether ``record`` satisfies every condition of ``rule`` (cheapest checks first)."""
+    return (
+        (rule.subsystem is None or record.subsystem == rule.subsystem)
+        and (rule.kernel is None or glob_match(rule.kernel, record.sys_name))
+        and (rule.devnode is None or glob_match(rule.devnode, record.devnode))
+        and (rule.driver is None or any(glob_match(rule.driver, d) for d in record.drivers))
+        and all(glob_match(g, record.properties.get(k)) for k, g in rule.properties.items())
+        and (not rule.attributes or _attrs_match(rule.attributes, record.attributes))
+        and (not rule.parent_attributes or _chain_match(rule.parent_attributes, record))
+    )
+
+
+def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:
+    # ATTRS: every attribute on one device of the chain, the device itself included.
+    chain = [record.attributes, *(p.attributes for p in record.parents)]
+    return any(_attrs_match(wanted, attrs) for attrs in chain)
+
+
+def is_healthy(health: HealthConfig | None, record: DeviceRecord) -> bool:
+    """Whether ``record`` is a healthy member of its device: its node exists and it passes
+    the class's health check (:class:`~cdi_gen.config.models.HealthConfig`), if any."""
+    if not record.node_exists:
+        return False
+    if health is None:
+        return True
+    if health.attributes and not _attrs_match(health.attributes, record.attributes):
+        return False
+    return not health.parent_attributes or _chain_match(health.parent_attributes, record)
+
+
+def match_record(cls: ClassConfig, record: DeviceRecord) -> int | None:
+    """Index of the first rule of ``cls`` that ``record`` satisfies, or None.
+
+    Only devices with a device node can be handed to a container, so only they match.
+    """
+    if not record.devnode:
+        return None
+    for i, rule in enumerate(cls.match):
+        if matches(rule, record):
+            return i
+    return None
+
+
+def could_match(rule: MatchRule, subsystem: str, sys_name: str) -> bool:
+    return (rule.subsystem is None or rule.subsystem == subsystem) and (
+        rule.kernel is None or glob_match(rule.kernel, sys_name)
+    )

@@ -1,0 +1,197 @@
+"""Templates rendered for one device: its name and its container edits.
+
+udev values are not trusted: anyone who can name a USB serial number or a loop device's
+backing file chooses them. A value substituted into a template must be at most
+:data:`MAX_VALUE_BYTES` long and hold no control character; otherwise :class:`TemplateError`
+names the field and quotes the value, truncated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cdi_gen.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
+from cdi_gen.config.models import (
+    ClassConfig,
+    Field_,
+    Template,
+)
+from cdi_gen.discovery.match import sysfs_value
+from cdi_gen.errors import quote
+from cdi_gen.model import (
+    DeviceRecord,
+)
+
+
+class TemplateError(ValueError):
+    """A template field has no value for this device (``field`` says which)."""
+
+    def __init__(self, field_: Field_, reason: str) -> None:
+        super().__init__(field_, reason)
+        self.field = field_
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class RenderContext:
+    """What templates of one device can refer to."""
+
+    record: DeviceRecord
+    group: str | None = None
+    name: str | None = None
+    vendor: str = ""
+    cls: str = ""
+    numa: int | None = None
+
+
+def _number(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _parent_attribute(record: DeviceRecord, key: str) -> str | None:
+    for attrs in (record.attributes, *(p.attributes for p in record.parents)):
+        if (v := attrs.get(key)) is not None:
+            return v.rstrip()
+    return None
+
+
+#: What each template field stands for: ``(context, key) -> value`` (None: the device lacks it).
+_FIELD_VALUES: dict[str, Callable[[RenderContext, str], str | None]] = {
+    "kernel": lambda c, _: c.record.sys_name,
+    "number": lambda c, _: c.record.sys_number,
+    "major": lambda c, _: _number(c.record.major),
+    "minor": lambda c, _: _number(c.record.minor),
+    "devnode": lambda c, _: c.record.devnode,
+    "devname": lambda c, _: c.record.devnode.removeprefix("/dev/") if c.record.devnode else None,
+    "subsystem": lambda c, _: c.record.subsystem,
+    "devtype": lambda c, _: c.record.devtype,
+    "driver": lambda c, _: c.record.driver,
+    "group": lambda c, _: c.group,
+    "name": lambda c, _: c.name,
+    "vendor": lambda c, _: c.vendor,
+    "class": lambda c, _: c.cls,
+    "numa": lambda c, _: "" if c.numa is None else str(c.numa),
+    "property": lambda c, key: c.record.properties.get(key),
+    "attribute": lambda c, key: sysfs_value(c.record.attributes.get(key)),
+    "parent_attribute": lambda c, key: _parent_attribute(c.record, key),
+}
+
+
+def _value(f: Field_, ctx: RenderContext) -> str | None:
+    value_of = _FIELD_VALUES.get(f.name)
+    if value_of is None:  # pragma: no cover - the config refuses unknown fields
+        raise TemplateError(f, "unknown field")
+    return value_of(ctx, f.key or "")
+
+
+#: Longest udev value a template takes. Identifying values (serial numbers, models, by-path
+#: names, modaliases) stay well under 256 bytes; sysfs attributes can be a whole page (4 KiB),
+#: and such a blob is no name. 1 KiB leaves room for long identifiers while a rendered path
+#: stays far below PATH_MAX and a class of a thousand devices keeps a spec of bounded size.
+MAX_VALUE_BYTES = 1024
+#: C0 controls, DEL and C1 controls: none belongs in a name, a path or an environment value.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _unsafe(value: str) -> str | None:
+    """Why a udev value may not be substituted, or None."""
+    if (
+        len(value) > MAX_VALUE_BYTES // 4
+        and len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES
+    ):
+        return f"value {quote(value)} is longer than {MAX_VALUE_BYTES} bytes"
+    if (bad := _CONTROL_RE.search(value)) is not None:
+        return f"value {quote(value)} has control character {bad.group()!r}"
+    return None
+
+
+_WHY_MISSING = {
+    "number": "the kernel name has no trailing number",
+    "major": "the device has no major number",
+    "minor": "the device has no minor number",
+    "devnode": "the device has no device node",
+    "devname": "the device has no device node",
+    "devtype": "the device has no DEVTYPE",
+    "driver": "no driver is bound to the device",
+    "group": "the class has no group",
+    "name": "not available in the device name itself",
+}
+
+
+def render_template(template: Template, ctx: RenderContext) -> str:
+    """Substitute every field; raise TemplateError naming the first field without a value."""
+    out: list[str] = []
+    for part in template.parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        value = _value(part, ctx)
+        if value is None:
+            if part.name == "property":
+                reason = f"the device has no udev property {part.key} (is /run/udev mounted?)"
+            elif part.name in ("attribute", "parent_attribute"):
+                where = "the device" if part.name == "attribute" else "no parent"
+                reason = f"{where} has no readable sysfs attribute {part.key!r}"
+            else:
+                reason = _WHY_MISSING.get(part.name, "no value")
+            raise TemplateError(part, reason)
+        if (why := _unsafe(value)) is not None:
+            raise TemplateError(part, why)
+        out.append(value)
+    return "".join(out)
+
+
+def render_edits(cls: ClassConfig, ctx: RenderContext) -> ContainerEdits:
+    e = cls.container_edits
+
+    def r(t: Template) -> str:
+        return render_template(t, ctx)
+
+    def rl(ts: Iterable[Template] | None) -> list[str] | None:
+        return None if ts is None else [r(t) for t in ts]
+
+    return ContainerEdits(
+        env=[r(t) for t in e.env] or None,
+        device_nodes=[
+            DeviceNode(
+                path=r(n.path),
+                host_path=r(n.host_path) if n.host_path is not None else None,
+                type=n.type,
+                major=n.major,
+                minor=n.minor,
+                file_mode=n.file_mode,
+                permissions=n.permissions,
+                uid=n.uid,
+                gid=n.gid,
+            )
+            for n in e.device_nodes
+        ]
+        or None,
+        mounts=[
+            Mount(
+                host_path=r(m.host_path),
+                container_path=r(m.container_path),
+                options=rl(m.options),
+                type=m.type,
+            )
+            for m in e.mounts
+        ]
+        or None,
+        hooks=[
+            Hook(
+                hook_name=h.hook_name,
+                path=r(h.path),
+                args=rl(h.args),
+                env=rl(h.env),
+                timeout=h.timeout,
+            )
+            for h in e.hooks
+        ]
+        or None,
+        additional_gids=list(e.additional_gids) or None,
+    )

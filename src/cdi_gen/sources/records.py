@@ -1,0 +1,254 @@
+"""Recorded udev data: ``udevadm info --export-db`` text and the JSON form of records.
+
+What tests, benchmarks and ``--records`` feed instead of this machine's devices. Plain
+parsing, no pyudev: a recording is untrusted input, so every malformed value is a
+:class:`ValueError` naming where it is, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cdi_gen.errors import quote
+from cdi_gen.files import RECORDS_MAX_BYTES, read_regular
+from cdi_gen.model import DeviceRecord, ParentRecord
+
+__all__ = [
+    "load_records",
+    "parse_records",
+    "record_from_json",
+    "record_to_json",
+    "records_from_export_db",
+]
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def parse_records(data: bytes) -> list[DeviceRecord]:
+    """The records of a recording: export-db text, or a JSON list of records.
+
+    Raises :class:`ValueError` (or TypeError, RecursionError for hostile JSON) naming the
+    first bad record.
+    """
+    if not data.lstrip().startswith((b"[", b"{")):
+        return records_from_export_db(data.decode("utf-8", "replace"))
+    items = orjson.loads(data)
+    if not isinstance(items, list):
+        raise ValueError("a JSON records file is a list of records")
+    records = []
+    for i, item in enumerate(items):
+        try:
+            records.append(record_from_json(item))
+        except ValueError as exc:
+            raise ValueError(f"[{i}]: {exc}") from None
+    return records
+
+
+def load_records(path: Path) -> list[DeviceRecord]:
+    """The records of the recording at ``path`` (read bounded: see :mod:`cdi_gen.files`).
+
+    Raises what :func:`~cdi_gen.files.read_regular` and :func:`parse_records` raise.
+    """
+    return parse_records(read_regular(path, RECORDS_MAX_BYTES))
+
+
+def record_to_json(record: DeviceRecord) -> dict[str, Any]:
+    """A JSON-ready dict; :func:`record_from_json` reads it back unchanged."""
+    out: dict[str, Any] = {
+        "sys_path": record.sys_path,
+        "subsystem": record.subsystem,
+        "sys_name": record.sys_name,
+    }
+    for key in ("sys_number", "devnode", "devtype", "major", "minor", "driver", "numa_node"):
+        value = getattr(record, key)
+        if value is not None:
+            out[key] = value
+    if record.properties:
+        out["properties"] = dict(record.properties)
+    if record.attributes:
+        out["attributes"] = dict(record.attributes)
+    if record.parents:
+        out["parents"] = [
+            {
+                k: v
+                for k, v in (
+                    ("sys_path", p.sys_path),
+                    ("sys_name", p.sys_name),
+                    ("subsystem", p.subsystem),
+                    ("devtype", p.devtype),
+                    ("driver", p.driver),
+                    ("attributes", dict(p.attributes) or None),
+                )
+                if v is not None
+            }
+            for p in record.parents
+        ]
+    if not record.node_exists:
+        out["node_exists"] = False
+    if record.action is not None:
+        out["action"] = record.action
+    return out
+
+
+def _json_text(data: Mapping[str, Any], key: str, required: bool = False) -> str | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        what = "missing" if value is None else f"should be a string, got {quote(value)}"
+        raise ValueError(f"{key}: {what}")
+    return value
+
+
+def _json_number(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    # bool is an int to Python, never a device number.
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(f"{key}: should be a non-negative integer, got {quote(value)}")
+
+
+def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{key}: should be an object of strings, got {quote(value)}")
+    return dict(value)
+
+
+def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
+    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key.
+
+    Every field is type-checked here: a record file is input, and ``devnode: 5`` must be
+    one clear error, not a failure deep inside discovery.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a device record should be an object, got {quote(data)}")
+    parents_raw = data.get("parents") or []
+    if not isinstance(parents_raw, list):
+        raise ValueError(f"parents: should be a list, got {quote(parents_raw)}")
+    parents = []
+    for i, p in enumerate(parents_raw):
+        if not isinstance(p, Mapping):
+            raise ValueError(f"parents[{i}]: should be an object, got {quote(p)}")
+        try:
+            p_path = str(_json_text(p, "sys_path", required=True))
+            parents.append(
+                ParentRecord(
+                    sys_path=p_path,
+                    sys_name=_json_text(p, "sys_name") or p_path.rsplit("/", 1)[-1],
+                    subsystem=_json_text(p, "subsystem"),
+                    devtype=_json_text(p, "devtype"),
+                    driver=_json_text(p, "driver"),
+                    attributes=_json_strings(p, "attributes"),
+                )
+            )
+        except ValueError as exc:
+            raise ValueError(f"parents[{i}].{exc}") from None
+    sys_path = str(_json_text(data, "sys_path", required=True))
+    node_exists = data.get("node_exists", True)
+    if not isinstance(node_exists, bool):
+        raise ValueError(f"node_exists: should be true or false, got {quote(node_exists)}")
+    return DeviceRecord(
+        sys_path=sys_path,
+        subsystem=str(_json_text(data, "subsystem", required=True)),
+        sys_name=_json_text(data, "sys_name") or sys_path.rsplit("/", 1)[-1],
+        sys_number=_json_text(data, "sys_number"),
+        devnode=_json_text(data, "devnode"),
+        devtype=_json_text(data, "devtype"),
+        major=_json_number(data, "major"),
+        minor=_json_number(data, "minor"),
+        driver=_json_text(data, "driver"),
+        properties=_json_strings(data, "properties"),
+        attributes=_json_strings(data, "attributes"),
+        parents=tuple(parents),
+        numa_node=_json_number(data, "numa_node"),
+        node_exists=node_exists,
+        action=_json_text(data, "action"),
+    )
+
+
+def _sys_number(sys_name: str) -> str | None:
+    digits = len(sys_name) - len(sys_name.rstrip("0123456789"))
+    return sys_name[-digits:] if digits else None
+
+
+def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[DeviceRecord]:
+    """Records from ``udevadm info --export-db`` output.
+
+    The database has properties but no sysfs attributes; parents are rebuilt from the other
+    entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
+    """
+    entries: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in [*text.splitlines(), ""]:
+        if not line.strip():
+            if current.get("P"):
+                entries.append(current)
+            current = {}
+            continue
+        tag, _, value = line.partition(": ")
+        if tag == "E":
+            key, _, val = value.partition("=")
+            current.setdefault("E", {})[key] = val
+        elif tag == "S":
+            current.setdefault("S", []).append(value)
+        else:
+            current[tag] = value
+    by_path = {e["P"]: e for e in entries}
+    records = []
+    for e in entries:
+        props: dict[str, str] = e.get("E", {})
+        devpath = e["P"]
+        devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
+        if with_node_only and not devnode:
+            continue
+        parents = []
+        # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
+        # and must not be its own parent forever.
+        up = devpath.rsplit("/", 1)[0] if "/" in devpath else ""
+        while up and up != "/devices":
+            p = by_path.get(up)
+            if p is not None:
+                pprops = p.get("E", {})
+                parents.append(
+                    ParentRecord(
+                        sys_path=f"/sys{up}",
+                        sys_name=up.rsplit("/", 1)[-1],
+                        subsystem=pprops.get("SUBSYSTEM") or p.get("U"),
+                        devtype=pprops.get("DEVTYPE") or p.get("T"),
+                        driver=pprops.get("DRIVER") or p.get("V"),
+                    )
+                )
+            up = up.rsplit("/", 1)[0] if "/" in up else ""
+        sys_name = e.get("M") or devpath.rsplit("/", 1)[-1]
+        records.append(
+            DeviceRecord(
+                sys_path=f"/sys{devpath}",
+                subsystem=props.get("SUBSYSTEM") or e.get("U", ""),
+                sys_name=sys_name,
+                sys_number=e.get("R") or _sys_number(sys_name),
+                devnode=devnode,
+                devtype=props.get("DEVTYPE") or e.get("T"),
+                major=_int(props.get("MAJOR")),
+                minor=_int(props.get("MINOR")),
+                driver=props.get("DRIVER") or e.get("V"),
+                properties=props,
+                parents=tuple(parents),
+            )
+        )
+    return records

@@ -1,0 +1,64 @@
+"""The layout is checked, not only described: CONTRIBUTING.md's module map names exactly the
+modules that exist, and importing the core loads no adapter library (the import-linter
+contracts of `make lint` state the rule; this shows it holds at run time)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "src" / "cdi_gen"
+#: Generated code, listed as one entry in the map.
+GENERATED = "_proto/"
+
+
+def _modules() -> set[str]:
+    found: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(GENERATED) or "__pycache__" in rel:
+            continue
+        found.add(rel)
+    return found
+
+
+def _mapped() -> set[str]:
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    return {m for m in re.findall(r"^\| `([^`]+)` \|", section, re.M) if m != GENERATED}
+
+
+def test_module_map_lists_exactly_the_modules_that_exist() -> None:
+    modules, mapped = _modules(), _mapped()
+    assert not modules - mapped, f"modules missing from CONTRIBUTING.md: {sorted(modules - mapped)}"
+    assert not mapped - modules, (
+        f"CONTRIBUTING.md maps modules that do not exist: {sorted(mapped - modules)}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("cdi_gen.discovery.inventory", "pyudev"),
+        ("cdi_gen.model", "pyudev"),
+        ("cdi_gen.agent", "pyudev"),
+        ("cdi_gen.cdi.registry", "grpc"),
+        ("cdi_gen.discovery.inventory", "grpc"),
+    ],
+)
+def test_importing_a_module_does_not_load_an_adapter_it_does_not_use(
+    module: str, absent: str
+) -> None:
+    """The import contracts (`make lint`) in action: a fresh interpreter imports ``module``
+    and the adapter library is not loaded (the agent imports udev only when it runs)."""
+    code = f"import sys, {module}; print({absent!r} in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False", f"importing {module} loads {absent}"
