@@ -62,6 +62,7 @@ from cdi_gen.errors import (
     quote,
 )
 from cdi_gen.kubelet.board import DeviceBoard
+from cdi_gen.kubelet.plugin import KubeletPlugin
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, serve_http
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
@@ -87,7 +88,7 @@ class _ClassRunner:
     agent: Agent
     config: ClassConfig
     board: DeviceBoard = field(default_factory=DeviceBoard)
-    plugin: Any = None
+    plugin: KubeletPlugin | None = None
     entries: dict[str, tuple[DiscoveredDevice, DeviceEntry]] = field(default_factory=dict)
     devices: tuple[DiscoveredDevice, ...] = ()
     target: tuple[AdvertisedDevice, ...] = ()
@@ -424,19 +425,21 @@ class Agent:
             )
 
     async def _start_plugins(self) -> None:
+        # grpc loads here, with the device plugin, and only when a kubelet is used.
+        from cdi_gen.kubelet.allocation import Refusal
         from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
         settings = self.settings
         for runner in self.runners.values():
             resource = runner.resource
+            on_allocate = self.metrics.allocate_hook(resource, [*Refusal, "internal"])
+            registered = {
+                ok: self.metrics.registrations.labels(resource, "ok" if ok else "error")
+                for ok in (True, False)
+            }
 
-            def on_allocate(outcome: str, reason: str, resource: str = resource) -> None:
-                self.metrics.allocations.labels(resource, outcome).inc()
-                if outcome != "ok":
-                    self.metrics.allocation_failures.labels(resource, reason or outcome).inc()
-
-            def on_register(ok: bool, error: str | None, resource: str = resource) -> None:
-                self.metrics.registrations.labels(resource, "ok" if ok else "error").inc()
+            def on_register(ok: bool, error: str, registered: Any = registered) -> None:
+                registered[ok].inc()
 
             try:
                 runner.plugin = DevicePlugin(

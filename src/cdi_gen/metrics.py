@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -90,6 +90,30 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def allocate_hook(self, resource: str, reasons: Iterable[str]) -> Callable[[str, str], None]:
+        """The device plugin's ``on_allocate`` for ``resource``: counts outcomes and reasons.
+
+        Every series is made here, once: ``labels()`` hashes its arguments and takes a lock
+        on each call, a cost Allocate would pay on every call otherwise. A reason not in
+        ``reasons`` still counts (its series made when first seen).
+        """
+        ok = self.allocations.labels(resource, "ok")
+        error = self.allocations.labels(resource, "error")
+        failures = {r: self.allocation_failures.labels(resource, r) for r in reasons}
+
+        def on_allocate(outcome: str, reason: str) -> None:
+            if outcome == "ok":
+                ok.inc()
+                return
+            error.inc()
+            reason = reason or outcome
+            counter = failures.get(reason)
+            if counter is None:
+                counter = failures[reason] = self.allocation_failures.labels(resource, reason)
+            counter.inc()
+
+        return on_allocate
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ folder count, a file that fails to load is reported and skipped, a device define
 priority silently wins, and a device defined twice at the *same* priority is a conflict that
 removes it altogether (even if a higher folder also defines it, as the library does).
 
-:class:`SpecCache` keeps parsed files between calls and re-reads only files whose stat
-changed, so the device plugin can check every Allocate against the folders cheaply.
+:class:`SpecCache` keeps parsed files between calls, learns from inotify whether anything
+changed, and then re-reads only files whose stat changed, so the device plugin can check
+every Allocate against the folders in constant time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi_gen.cdi.codec import format_of, load_spec
+from cdi_gen.cdi.folderwatch import FolderWatch
 from cdi_gen.cdi.spec import Device, Spec
 from cdi_gen.errors import SpecError
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
@@ -82,18 +84,11 @@ def _may_define(path: Path, kind: str) -> bool:
     return path.name.startswith(kind.replace("/", "-"))
 
 
-def _scan_dir(
-    directory: Path, limit: int | None = None
-) -> tuple[list[os.DirEntry[str]], str | None] | None:
-    """The candidate files of ``directory``, sorted, and an error; None past ``limit`` entries."""
-    entries = []
+def _scan_dir(directory: Path) -> tuple[list[os.DirEntry[str]], str | None]:
+    """The candidate files of ``directory``, sorted, and an error."""
     try:
         with os.scandir(directory) as it:
-            for count, e in enumerate(it):
-                if limit is not None and count >= limit:
-                    return None
-                if format_of(e.name) is not None:
-                    entries.append(e)
+            entries = [e for e in it if format_of(e.name) is not None]
     except FileNotFoundError:
         return [], None
     except OSError as exc:
@@ -174,7 +169,7 @@ def load_registry(dirs: Sequence[Path] = RUNTIME_SPEC_DIRS) -> Registry:
     files: list[SpecFile] = []
     dir_errors: dict[Path, str] = {}
     for priority, directory in enumerate(dirs):
-        entries, err = _scan_dir(directory) or ([], None)
+        entries, err = _scan_dir(directory)
         if err:
             dir_errors[directory] = err
         files.extend(load_file(Path(e.path), priority) for e in entries)
@@ -183,59 +178,119 @@ def load_registry(dirs: Sequence[Path] = RUNTIME_SPEC_DIRS) -> Registry:
 
 _StatKey = tuple[int, int, int, int]
 _Listing = tuple[tuple[Path, _StatKey], ...]
-#: Folder entries the event-loop fast path (:meth:`SpecCache.fresh_registry`) stats at most:
-#: a few milliseconds; a folder stuffed with more files is checked on a worker thread.
-FAST_PATH_ENTRIES = 1000
+
+
+def _unresolved(reg: Registry, qualified_names: Iterable[str]) -> list[str]:
+    devices = reg.devices
+    # Names that resolve (all of them, nearly always) cost a set lookup, not a call.
+    return [m for n in qualified_names if n not in devices and (m := reg.explain(n)) is not None]
+
+
+def _relevant(name: str) -> bool:
+    return format_of(name) is not None
+
+
+def _changed_since(listing: dict[Path, _StatKey], paths: Iterable[str]) -> bool:
+    """Whether any of ``paths`` (followed) no longer has the stat recorded in ``listing``."""
+    for raw in paths:
+        path = Path(raw)
+        try:
+            st = os.stat(path)
+        except OSError:
+            if path in listing:
+                return True
+            continue
+        if listing.get(path) != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            return True
+    return False
 
 
 class SpecCache:
-    """Registry of ``spec_dirs`` kept current by re-reading only files whose stat changed."""
+    """Registry of ``spec_dirs``, rescanned only when inotify says something changed.
 
-    def __init__(self, spec_dirs: Sequence[Path]) -> None:
+    Between changes a check costs one look at the inotify queue (see
+    :class:`~cdi_gen.cdi.folderwatch.FolderWatch`), whatever the folders hold; a rescan
+    stats every entry and re-reads only files whose stat changed. Without inotify (or with
+    ``watch=False``) every check rescans, slower but as exact. Thread-safe.
+    """
+
+    def __init__(self, spec_dirs: Sequence[Path], *, watch: bool = True) -> None:
         self.spec_dirs = unique_dirs(spec_dirs)
-        # The device plugins scan from worker threads (off the event loop), one at a time.
+        # Checks come from the device plugins' server threads and the scan worker.
         self._lock = threading.Lock()
         self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
         self._listing: _Listing | None = None
         self._registry = Registry(dirs=self.spec_dirs)
+        self._use_watch = watch
+        self._watch: FolderWatch | None = None
+        #: A scan must run before the registry is trusted again.
+        self._stale = True
+        #: Scans so far (tests read it: nothing changed must mean no scan).
+        self.scans = 0
+
+    def close(self) -> None:
+        """Release the inotify descriptor (also released when the cache is collected)."""
+        with self._lock:
+            if self._watch is not None:
+                self._watch.close()
+            self._stale = True
 
     def registry(self) -> Registry:
-        """The current registry, rescanning folders (stat only) and re-reading changed files.
+        """The current registry, rescanning first if anything in the folders changed.
 
         Thread-safe; every file read is bounded (see :mod:`cdi_gen.files`).
         """
         with self._lock:
-            key, dir_errors = self._list() or ((), {})
-            return self._refresh(key, dir_errors)
+            return self._current() or self._rescan()
 
     def fresh_registry(self) -> Registry | None:
         """The registry if no folder changed since it was built, else None.
 
-        For the event loop: it never reads a file, gives up (None) past
-        :data:`FAST_PATH_ENTRIES` folder entries and never waits for a scan in progress;
-        whatever needs more goes through :meth:`registry` on a worker thread.
+        Never reads a folder or a file and never waits for a scan in progress: one look at
+        the inotify queue, so it may run on any thread on every Allocate; whatever needs
+        more goes through :meth:`registry` on a worker thread.
         """
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            listed = self._list(FAST_PATH_ENTRIES)
-            if listed is None or listed[0] != self._listing or listed[1]:
-                return None
-            return self._registry
+            return self._current()
         finally:
             self._lock.release()
 
-    def _list(self, limit: int | None = None) -> tuple[_Listing, dict[Path, str]] | None:
+    def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
+        """One message per name that a runtime could not resolve now; empty if all resolve."""
+        return _unresolved(self.registry(), qualified_names)
+
+    def unresolved_if_fresh(self, qualified_names: Iterable[str]) -> list[str] | None:
+        """Like :meth:`unresolved` from :meth:`fresh_registry`; None when that has no answer."""
+        reg = self.fresh_registry()
+        return None if reg is None else _unresolved(reg, qualified_names)
+
+    def _current(self) -> Registry | None:
+        """The registry if nothing changed since it was built, else None (no folder I/O)."""
+        watch = self._watch
+        if watch is None:
+            if not self._use_watch:
+                return None
+            watch = self._watch = FolderWatch(self.spec_dirs, _relevant)
+        if watch.changed():
+            self._stale = True
+        return None if self._stale else self._registry
+
+    def _rescan(self) -> Registry:
+        # Called with the lock held, after _current() drained the event queue: a change
+        # made during the scan stays queued and makes the next check scan again.
+        self.scans += 1
         listing: list[tuple[Path, _StatKey]] = []
+        links: list[str] = []
         dir_errors: dict[Path, str] = {}
         for directory in self.spec_dirs:
-            scanned = _scan_dir(directory, limit)
-            if scanned is None:
-                return None
-            entries, err = scanned
+            entries, err = _scan_dir(directory)
             if err:
                 dir_errors[directory] = err
             for e in entries:
+                if e.is_symlink():
+                    links.append(e.path)  # dangling too: its target may appear
                 try:
                     st = e.stat()
                 except FileNotFoundError:
@@ -244,7 +299,14 @@ class SpecCache:
                 listing.append(
                     (Path(e.path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
                 )
-        return tuple(listing), dir_errors
+        watch = self._watch
+        # A folder that could not be read is read again next time, whatever inotify says.
+        self._stale = watch is None or not watch.available or bool(dir_errors)
+        if watch is not None and watch.follow_links(links) and not self._stale:
+            # New watches report only what happens from now on: a target rewritten between
+            # this scan's stat and the watch would be missed, unless its stat still matches.
+            self._stale = _changed_since(dict(listing), links)
+        return self._refresh(tuple(listing), dir_errors)
 
     def _refresh(self, key: _Listing, dir_errors: dict[Path, str]) -> Registry:
         if key == self._listing and not dir_errors:
@@ -264,15 +326,3 @@ class SpecCache:
         self._listing = key
         self._registry = build_registry(self.spec_dirs, files, dir_errors)
         return self._registry
-
-    def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
-        """One message per name that a runtime could not resolve now; empty if all resolve."""
-        reg = self.registry()
-        return [msg for name in qualified_names if (msg := reg.explain(name)) is not None]
-
-    def unresolved_if_fresh(self, qualified_names: Iterable[str]) -> list[str] | None:
-        """Like :meth:`unresolved` from :meth:`fresh_registry`; None when that has no answer."""
-        reg = self.fresh_registry()
-        if reg is None:
-            return None
-        return [msg for name in qualified_names if (msg := reg.explain(name)) is not None]

@@ -2,14 +2,17 @@
 
 The agent publishes here after the spec file is on disk; every ListAndWatch stream of the
 class's plugin waits on it independently, so each open stream sees every change (a shared
-queue would hand each change to one stream only). Everything runs on one asyncio loop;
-``publish`` is a plain call from that loop.
+queue would hand each change to one stream only). ``publish`` is a plain call from the
+agent's asyncio loop; readers await :meth:`DeviceBoard.wait_newer` on that loop, or block in
+:meth:`DeviceBoard.wait_newer_blocking` on another thread (the gRPC server's), woken by a
+condition variable: the device list itself is an immutable snapshot, safe to read anywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from cdi_gen.model import AdvertisedDevice
@@ -22,6 +25,7 @@ class DeviceBoard:
         self._devices: Mapping[str, AdvertisedDevice] = MappingProxyType({d.id: d for d in devices})
         self._version = 0
         self._changed = asyncio.Event()
+        self._condition = threading.Condition()
         self._closed = False
 
     @property
@@ -55,9 +59,29 @@ class DeviceBoard:
         self._bump()
 
     def _bump(self) -> None:
-        self._version += 1
+        with self._condition:
+            self._version += 1
+            self._condition.notify_all()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def interrupt(self) -> None:
+        """Wake every blocking waiter without a change, so that it re-checks its own
+        reasons to stop (a server shutting down, a client gone)."""
+        with self._condition:
+            self._condition.notify_all()
+
+    def wait_newer_blocking(
+        self, version: int, timeout: float, stop: Callable[[], bool] = lambda: False
+    ) -> int:
+        """Block until the version is above ``version``, the board closes, ``stop()`` holds
+        after an :meth:`interrupt`, or ``timeout`` seconds pass; return the version. For
+        threads other than the loop's."""
+        with self._condition:
+            self._condition.wait_for(
+                lambda: self._version > version or self._closed or stop(), timeout
+            )
+            return self._version
 
     async def wait_newer(self, version: int) -> int:
         """Return once the version is above ``version`` (at once if it already is)."""

@@ -1,0 +1,211 @@
+"""Keep a kubelet plugin served and registered across kubelet restarts.
+
+Every kubelet plugin has the same life: serve its socket(s), make itself known to the
+kubelet, and start over when the kubelet restarts, which wipes the plugin's socket files and
+forgets every registration. What differs is how a plugin makes itself known, a
+:class:`Registrar`: the device plugin calls ``Register`` on ``kubelet.sock``; a DRA driver
+serves a registration socket in ``plugins_registry`` and waits for the kubelet's
+``NotifyRegistrationStatus``.
+
+:class:`Supervisor` runs that life on the event loop: serve first (the kubelet calls back
+while registration is in flight), register in the background with backoff while the kubelet
+is absent or refuses, then watch the socket files; when one of ours disappears or the
+kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
+again. A restart noticed while registration is in flight abandons that attempt at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
+
+from cdi_gen.kubelet.transport import FileId, UnixServer
+
+__all__ = ["RegisterHook", "Registrar", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+#: ``on_register(ok, error)``: error is ``""`` on success, else why the kubelet said no.
+RegisterHook = Callable[[bool, str], None]
+_Outcome = Literal["ok", "failed", "interrupted"]
+
+
+class Registrar(Protocol):
+    """How one kubelet plugin makes itself known to the kubelet."""
+
+    def kubelet_id(self) -> FileId | None:
+        """Identity of the kubelet registered with: it changes when the kubelet restarts;
+        None while no kubelet can be reached (registration waits for one)."""
+        ...
+
+    async def register(self) -> str | None:
+        """One attempt, bounded in time; None on success, else why it failed."""
+        ...
+
+
+class Supervisor:
+    """Serve ``servers``, register through ``registrar``, follow kubelet restarts.
+
+    ``watch_interval`` is how often the socket files are checked, ``max_backoff`` bounds
+    the wait between failed attempts. ``on_register`` is called on the loop after each
+    attempt; its exceptions are logged and ignored.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        servers: Sequence[UnixServer],
+        registrar: Registrar,
+        *,
+        on_register: RegisterHook | None = None,
+        watch_interval: float = 0.15,
+        max_backoff: float = 2.0,
+    ) -> None:
+        self.name = name
+        self.servers = tuple(servers)
+        self.registrar = registrar
+        self._on_register = on_register
+        self._watch_interval = watch_interval
+        self._max_backoff = max_backoff
+        self._task: asyncio.Task[None] | None = None
+        self._registered = asyncio.Event()
+        #: Successful registrations so far (a kubelet restart adds one).
+        self.registrations = 0
+
+    async def start(self) -> None:
+        """Serve every socket, then register in the background. Raises
+        :class:`~cdi_gen.errors.RegistrationError` when a socket cannot be served."""
+        if self._task is not None:
+            return
+        for server in self.servers:
+            server.start()
+        self._task = asyncio.create_task(self._run(), name=f"kubelet plugin {self.name}")
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop registering and serving; remove our socket files. Never raises when stopped."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._stop_servers(grace)
+        self._registered.clear()
+
+    async def wait_registered(self) -> None:
+        """Wait until the kubelet has accepted the current registration."""
+        await self._registered.wait()
+
+    async def _stop_servers(self, grace: float) -> None:
+        await asyncio.gather(*(s.stop(grace) for s in self.servers))
+
+    async def _restart_servers(self) -> None:
+        await self._stop_servers(grace=0.2)
+        for server in self.servers:
+            server.start()
+
+    def _gone(self) -> bool:
+        return any(s.gone() for s in self.servers)
+
+    async def _run(self) -> None:
+        initial = min(0.1, self._max_backoff)
+        delay = initial
+        fresh_servers = False
+        while True:
+            try:
+                outcome, kubelet_id = await self._register_once(fresh_servers)
+                fresh_servers = False
+            except Exception as exc:
+                # Serving failed (folder gone, bind refused...): keep trying, the kubelet
+                # folder may come back; the hook lets the agent decide to give up.
+                log.error("kubelet plugin %s cannot serve: %s", self.name, exc)
+                self._call_hook(False, str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_backoff)
+                continue
+            if outcome == "interrupted":
+                # The kubelet restarted while registration was in flight: its answer no
+                # longer matters (it may never come, the kubelet dialling a socket it wiped).
+                log.info("kubelet restarted during registration; serving %s again", self.name)
+                fresh_servers = True
+                continue
+            restarted = functools.partial(self._kubelet_restarted, kubelet_id)
+            if outcome == "failed":
+                # Retry after the backoff, or at once when the kubelet is no longer the one
+                # just tried. Its identity was taken before the attempt: read after the
+                # failure it could already be the new kubelet's, which would then look
+                # unchanged and cost the whole backoff.
+                await self._poll(restarted, delay)
+                delay = min(delay * 2, self._max_backoff)
+                continue
+            delay = initial
+            await self._poll(restarted)
+            log.info("kubelet restarted; serving %s again", self.name)
+            self._registered.clear()
+            fresh_servers = True
+
+    async def _register_once(self, fresh_servers: bool) -> tuple[_Outcome, FileId | None]:
+        """Serve anew if asked or if a socket is gone, wait for a kubelet, register once.
+
+        Return the outcome and the kubelet identity tried, read before the attempt: ``ok``,
+        ``failed`` (the kubelet said no or was unreachable) or ``interrupted`` (a socket or
+        the kubelet was replaced while registration was in flight).
+        """
+        if fresh_servers or self._gone():
+            await self._restart_servers()
+        registrar = self.registrar
+        await self._poll(lambda: registrar.kubelet_id() is not None)
+        kubelet_id = registrar.kubelet_id()
+        register = asyncio.ensure_future(registrar.register())
+        watch = asyncio.ensure_future(
+            self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
+        )
+        try:
+            await asyncio.wait({register, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not register.done():
+                register.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            with contextlib.suppress(asyncio.CancelledError):
+                await register
+        if register.cancelled():
+            self._registered.clear()
+            return "interrupted", kubelet_id
+        error = register.result()
+        self._call_hook(error is None, error or "")
+        if error is not None:
+            log.warning("registering %s with the kubelet failed: %s", self.name, error)
+            return "failed", kubelet_id
+        self.registrations += 1
+        self._registered.set()
+        log.info("registered %s with the kubelet", self.name)
+        return "ok", kubelet_id
+
+    def _kubelet_restarted(self, registered_with: FileId | None) -> bool:
+        if self._gone():
+            return True
+        current = self.registrar.kubelet_id()
+        return current is not None and current != registered_with
+
+    async def _poll(self, done: Callable[[], bool], limit: float | None = None) -> None:
+        """Return when ``done()`` holds (checked every watch interval) or ``limit`` s pass."""
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        while not done():
+            left = self._watch_interval if deadline is None else deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, self._watch_interval))
+
+    def _call_hook(self, ok: bool, error: str) -> None:
+        if self._on_register is None:
+            return
+        try:
+            self._on_register(ok, error)
+        except Exception:
+            log.exception("registration hook of %s failed", self.name)

@@ -1,0 +1,116 @@
+"""The supervision every kubelet plugin shares, with a registration that is not the device
+plugin's: two sockets served (as a DRA driver serves its registration and service sockets),
+a kubelet identity read from a file, real gRPC on real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from cdi_gen.errors import RegistrationError
+from cdi_gen.kubelet.supervisor import Supervisor
+from cdi_gen.kubelet.transport import FileId, UnixServer, file_id
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class MarkerRegistrar:
+    """Registers by answering from a list; the kubelet's identity is a marker file's."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+        self.answers: list[str | None] = []
+        self.calls = 0
+
+    def kubelet_id(self) -> FileId | None:
+        return file_id(self.marker)
+
+    async def register(self) -> str | None:
+        self.calls += 1
+        return self.answers.pop(0) if self.answers else None
+
+
+def echo_server(path: Path) -> UnixServer:
+    def services() -> dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]]:
+        return {"t.T": {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, _: request)}}
+
+    return UnixServer(path, services)
+
+
+async def call(path: Path) -> bytes:
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        echo = channel.unary_unary("/t.T/Echo", request_serializer=None, response_deserializer=None)
+        answer: bytes = await echo(b"ping", timeout=5)
+        return answer
+
+
+async def until(condition: Any, within: float = 5.0) -> None:
+    """Poll ``condition``: registrations happen inside the supervisor, which signals nothing."""
+    for _ in range(int(within / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {within}s")
+
+
+async def test_serves_registers_and_follows_restarts(short_dir: Path) -> None:
+    marker = short_dir / "kubelet"
+    registrar = MarkerRegistrar(marker)
+    reg, service = short_dir / "reg.sock", short_dir / "service.sock"
+    outcomes: list[tuple[bool, str]] = []
+    supervisor = Supervisor(
+        "driver.example.com",
+        [echo_server(reg), echo_server(service)],
+        registrar,
+        on_register=lambda ok, error: outcomes.append((ok, error)),
+        watch_interval=0.02,
+    )
+    await supervisor.start()
+    try:
+        assert await call(reg) == b"ping"
+        assert await call(service) == b"ping"
+        # No kubelet yet: nothing is attempted.
+        await asyncio.sleep(0.1)
+        assert registrar.calls == 0
+        marker.touch()
+        await asyncio.wait_for(supervisor.wait_registered(), 5)
+        assert supervisor.registrations == 1
+
+        # A kubelet restart: a new identity. Both sockets are served anew, then registered.
+        before = [file_id(reg), file_id(service)]
+        marker.unlink()
+        marker.touch()
+        await until(lambda: supervisor.registrations == 2)
+        assert [file_id(reg), file_id(service)] != before
+        assert await call(service) == b"ping"
+
+        # One socket wiped: served again and registered again.
+        os.unlink(service)
+        await until(lambda: supervisor.registrations == 3)
+        assert await call(service) == b"ping"
+
+        # Refusals are retried with backoff and reported.
+        registrar.answers = ["refused", "refused"]
+        marker.unlink()
+        marker.touch()
+        await until(lambda: supervisor.registrations == 4)
+        assert outcomes[-3:] == [(False, "refused"), (False, "refused"), (True, "")]
+    finally:
+        await supervisor.stop()
+    assert not reg.exists()
+    assert not service.exists()
+
+
+async def test_a_foreign_file_is_never_replaced(short_dir: Path) -> None:
+    path = short_dir / "x.sock"
+    path.write_text("not ours")
+    supervisor = Supervisor("x", [echo_server(path)], MarkerRegistrar(short_dir / "k"))
+    with pytest.raises(RegistrationError, match="is not a socket"):
+        await supervisor.start()
+    await supervisor.stop()
+    assert path.read_text() == "not ours"

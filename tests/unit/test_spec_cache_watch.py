@@ -1,0 +1,321 @@
+"""The spec-folder cache kept by inotify: exact after every change, and no scan without one.
+
+Real folders, real inotify. After each change the cache must answer what a fresh scan
+(``load_registry``) answers, at once: the kernel queues the event before the change returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdi_gen.cdi.folderwatch import IN_Q_OVERFLOW, FolderWatch, link_chain
+from cdi_gen.cdi.registry import SpecCache, load_registry
+
+KIND = "example.com/loop"
+
+
+def spec(*names: str, kind: str = KIND) -> str:
+    return json.dumps(
+        {
+            "cdiVersion": "0.3.0",
+            "kind": kind,
+            "devices": [
+                {"name": n, "containerEdits": {"deviceNodes": [{"path": f"/dev/{n}"}]}}
+                for n in names
+            ],
+        }
+    )
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def replace(path: Path, text: str) -> None:
+    """Write as the agent and most producers do: a temporary file renamed over the name."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.rename(tmp, path)
+
+
+def names(cache: SpecCache) -> set[str]:
+    return set(cache.registry().devices)
+
+
+@pytest.fixture
+def dirs(short_dir: Path) -> list[Path]:
+    return [short_dir / "etc", short_dir / "run"]
+
+
+@pytest.fixture
+def cache(dirs: list[Path]) -> Iterator[SpecCache]:
+    for d in dirs:
+        d.mkdir()
+    c = SpecCache(dirs)
+    yield c
+    c.close()
+
+
+def settle(cache: SpecCache) -> int:
+    """Check until a check scans nothing; return the scan count then."""
+    for _ in range(3):
+        before = cache.scans
+        cache.registry()
+        if cache.scans == before:
+            return before
+    raise AssertionError("the cache scans on every check")
+
+
+def test_nothing_changed_means_no_scan(cache: SpecCache, dirs: list[Path]) -> None:
+    write(dirs[0] / "a.json", spec("loop1"))
+    assert names(cache) == {f"{KIND}=loop1"}
+    scans = settle(cache)
+    for _ in range(100):
+        assert cache.unresolved_if_fresh([f"{KIND}=loop1"]) == []
+        assert cache.unresolved([f"{KIND}=loop1"]) == []
+    assert cache.scans == scans
+
+
+def test_every_kind_of_change_is_seen_by_the_next_check(cache: SpecCache, dirs: list[Path]) -> None:
+    path = dirs[0] / "a.json"
+    write(path, spec("loop1"))
+    assert names(cache) == {f"{KIND}=loop1"}
+    replace(path, spec("loop2"))
+    assert names(cache) == {f"{KIND}=loop2"}
+    # In place, same size: only the inotify event (and ctime) tells.
+    with path.open("r+") as f:
+        f.write(spec("loop3"))
+    assert names(cache) == {f"{KIND}=loop3"}
+    write(dirs[1] / "b.yaml", spec("loop4"))
+    assert names(cache) == {f"{KIND}=loop3", f"{KIND}=loop4"}
+    os.chmod(path, 0)
+    if os.geteuid() != 0:  # root reads it anyway
+        assert f"{KIND}=loop3" not in names(cache)
+    os.chmod(path, 0o644)
+    path.unlink()
+    assert names(cache) == {f"{KIND}=loop4"}
+    os.rename(dirs[1] / "b.yaml", dirs[1] / "b.json.off")
+    assert names(cache) == set()
+
+
+def test_files_runtimes_ignore_cause_no_scan(cache: SpecCache, dirs: list[Path]) -> None:
+    write(dirs[0] / "a.json", spec("loop1"))
+    scans = settle(cache)
+    write(dirs[0] / ".a.json.tmp", "partial")
+    write(dirs[0] / "notes.txt", "x")
+    assert names(cache) == {f"{KIND}=loop1"}
+    assert cache.scans == scans
+
+
+def test_a_missing_folder_is_seen_when_it_appears(short_dir: Path) -> None:
+    folder = short_dir / "late"
+    cache = SpecCache([folder])
+    assert names(cache) == set()
+    write(folder / "a.json", spec("loop1"))
+    assert names(cache) == {f"{KIND}=loop1"}
+    settle(cache)
+
+
+def test_a_folder_removed_and_made_again_is_followed(cache: SpecCache, dirs: list[Path]) -> None:
+    write(dirs[1] / "a.json", spec("loop1"))
+    assert names(cache) == {f"{KIND}=loop1"}
+    (dirs[1] / "a.json").unlink()
+    dirs[1].rmdir()
+    assert names(cache) == set()
+    write(dirs[1] / "a.json", spec("loop2"))
+    assert names(cache) == {f"{KIND}=loop2"}
+    scans = settle(cache)
+    write(dirs[1] / "b.json", spec("loop3"))
+    assert names(cache) == {f"{KIND}=loop2", f"{KIND}=loop3"}
+    assert cache.scans == scans + 1
+
+
+def test_a_linked_spec_file_is_followed_to_its_target(
+    cache: SpecCache, dirs: list[Path], short_dir: Path
+) -> None:
+    target = short_dir / "elsewhere" / "real.json"
+    write(target, spec("loop1"))
+    (dirs[0] / "a.json").symlink_to(target)
+    assert names(cache) == {f"{KIND}=loop1"}
+    scans = settle(cache)
+    with target.open("r+") as f:  # rewritten in place, same size
+        f.write(spec("loop2"))
+    assert names(cache) == {f"{KIND}=loop2"}
+    replace(target, spec("loop3"))
+    assert names(cache) == {f"{KIND}=loop3"}
+    target.unlink()
+    assert names(cache) == set()
+    write(target, spec("loop4"))
+    assert names(cache) == {f"{KIND}=loop4"}
+    assert cache.scans > scans
+    # Unrelated files next to the target cost nothing.
+    scans = settle(cache)
+    write(target.with_name("other.json"), spec("loop9"))
+    assert names(cache) == {f"{KIND}=loop4"}
+    assert cache.scans == scans
+
+
+def test_a_dangling_link_is_seen_when_its_target_appears(
+    cache: SpecCache, dirs: list[Path], short_dir: Path
+) -> None:
+    target = short_dir / "later" / "real.json"
+    target.parent.mkdir()
+    (dirs[0] / "a.json").symlink_to(target)
+    assert names(cache) == set()
+    settle(cache)
+    write(target, spec("loop1"))
+    assert names(cache) == {f"{KIND}=loop1"}
+
+
+def test_a_swapped_linked_folder_is_followed(
+    cache: SpecCache, dirs: list[Path], short_dir: Path
+) -> None:
+    # The layout Kubernetes gives a mounted ConfigMap: file -> ..data/file, ..data -> ..v1.
+    store = short_dir / "store"
+    write(store / "..v1" / "a.json", spec("loop1"))
+    write(store / "..v2" / "a.json", spec("loop2"))
+    (store / "..data").symlink_to("..v1")
+    (dirs[0] / "a.json").symlink_to(store / "..data" / "a.json")
+    assert names(cache) == {f"{KIND}=loop1"}
+    settle(cache)
+    tmp = store / "..data_tmp"
+    tmp.symlink_to("..v2")
+    os.rename(tmp, store / "..data")
+    assert names(cache) == {f"{KIND}=loop2"}
+
+
+def test_link_chain_names_every_link_and_the_file(short_dir: Path) -> None:
+    write(short_dir / "d" / "f.json", "{}")
+    (short_dir / "dl").symlink_to("d")
+    (short_dir / "l1").symlink_to(short_dir / "dl" / "f.json")
+    assert link_chain(str(short_dir / "l1")) == {
+        (str(short_dir), "l1"),
+        (str(short_dir), "dl"),
+        (str(short_dir / "d"), "f.json"),
+    }
+    (short_dir / "loop").symlink_to("loop")
+    assert (str(short_dir), "loop") in link_chain(str(short_dir / "loop"))
+
+
+def test_a_lost_event_queue_means_a_scan(short_dir: Path) -> None:
+    watch = FolderWatch([short_dir], lambda name: True)
+    assert watch.changed()  # the folder is new to it
+    assert not watch.changed()
+    overflow = struct.pack("iIII", -1, IN_Q_OVERFLOW, 0, 0)
+    assert watch._apply(overflow)
+    watch.close()
+    assert watch.changed(), "a closed watch knows nothing: every check scans"
+
+
+def test_the_inotify_descriptor_is_released(short_dir: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    caches = [SpecCache([short_dir]) for _ in range(20)]
+    for c in caches:
+        c.registry()
+    assert len(os.listdir("/proc/self/fd")) >= before + 20
+    for c in caches[:10]:
+        c.close()
+    del caches
+    import gc
+
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["write", "replace", "remove", "rmdir", "link", "retarget", "drop-target", "dangle"]
+        ),
+        st.integers(0, 1),  # folder
+        st.sampled_from(["a.json", "b.yaml", "c.json"]),
+        st.sampled_from(["loop1", "loop2", "loop3"]),
+    ),
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_OPS)
+def test_the_cache_always_agrees_with_a_fresh_scan(
+    short_dir: Path, ops: list[tuple[str, int, str, str]]
+) -> None:
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(dir=short_dir))
+    try:
+        dirs = [root / "etc", root / "run"]
+        targets = root / "targets"
+        targets.mkdir()
+        cache = SpecCache(dirs)
+        for op, index, name, device in ops:
+            folder = dirs[index]
+            path = folder / name
+            if op == "write":
+                write(path, spec(device))
+            elif op == "replace" and folder.is_dir():
+                replace(path, spec(device))
+            elif op == "remove" and (path.exists() or path.is_symlink()):
+                path.unlink()
+            elif op == "rmdir" and folder.is_dir():
+                shutil.rmtree(folder)
+            elif op == "link" and not (path.exists() or path.is_symlink()):
+                folder.mkdir(exist_ok=True)
+                write(targets / f"{device}.json", spec(device))
+                path.symlink_to(targets / f"{device}.json")
+            elif op == "retarget":
+                replace(targets / f"{device}.json", spec(device, "loop9"))
+            elif op == "drop-target" and (targets / f"{device}.json").exists():
+                (targets / f"{device}.json").unlink()
+            elif op == "dangle" and not (path.exists() or path.is_symlink()):
+                folder.mkdir(exist_ok=True)
+                path.symlink_to(targets / f"{device}.json")  # its target may come later
+            expected = load_registry(dirs)
+            got = cache.registry()
+            assert got.devices.keys() == expected.devices.keys(), (op, index, name, device)
+            assert got.conflicts.keys() == expected.conflicts.keys()
+        cache.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_fast_path_never_waits_for_a_scan(
+    cache: SpecCache, dirs: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    write(dirs[0] / "a.json", spec("loop1"))
+    settle(cache)
+    entered, release = threading.Event(), threading.Event()
+    real = cache._rescan
+
+    def hung() -> object:
+        entered.set()
+        release.wait(10)
+        return real()
+
+    monkeypatch.setattr(cache, "_rescan", hung)
+    write(dirs[0] / "b.json", spec("loop2"))  # the next check must scan, and hangs
+    scan = threading.Thread(target=cache.registry)
+    scan.start()
+    try:
+        assert entered.wait(5)
+        # A scan in progress: no answer from the fast path, and no waiting for one.
+        assert cache.fresh_registry() is None
+        assert cache.unresolved_if_fresh([f"{KIND}=loop1"]) is None
+    finally:
+        release.set()
+        scan.join()
+    assert cache.unresolved_if_fresh([f"{KIND}=loop2"]) == []
