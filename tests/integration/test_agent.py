@@ -4,9 +4,7 @@ files, real gRPC to a fake kubelet; the ordering invariant checked at every mess
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -14,8 +12,8 @@ import pytest
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.agent import Agent
-from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
+from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
 
@@ -55,28 +53,6 @@ def loops() -> LoopDevices:
     devices.cleanup()
 
 
-@contextlib.asynccontextmanager
-async def running_agent(short_dir: Path, **options: object) -> AsyncIterator[Agent]:
-    config = parse_config(_config(), "test.yaml")
-    agent = Agent(
-        config,
-        Settings(
-            spec_dir=short_dir / "cdi",
-            device_plugin_dir=short_dir / "dp",
-            udev_source="kernel",
-            metrics_address="127.0.0.1:0",
-            **options,  # type: ignore[arg-type]
-        ),
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(agent.started.wait(), 10)
-        yield agent
-    finally:
-        agent.stop()
-        await asyncio.wait_for(task, 10)
-
-
 async def _next_checked(plugin: ConnectedPlugin, spec_dir: Path) -> set[str]:
     """Next ListAndWatch list; every advertised healthy ID must already be in the spec."""
     devices = await plugin.next_devices(within=5)
@@ -96,7 +72,10 @@ async def _until(plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: 
 async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevices) -> None:
     first = loops.add()
     spec_dir = short_dir / "cdi"
-    async with FakeKubelet(short_dir / "dp") as kubelet, running_agent(short_dir) as agent:
+    async with (
+        FakeKubelet(short_dir / "dp") as kubelet,
+        running_agent(short_dir, _config()) as (agent, _),
+    ):
         plugin = await kubelet.next_registration(within=10)
         assert plugin.request.resource_name == "example.com/loop"
         assert plugin.request.endpoint == "example.com-loop.sock"
@@ -164,7 +143,7 @@ async def test_cleanup_on_exit_and_stale_specs(short_dir: Path, loops: LoopDevic
     writer.write_document(spec_dir, stale)
     (spec_dir / "foreign.json").write_text("{}")
     first = loops.add()
-    async with running_agent(short_dir, cleanup_on_exit=True, no_kubelet=True):
+    async with running_agent(short_dir, _config(), cleanup_on_exit=True, no_kubelet=True):
         assert first.name in _spec_names(spec_dir)
         assert not (spec_dir / "example.com-gone.json").exists()
     assert not (spec_dir / "example.com-loop.json").exists()
@@ -177,7 +156,10 @@ async def test_unwritable_spec_folder_is_retried_not_advertised(
     spec_dir = short_dir / "cdi"
     spec_dir.write_text("not a folder")  # every write fails until this is fixed
     first = loops.add()
-    async with FakeKubelet(short_dir / "dp") as kubelet, running_agent(short_dir) as agent:
+    async with (
+        FakeKubelet(short_dir / "dp") as kubelet,
+        running_agent(short_dir, _config()) as (agent, _),
+    ):
         plugin = await kubelet.next_registration(within=10)
         assert first.name not in await plugin.next_devices(within=5)
         assert agent.ready()[0] is False

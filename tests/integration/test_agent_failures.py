@@ -9,12 +9,10 @@ on, and the agent keeps running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from cdi_gen.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.model import DeviceRecord
+from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
 
@@ -61,29 +60,6 @@ def plain_loops() -> LoopDevices:
     devices = _loops(*PLAIN)
     yield devices
     devices.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def running_agent(
-    short_dir: Path, config: dict[str, Any], **options: Any
-) -> AsyncIterator[tuple[Agent, asyncio.Task[None]]]:
-    agent = Agent(
-        parse_config(config, "test.yaml"),
-        Settings(
-            spec_dir=short_dir / "cdi",
-            device_plugin_dir=short_dir / "dp",
-            udev_source="kernel",
-            metrics_address="127.0.0.1:0",
-            **options,
-        ),
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(agent.started.wait(), 10)
-        yield agent, task
-    finally:
-        agent.stop()
-        await asyncio.wait_for(task, 10)
 
 
 async def _http(agent: Agent, path: str) -> tuple[int, str]:

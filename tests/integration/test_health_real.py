@@ -8,9 +8,7 @@ turns healthy and back without a resync.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +21,6 @@ from tests.loopdev import LoopDevices
 pytestmark = pytest.mark.kernel
 
 TIMEOUT = 5.0
-
-
-@pytest.fixture
-def loops() -> Iterator[LoopDevices]:
-    if not os.path.exists("/dev/loop-control"):
-        pytest.fail("/dev/loop-control is missing: these tests need the loop driver and root")
-    created = LoopDevices(low=300, high=999)
-    try:
-        yield created
-    finally:
-        created.cleanup()
 
 
 def _discovery(number: int) -> Discovery:

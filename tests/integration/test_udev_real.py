@@ -36,17 +36,6 @@ TIMEOUT = 5.0
 
 
 @pytest.fixture
-def loops() -> Iterator[LoopDevices]:
-    if not os.path.exists("/dev/loop-control"):
-        pytest.fail("/dev/loop-control is missing: these tests need the loop driver and root")
-    created = LoopDevices(low=300, high=999)
-    try:
-        yield created
-    finally:
-        created.cleanup()
-
-
-@pytest.fixture
 def udevd() -> Iterator[None]:
     """A udevd for the test, started here unless one already runs; stopped if started here."""
     if udevd_running():

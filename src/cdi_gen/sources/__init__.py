@@ -15,7 +15,7 @@ from typing import Protocol
 
 from cdi_gen.model import DeviceRecord
 
-__all__ = ["RecordBatch", "RecordSource"]
+__all__ = ["RecordBatch", "RecordSource", "property_int"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +54,14 @@ class RecordSource(Protocol):
     def close(self) -> None:
         """Stop; a running :meth:`batches` ends. Safe to call twice."""
         ...
+
+
+def property_int(text: str | None) -> int | None:
+    """A numeric udev value (``MAJOR``, ``numa_node``), None when absent or not a number:
+    recorded and live data alike may lack it or hold anything."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None

@@ -16,6 +16,7 @@ import orjson
 from cdi_gen.errors import quote
 from cdi_gen.files import RECORDS_MAX_BYTES, read_regular
 from cdi_gen.model import DeviceRecord, ParentRecord
+from cdi_gen.sources import property_int
 
 __all__ = [
     "load_records",
@@ -24,15 +25,6 @@ __all__ = [
     "record_to_json",
     "records_from_export_db",
 ]
-
-
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
 
 
 def parse_records(data: bytes) -> list[DeviceRecord]:
@@ -244,8 +236,8 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
                 sys_number=e.get("R") or _sys_number(sys_name),
                 devnode=devnode,
                 devtype=props.get("DEVTYPE") or e.get("T"),
-                major=_int(props.get("MAJOR")),
-                minor=_int(props.get("MINOR")),
+                major=property_int(props.get("MAJOR")),
+                minor=property_int(props.get("MINOR")),
                 driver=props.get("DRIVER") or e.get("V"),
                 properties=props,
                 parents=tuple(parents),

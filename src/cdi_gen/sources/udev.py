@@ -34,7 +34,7 @@ import pyudev
 from cdi_gen.errors import DiscoveryError
 from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants
 from cdi_gen.paths import UDEV_RUN_DIR
-from cdi_gen.sources import RecordBatch
+from cdi_gen.sources import RecordBatch, property_int
 
 __all__ = [
     "UdevWatcher",
@@ -76,17 +76,8 @@ def _attribute(device: Any, name: str) -> str | None:
         return None
 
 
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 def _numa(value: str | None) -> int | None:
-    n = _int(value)
+    n = property_int(value)
     return n if n is not None and n >= 0 else None  # -1: no NUMA affinity
 
 
@@ -100,7 +91,7 @@ def record_from_device(
         if value is not None:
             props[key] = value
     removed = action == "remove"
-    major, minor = _int(props.get("MAJOR")), _int(props.get("MINOR"))
+    major, minor = property_int(props.get("MAJOR")), property_int(props.get("MINOR"))
     devnode = device.device_node
     parents: list[ParentRecord] = []
     numa: int | None = None
