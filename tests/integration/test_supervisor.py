@@ -114,3 +114,48 @@ async def test_a_foreign_file_is_never_replaced(short_dir: Path) -> None:
         await supervisor.start()
     await supervisor.stop()
     assert path.read_text() == "not ours"
+
+
+class CancelOnAnswer(MarkerRegistrar):
+    """Answers at once, and has the supervisor's task cancelled just as the answer lands:
+    what a SIGTERM right after a successful Register does to the agent."""
+
+    def __init__(self, marker: Path, after: int) -> None:
+        super().__init__(marker)
+        self.task: asyncio.Task[Any] | None = None
+        self.after = after
+
+    async def register(self) -> str | None:
+        loop = asyncio.get_running_loop()
+
+        def cancel_later(left: int) -> None:
+            assert self.task is not None
+            if left:
+                loop.call_soon(cancel_later, left - 1)
+            else:
+                self.task.cancel()
+
+        cancel_later(self.after)
+        return await super().register()
+
+
+@pytest.mark.parametrize("after", range(6))
+async def test_a_stop_right_after_registration_is_not_swallowed(
+    short_dir: Path, after: int
+) -> None:
+    """The cancel lands ``after`` loop iterations after the kubelet's answer, so one of them
+    falls while registration tidies up its helper tasks: it must end the task, not be taken
+    for the helpers' own cancellation (the agent then ignored SIGTERM for good)."""
+    marker = short_dir / "kubelet"
+    marker.write_text("1")
+    registrar = CancelOnAnswer(marker, after)
+    supervisor = Supervisor("test", [echo_server(short_dir / "a.sock")], registrar)
+    for server in supervisor.servers:
+        server.start()
+    try:
+        registrar.task = asyncio.ensure_future(supervisor._register_once(False))
+        done, _ = await asyncio.wait({registrar.task}, timeout=5)
+        assert done, "the attempt did not end"
+        assert registrar.task.cancelled(), f"cancel swallowed: {registrar.task.result()}"
+    finally:
+        await supervisor._stop_servers(0)

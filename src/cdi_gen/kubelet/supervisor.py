@@ -17,7 +17,6 @@ again. A restart noticed while registration is in flight abandons that attempt a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -90,8 +89,8 @@ class Supervisor:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Not suppress(CancelledError): that would also swallow a cancel of our caller.
+            await asyncio.gather(task, return_exceptions=True)
         await self._stop_servers(grace)
         self._registered.clear()
 
@@ -169,10 +168,11 @@ class Supervisor:
             watch.cancel()
             if not register.done():
                 register.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            with contextlib.suppress(asyncio.CancelledError):
-                await register
+            # gather hands back the helpers' own CancelledErrors as results, while a cancel
+            # aimed at this task (the agent stopping) still raises. Suppressing CancelledError
+            # around each await swallowed that one when it landed here, and the agent then
+            # ignored SIGTERM for good.
+            await asyncio.gather(watch, register, return_exceptions=True)
         if register.cancelled():
             self._registered.clear()
             return "interrupted", kubelet_id
