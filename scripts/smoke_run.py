@@ -14,7 +14,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,15 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402  (needs the repository on sys.path)
+from tests.ports import free_port  # noqa: E402
 
 #: `make run` may first install the package; after that the agent is ready in about a second.
 READY_WITHIN = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _readyz(port: int) -> tuple[int, str]:
@@ -49,7 +43,7 @@ def _readyz(port: int) -> tuple[int, str]:
 
 
 async def _smoke(folder: Path) -> int:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "CDI_GEN_SPEC_DIR": str(folder / "cdi"),

@@ -27,6 +27,8 @@ import yaml
 from containerd.daemon import Containerd, DaemonError, remove_work
 from containerd.image import IMAGE_NAME, build_archive
 
+from tests.ports import free_port
+
 from .api import Api
 from .build import Binaries
 from .namespace import NodeNamespace
@@ -66,13 +68,6 @@ def _free_pod_subnet() -> ipaddress.IPv4Network:
         if not any(subnet.overlaps(n) for n in routed):
             return subnet
     raise ComponentError("no free /24 in 10.244.0.0/16 for the pod network")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def host_ip() -> str:

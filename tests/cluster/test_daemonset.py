@@ -21,7 +21,9 @@ import pytest
 from containerd.image import build_archive
 from loopdev import LoopDevices
 
-from .cluster import NODE_NAME, Cluster, free_port
+from tests.ports import free_port
+
+from .cluster import NODE_NAME, Cluster
 from .conftest import _TEST_LOGS, _wait_nothing_allocatable, wait_capacity
 from .daemonset import DEPLOY, NAMESPACE, SELECTOR, loop_fpga_config, write_overlay
 from .image import AgentImage

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import orjson
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,12 +23,6 @@ classes:
   - name: loop
     match: {subsystem: block, kernel: "loop[0-7]"}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _get(port: int, path: str) -> tuple[int, str]:
@@ -42,7 +36,7 @@ async def _get(port: int, path: str) -> tuple[int, str]:
 async def test_run_registers_reports_ready_and_stops_on_sigterm(short_dir: Path) -> None:
     config = short_dir / "config.yaml"
     config.write_text(CONFIG)
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "CDI_GEN_CONFIG": str(config),
@@ -130,7 +124,7 @@ async def test_run_pins_the_runtime_limit_and_serves_the_classes_that_fit(
         "CDI_GEN_SPEC_DIR": str(short_dir / "cdi"),
         "CDI_GEN_DEVICE_PLUGIN_DIR": str(short_dir / "dp"),
         "CDI_GEN_UDEV_SOURCE": "kernel",
-        "CDI_GEN_METRICS_ADDRESS": f"127.0.0.1:{_free_port()}",
+        "CDI_GEN_METRICS_ADDRESS": f"127.0.0.1:{free_port()}",
         "CDI_GEN_CDI_VERSION": "runtime",
         "CDI_GEN_RUNTIME": "podman@4.3.1",
     }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import stat
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,12 +27,6 @@ classes:
   - name: loop
     match: {subsystem: block, kernel: "loop[0-7]"}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _ready(port: int) -> bool:
@@ -54,7 +48,7 @@ def _mode(path: Path) -> int:
 async def test_modes_ignore_the_umask_and_sighup_stops_cleanly(short_dir: Path, mask: int) -> None:
     config = short_dir / "config.yaml"
     config.write_text(CONFIG)
-    port = _free_port()
+    port = free_port()
     spec_root = short_dir / "run"  # neither it nor cdi/ exists: the agent creates both
     spec_dir = spec_root / "cdi"
     plugin_dir = short_dir / "dp"
