@@ -26,8 +26,7 @@ from typing import Any
 import yaml
 from containerd.daemon import Containerd, DaemonError, remove_work
 from containerd.image import IMAGE_NAME, build_archive
-
-from tests.ports import free_port
+from ports import free_port
 
 from .api import Api
 from .build import Binaries

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 from containerd.image import build_archive
 from loopdev import LoopDevices
-
-from tests.ports import free_port
+from ports import free_port
 
 from .cluster import NODE_NAME, Cluster
 from .conftest import _TEST_LOGS, _wait_nothing_allocatable, wait_capacity
