@@ -17,14 +17,22 @@ from cdi_gen.cdi.spec import ContainerEdits
 
 __all__ = [
     "AdvertisedDevice",
+    "AllocatedDevice",
+    "AttributeValue",
+    "ClaimView",
     "ClassChange",
     "DeviceRecord",
     "DiscoveredDevice",
     "DiscoveryWarning",
     "NodeInfo",
     "ParentRecord",
+    "PoolDevice",
     "RecordWants",
 ]
+
+#: A DRA device attribute: ResourceSlices know ints, bools, strings and (semantic) versions;
+#: a version is a string here, told apart by the attribute's name (see ``PoolDevice``).
+AttributeValue = int | bool | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +62,18 @@ class DiscoveredDevice:
     rules: tuple[str, ...]
     edits: ContainerEdits
     records: tuple[DeviceRecord, ...] = field(compare=False, default=())
+    #: Its node disappeared and the class keeps it (``whenGone: unhealthy`` or ``taint``).
+    gone: bool = False
+    #: The class's templated DRA attributes, rendered (those that rendered).
+    attributes: Mapping[str, str] = field(default_factory=dict)
 
     def advertised(self) -> AdvertisedDevice:
         return AdvertisedDevice(
-            id=self.name, healthy=self.healthy, numa_node=self.numa_node, physical=self.physical
+            id=self.name,
+            healthy=self.healthy,
+            numa_node=self.numa_node,
+            physical=self.physical,
+            gone=self.gone,
         )
 
 
@@ -123,6 +139,55 @@ class AdvertisedDevice:
     healthy: bool = True
     numa_node: int | None = None
     physical: str = ""
+    #: Kept while its node is missing (``whenGone``); always unhealthy then.
+    gone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDevice:
+    """One device as a DRA driver publishes it in the node's ResourceSlices.
+
+    ``name`` is the device's name in the pool, a DNS label unique on the node (the CDI name
+    mapped, see :func:`cdi_gen.names.dns_label`); ``cdi_name`` the fully-qualified CDI name
+    NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
+    is implied); ``versions`` names those that are semantic versions. A slot of a shared
+    device has ``slots`` > 1 and shares ``physical`` with the device's other slots.
+    """
+
+    name: str
+    cdi_name: str
+    class_name: str
+    physical: str
+    healthy: bool = True
+    gone: bool = False
+    #: ``whenGone: taint``: while gone, published with a NoExecute taint (pods evicted).
+    taint_when_gone: bool = False
+    numa_node: int | None = None
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    versions: frozenset[str] = frozenset()
+    slots: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of a ResourceClaim's ``status.allocation.devices.results``."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimView:
+    """What NodePrepareResources needs of a ResourceClaim read from the API server."""
+
+    namespace: str
+    name: str
+    uid: str
+    #: Every allocation result (any driver's); None when the claim is not allocated.
+    results: tuple[AllocatedDevice, ...] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ refused outright: the CDI library in podman 4.3 and containerd 1.7.24 panics on 
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from cdi_gen.errors import InvalidNameError, quote
@@ -193,3 +194,30 @@ def validate_cdi_kind_as_resource(vendor: str, cls: str) -> str:
     kind = build_kind(vendor, cls)
     validate_resource_name(kind)
     return kind
+
+
+#: A DNS label (RFC 1123): what a ResourceSlice device name must be.
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
+MAX_DNS_LABEL_LEN = 63
+_NOT_LABEL_RE = re.compile(r"[^a-z0-9-]+")
+
+
+def is_dns_label(text: str) -> bool:
+    """Whether ``text`` is a DNS label: 1-63 of ``a-z 0-9 -``, alphanumeric at both ends."""
+    return len(text) <= MAX_DNS_LABEL_LEN and _DNS_LABEL_RE.fullmatch(text) is not None
+
+
+def dns_label(text: str) -> str:
+    """``text`` as a DNS label: itself when it is one, else a readable form plus a hash.
+
+    The readable form is lower-cased, with every run of other characters replaced by ``-``;
+    the 8-hex-digit suffix (a hash of the original) keeps two names that differ only in what
+    was replaced (``fpga_0`` and ``fpga.0``, ``A`` and ``a``) apart. The same ``text`` always
+    gives the same label, so a device keeps its name across restarts.
+    """
+    if is_dns_label(text):
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    readable = _NOT_LABEL_RE.sub("-", text.lower()).strip("-")
+    readable = readable[: MAX_DNS_LABEL_LEN - len(digest) - 1].rstrip("-")
+    return f"{readable}-{digest}" if readable else f"x{digest}"

@@ -19,6 +19,12 @@ RUNTIME_SPEC_DIRS: tuple[Path, ...] = (STATIC_SPEC_DIR, DYNAMIC_SPEC_DIR)
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 #: The kubelet's registration socket, inside :data:`DEVICE_PLUGIN_DIR`.
 KUBELET_SOCKET_NAME = "kubelet.sock"
+#: The kubelet's plugin watcher folder: a DRA driver's registration socket goes here.
+PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+#: The kubelet's plugin folder: a DRA driver serves ``<driver>/dra.sock`` under it.
+KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+#: cdi-gen's own state: the DRA driver's checkpoint of prepared claims.
+STATE_DIR = Path("/var/lib/cdi-gen")
 #: udevd's runtime folder: its control socket and the database with the ID_* properties.
 UDEV_RUN_DIR = Path("/run/udev")
 #: Container runtime configs the doctor reads.

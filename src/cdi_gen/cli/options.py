@@ -75,6 +75,9 @@ DEVICE_PLUGIN_DIR = setting(
 )
 CDI_VERSION = setting("cdi_version", "--cdi-version")
 RUNTIME = setting("runtime", "--runtime", multiple=True)
+API = setting("api", "--api", type=click.Choice(["config", "devicePlugin", "dra"]))
+KUBECONFIG = setting("kubeconfig", "--kubeconfig", type=click.Path(dir_okay=False))
+NODE_NAME = setting("node_name", "--node-name")
 
 #: The one-shot commands (discover, render, write) read the config named here, no variable.
 CONFIG_FILE = click.option(

@@ -27,6 +27,13 @@ from cdi_gen.cli import options
 )
 @options.CDI_VERSION
 @options.RUNTIME
+@options.API
+@options.setting("dra_driver", "--dra-driver")
+@options.setting("plugins_registry_dir", "--plugins-registry-dir", type=click.Path(file_okay=False))
+@options.setting("kubelet_plugins_dir", "--kubelet-plugins-dir", type=click.Path(file_okay=False))
+@options.setting("state_dir", "--state-dir", type=click.Path(file_okay=False))
+@options.KUBECONFIG
+@options.NODE_NAME
 def run(**flags: Any) -> None:
     """The node agent: follow udev, keep spec files current, serve a device plugin per class.
 

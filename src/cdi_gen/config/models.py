@@ -36,6 +36,7 @@ from cdi_gen.config.templates import (
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
 
 __all__ = [
+    "BUILTIN_DRA_ATTRIBUTES",
     "DEFAULT_VENDOR",
     "AgentConfig",
     "ClassConfig",
@@ -78,6 +79,25 @@ class _Strict(BaseModel):
     )
 
 
+#: A DRA attribute name without a domain (the driver's is implied): a C identifier.
+_DRA_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+#: The attributes every published device carries (cdi_gen.discovery.pool); a class's own
+#: ``attributes`` may not reuse them, so a device's ``class`` always is its class.
+BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
+    {
+        "class",
+        "cdiName",
+        "subsystem",
+        "driver",
+        "kernelName",
+        "numaNode",
+        "vendor",
+        "model",
+        "serial",
+        "physical",
+        "slot",
+    }
+)
 _SYSFS_NAME_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
 _PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -373,16 +393,44 @@ class ClassConfig(_Strict):
         description="when a present device is healthy beyond its node existing (sysfs "
         "attribute values); unhealthy devices stay advertised as Unhealthy",
     )
-    when_gone: Literal["withdraw", "unhealthy"] = Field(
+    when_gone: Literal["withdraw", "unhealthy", "taint"] = Field(
         default="withdraw",
         description="a device whose node disappears is withdrawn (default), or kept and "
-        "advertised unhealthy until it comes back",
+        "advertised unhealthy until it comes back; 'taint' also keeps it, and DRA publishes "
+        "it with a NoExecute taint so that the pods using it are evicted",
+    )
+    api: Literal["devicePlugin", "dra"] = Field(
+        default="devicePlugin",
+        description="how the kubelet learns of the devices: a device plugin (extended "
+        "resource <vendor>/<name>) or Dynamic Resource Allocation (ResourceSlices); the "
+        "agent's --api overrides it for every class",
+    )
+    attributes: dict[str, EditTemplate] = Field(
+        default_factory=dict,
+        description="extra DRA device attributes: name (a C identifier, at most 32 "
+        "characters) → template, e.g. {firmware: '{attribute[fw_version]}'}",
     )
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         names.validate_class(value)
+        return value
+
+    @field_validator("attributes")
+    @classmethod
+    def _attribute_names(cls, value: dict[str, Template]) -> dict[str, Template]:
+        for key in value:
+            if not _DRA_ATTRIBUTE_RE.fullmatch(key):
+                raise ValueError(
+                    f"attribute name {quote(key)} is not a C identifier of at most 32 "
+                    "characters (what a ResourceSlice accepts)"
+                )
+            if key in BUILTIN_DRA_ATTRIBUTES:
+                raise ValueError(
+                    f"attribute name {quote(key)} is one cdi-gen sets itself (built in: "
+                    f"{', '.join(sorted(BUILTIN_DRA_ATTRIBUTES))})"
+                )
         return value
 
     @field_validator("match")
@@ -459,6 +507,7 @@ class ClassConfig(_Strict):
             yield h.path
             yield from h.args or ()
             yield from h.env or ()
+        yield from self.attributes.values()
 
 
 class AgentConfig(_Strict):

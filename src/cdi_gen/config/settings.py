@@ -13,6 +13,7 @@ variable (an empty variable is a mistake in a manifest, never "use the default")
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +28,7 @@ from cdi_gen.cdi.version import normalize
 from cdi_gen.config.loader import load_config
 from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
 from cdi_gen.errors import ConfigError, quote
+from cdi_gen.names import is_dns_subdomain
 
 __all__ = [
     "ENV_PREFIX",
@@ -107,6 +109,36 @@ class Settings(BaseSettings):
         description="the node's container runtime(s) as NAME@VERSION (containerd, cri-o, "
         "podman), for the 'runtime' pin and the doctor; default: every runtime on PATH",
     )
+    api: Literal["config", "devicePlugin", "dra"] = Field(
+        default="config",
+        description="serve every class through a device plugin or DRA; 'config': each "
+        "class's own 'api' (a node never offers one resource both ways)",
+    )
+    dra_driver: str | None = Field(
+        default=None,
+        description="DRA driver name, a DNS subdomain (default: the config's vendor)",
+    )
+    plugins_registry_dir: Path = Field(
+        default=paths.PLUGINS_REGISTRY_DIR,
+        description="the kubelet's plugin watcher folder (DRA registration socket)",
+    )
+    kubelet_plugins_dir: Path = Field(
+        default=paths.KUBELET_PLUGINS_DIR,
+        description="the kubelet's plugin folder (DRA serves <driver>/dra.sock in it)",
+    )
+    state_dir: Path = Field(
+        default=paths.STATE_DIR, description="cdi-gen's state (DRA's prepared claims)"
+    )
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="kubeconfig for the API server (DRA); default: in-cluster, else "
+        "$KUBECONFIG or ~/.kube/config",
+    )
+    node_name: str | None = Field(
+        default=None,
+        description="this node's name in Kubernetes (DRA's pool and slices); default: the "
+        "host name",
+    )
     #: Longest wait between retries of a failed spec write or registration, in seconds.
     retry_max_seconds: float = Field(default=30.0, gt=0)
 
@@ -115,11 +147,33 @@ class Settings(BaseSettings):
     def _words(cls, value: Any) -> Any:
         return _split(value)
 
-    @field_validator("config", "spec_dir", "device_plugin_dir", "kubelet_socket", mode="before")
+    @field_validator(
+        "config",
+        "spec_dir",
+        "device_plugin_dir",
+        "kubelet_socket",
+        "plugins_registry_dir",
+        "kubelet_plugins_dir",
+        "state_dir",
+        "kubeconfig",
+        "dra_driver",
+        "node_name",
+        mode="before",
+    )
     @classmethod
     def _not_empty(cls, value: Any) -> Any:
         if value == "":
             raise ValueError(_EMPTY)
+        return value
+
+    @field_validator("dra_driver", "node_name", mode="after")
+    @classmethod
+    def _subdomain(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value):
+            raise ValueError(
+                f"{quote(value)} is not a DNS subdomain (lower-case letters, digits, '-' "
+                "and '.', at most 253 characters)"
+            )
         return value
 
     @field_validator("runtime_spec_dirs", mode="after")
@@ -150,7 +204,20 @@ class Settings(BaseSettings):
         """The class config file (or the embedded catalogue) with every class's cdiVersion
         pin concrete; ``runtime`` is resolved once, now (the runtime does not change under a
         running agent). Raises :class:`ConfigError` (exit 2)."""
-        return pin_versions(load_config(self.config), self.cdi_version, self.runtime)
+        config = pin_versions(load_config(self.config), self.cdi_version, self.runtime)
+        if self.api == "config":
+            return config
+        # The node's choice wins for every class, so one resource is never offered both ways.
+        classes = [c.model_copy(update={"api": self.api}) for c in config.classes]
+        return config.model_copy(update={"classes": classes})
+
+    def driver_name(self, config: AgentConfig) -> str:
+        """The DRA driver name: ``--dra-driver``, else the config's vendor."""
+        return self.dra_driver or config.vendor
+
+    def node(self) -> str:
+        """This node's name: ``--node-name``, else the host name (what the kubelet uses)."""
+        return self.node_name or socket.gethostname().lower()
 
     def spec_dirs_for_runtime(self) -> tuple[Path, ...]:
         """The folders Allocate checks names against, lowest priority first."""

@@ -13,6 +13,7 @@ silently moves to other hardware.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -241,6 +242,12 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         )
     extra = render_edits(cls, ctx)
     edits = extra.model_copy(update={"device_nodes": own + list(extra.device_nodes or ())})
+    # DRA attributes are descriptive: one that cannot be rendered is left out (the pool
+    # says which), it does not cost the device its place in the spec.
+    attributes: dict[str, str] = {}
+    for key, template in cls.attributes.items():
+        with contextlib.suppress(TemplateError):
+            attributes[key] = render_template(template, ctx)
     return DiscoveredDevice(
         name=ctx.name or "",
         class_name=cls.name,
@@ -251,11 +258,13 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         rules=tuple(cls.match[i].describe() for _, i in cand.members),
         edits=edits,
         records=tuple(r for r, _ in cand.members),
+        attributes=attributes,
     )
 
 
-def as_unhealthy(device: DiscoveredDevice) -> DiscoveredDevice:
-    if not device.healthy:
+def as_gone(device: DiscoveredDevice) -> DiscoveredDevice:
+    """``device`` kept after its node disappeared (``whenGone``): unhealthy and gone."""
+    if device.gone:
         return device
     return DiscoveredDevice(
         name=device.name,
@@ -267,4 +276,6 @@ def as_unhealthy(device: DiscoveredDevice) -> DiscoveredDevice:
         rules=device.rules,
         edits=device.edits,
         records=device.records,
+        gone=True,
+        attributes=device.attributes,
     )

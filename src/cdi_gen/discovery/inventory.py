@@ -18,7 +18,7 @@ from cdi_gen.config.models import (
     AgentConfig,
     ClassConfig,
 )
-from cdi_gen.discovery.devices import MemberKey, as_unhealthy, build_devices
+from cdi_gen.discovery.devices import MemberKey, as_gone, build_devices
 from cdi_gen.discovery.match import could_match, match_record
 from cdi_gen.discovery.spec import class_document, spec_devices
 from cdi_gen.errors import SpecError
@@ -202,10 +202,10 @@ class Discovery:
                 self.config.vendor, cls, state.matched.values(), incumbents, state.cache
             )
             new = {d.name: d for d in devices}
-            if cls.when_gone == "unhealthy":
+            if cls.when_gone != "withdraw":
                 for old in before:
                     if old.name not in new:
-                        state.gone[old.name] = as_unhealthy(old)
+                        state.gone[old.name] = as_gone(old)
                 for n in new:
                     state.gone.pop(n, None)
             state.devices = new

@@ -10,36 +10,24 @@ condition variable: the device list itself is an immutable snapshot, safe to rea
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from cdi_gen.discovery.versioned import Versioned
 from cdi_gen.model import AdvertisedDevice
 
 
-class DeviceBoard:
+class DeviceBoard(Versioned):
     """Latest device list of a class with a version number that grows on every change."""
 
     def __init__(self, devices: Iterable[AdvertisedDevice] = ()) -> None:
+        super().__init__()
         self._devices: Mapping[str, AdvertisedDevice] = MappingProxyType({d.id: d for d in devices})
-        self._version = 0
-        self._changed = asyncio.Event()
-        self._condition = threading.Condition()
-        self._closed = False
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     @property
     def devices(self) -> Mapping[str, AdvertisedDevice]:
         """The current devices by ID, in publication order (read-only)."""
         return self._devices
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def get(self, device_id: str) -> AdvertisedDevice | None:
         return self._devices.get(device_id)
@@ -52,39 +40,3 @@ class DeviceBoard:
         self._devices = MappingProxyType(new)
         self._bump()
         return True
-
-    def close(self) -> None:
-        """Wake every waiter for good; streams end when they see ``closed``."""
-        self._closed = True
-        self._bump()
-
-    def _bump(self) -> None:
-        with self._condition:
-            self._version += 1
-            self._condition.notify_all()
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def interrupt(self) -> None:
-        """Wake every blocking waiter without a change, so that it re-checks its own
-        reasons to stop (a server shutting down, a client gone)."""
-        with self._condition:
-            self._condition.notify_all()
-
-    def wait_newer_blocking(
-        self, version: int, timeout: float, stop: Callable[[], bool] = lambda: False
-    ) -> int:
-        """Block until the version is above ``version``, the board closes, ``stop()`` holds
-        after an :meth:`interrupt`, or ``timeout`` seconds pass; return the version. For
-        threads other than the loop's."""
-        with self._condition:
-            self._condition.wait_for(
-                lambda: self._version > version or self._closed or stop(), timeout
-            )
-            return self._version
-
-    async def wait_newer(self, version: int) -> int:
-        """Return once the version is above ``version`` (at once if it already is)."""
-        while self._version <= version and not self._closed:
-            await self._changed.wait()
-        return self._version

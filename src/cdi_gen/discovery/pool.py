@@ -1,0 +1,141 @@
+"""The node's DRA pool: every device of the classes served through DRA, as published.
+
+The agent publishes a class's devices here at the same two points where it publishes a
+device plugin's list (withdrawals before the spec is rewritten, additions after it is on
+disk), so whatever reads the pool (the ResourceSlice publisher, NodePrepareResources, the
+health stream) sees a device only while its CDI entry resolves.
+
+:func:`pool_devices` maps a class's advertised devices to :class:`~cdi_gen.model.PoolDevice`:
+a DNS-label name unique on the node, the fully-qualified CDI name, and the attributes a
+DeviceClass or a claim can select on, taken from udev (the first record of the device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from cdi_gen.config.models import ClassConfig
+from cdi_gen.discovery.versioned import Versioned
+from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
+from cdi_gen.names import dns_label, qualified_name
+
+__all__ = ["MAX_STRING_ATTRIBUTE", "DevicePool", "device_name", "pool_devices"]
+
+#: Longest string (or version) attribute value a ResourceSlice accepts, in characters.
+MAX_STRING_ATTRIBUTE = 64
+
+#: udev properties for the descriptive attributes, best first: the hardware database's
+#: names are the readable ones; the ID_* of the device itself are what USB/SCSI report.
+_PROPERTY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "vendor": ("ID_VENDOR_FROM_DATABASE", "ID_VENDOR"),
+    "model": ("ID_MODEL_FROM_DATABASE", "ID_MODEL"),
+    "serial": ("ID_SERIAL_SHORT", "ID_SERIAL"),
+}
+
+
+def device_name(class_name: str, device_id: str) -> str:
+    """A device's name in the pool: ``<class>-<CDI device name>`` as a DNS label.
+
+    The class is part of it because two classes may name devices alike (``loop0``) and a
+    pool holds every class of the node.
+    """
+    return dns_label(f"{class_name}-{device_id}")
+
+
+def _fits(value: str) -> bool:
+    return 0 < len(value) <= MAX_STRING_ATTRIBUTE
+
+
+def _udev_attributes(device: DiscoveredDevice) -> dict[str, AttributeValue]:
+    out: dict[str, AttributeValue] = {}
+    if not device.records:
+        return out
+    record = device.records[0]
+    driver = next(record.drivers, None)
+    for key, value in (
+        ("subsystem", record.subsystem),
+        ("kernelName", record.sys_name),
+        ("driver", driver),
+    ):
+        if value and _fits(value):
+            out[key] = value
+    for key, props in _PROPERTY_ATTRIBUTES.items():
+        value = next((v for p in props if (v := record.properties.get(p, "").strip())), "")
+        if _fits(value):
+            out[key] = value
+    return out
+
+
+def pool_devices(
+    vendor: str,
+    config: ClassConfig,
+    advertised: Iterable[AdvertisedDevice],
+    discovered: Mapping[str, DiscoveredDevice],
+) -> list[PoolDevice]:
+    """The pool entries of one class: each advertised device (by ID, with its health) and
+    what discovery knows of it (``discovered`` by device name; slots share the physical
+    device's records). Attributes that do not fit a ResourceSlice are left out."""
+    out: list[PoolDevice] = []
+    slots = config.sharing.replicas
+    seen: dict[str, int] = {}
+    for adv in advertised:
+        found = discovered.get(adv.id)
+        attributes: dict[str, AttributeValue] = {"class": config.name}
+        cdi = qualified_name(vendor, config.name, adv.id)
+        if _fits(cdi):
+            attributes["cdiName"] = cdi
+        if found is not None:
+            attributes.update(_udev_attributes(found))
+            attributes.update((k, v) for k, v in found.attributes.items() if _fits(v))
+        if adv.numa_node is not None:
+            attributes["numaNode"] = adv.numa_node
+        if slots > 1:
+            index = seen.get(adv.physical, 0)
+            seen[adv.physical] = index + 1
+            attributes["slot"] = index
+        out.append(
+            PoolDevice(
+                name=device_name(config.name, adv.id),
+                cdi_name=cdi,
+                class_name=config.name,
+                physical=adv.physical,
+                healthy=adv.healthy,
+                gone=adv.gone,
+                taint_when_gone=config.when_gone == "taint",
+                numa_node=adv.numa_node,
+                attributes=attributes,
+                slots=slots,
+            )
+        )
+    return out
+
+
+class DevicePool(Versioned):
+    """The devices of every DRA class on the node, by pool name; versioned like a board."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_class: dict[str, tuple[PoolDevice, ...]] = {}
+        self._devices: Mapping[str, PoolDevice] = MappingProxyType({})
+
+    @property
+    def devices(self) -> Mapping[str, PoolDevice]:
+        """Every device by pool name, classes in publication order (an immutable snapshot,
+        safe to read on any thread)."""
+        return self._devices
+
+    def get(self, name: str) -> PoolDevice | None:
+        return self._devices.get(name)
+
+    def publish(self, class_name: str, devices: Iterable[PoolDevice]) -> bool:
+        """Replace one class's devices; wake every waiter if that changed anything."""
+        new = tuple(devices)
+        if self._by_class.get(class_name) == new:
+            return False
+        self._by_class[class_name] = new
+        self._devices = MappingProxyType(
+            {d.name: d for group in self._by_class.values() for d in group}
+        )
+        self._bump()
+        return True
