@@ -117,3 +117,9 @@ class RegistrationError(CdiGenError):
     """The kubelet refused the registration or could not be reached."""
 
     exit_code = 3
+
+
+class ClaimError(CdiGenError):
+    """A ResourceClaim cannot be prepared: not found, another UID, not allocated, or the
+    API server did not answer. The message names the claim and why; NodePrepareResources
+    sends it as that claim's error."""
