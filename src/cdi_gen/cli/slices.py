@@ -52,8 +52,10 @@ def slices(
         if dra_only and cls_config.api != "dra":
             continue
         replicas = cls_config.sharing.replicas
-        discovered, _ = expand_devices(discovery.devices(cls), replicas)
-        advertised = expand_advertised(discovery.advertised(cls), replicas)
+        discovered, advertised = discovery.devices(cls), discovery.advertised(cls)
+        if replicas > 1:  # as the agent does (expand_change): slots only when shared
+            discovered, _ = expand_devices(discovered, replicas)
+            advertised = expand_advertised(advertised, replicas)
         devices += pool_devices(
             config.vendor, cls_config, advertised, {d.name: d for d in discovered}
         )
@@ -63,8 +65,7 @@ def slices(
 
 
 def _check_name(flag: str, value: str) -> None:
-    from cdi_gen.errors import ConfigError
-    from cdi_gen.errors import quote
+    from cdi_gen.errors import ConfigError, quote
     from cdi_gen.names import is_dns_subdomain
 
     if not is_dns_subdomain(value):
