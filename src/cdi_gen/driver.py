@@ -27,6 +27,7 @@ from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
 
 if TYPE_CHECKING:
+    from cdi_gen.apiserver.client import ApiClient
     from cdi_gen.apiserver.publisher import SlicePublisher
     from cdi_gen.kubelet.draplugin import DraPlugin
 
@@ -55,6 +56,7 @@ class DraDriver:
         self.pool = DevicePool()
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
+        self.client: ApiClient | None = None
         #: Why the driver is not serving, or None.
         self.error: str | None = None
 
@@ -90,16 +92,17 @@ class DraDriver:
         Raises :class:`~cdi_gen.errors.CdiGenError` when the API server's config cannot be
         read or a socket cannot be served; the agent retries.
         """
+        from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.apiserver.client import ApiClient
-        from cdi_gen.apiserver.publisher import LoopClaimReader, SlicePublisher
+        from cdi_gen.apiserver.publisher import SlicePublisher
         from cdi_gen.kubelet.draplugin import DraPlugin
 
         settings = self.settings
         if self.publisher is None:
-            client = ApiClient.from_config(settings.kubeconfig)
+            client = self.client = ApiClient(settings.kubeconfig)
             self.publisher = SlicePublisher(client, self.name, self.node, self.pool)
             spawn(self.publisher.run(), f"slices {self.name}")
-            reader = LoopClaimReader(client, asyncio.get_running_loop())
+            reader = ClaimReader(client, asyncio.get_running_loop())
             registered = {
                 ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
                 for ok in (True, False)
@@ -133,15 +136,16 @@ class DraDriver:
             return f"DRA driver {self.name} (not serving: {self.error})"
         if self.plugin is None or self.plugin.registrations == 0:
             return f"DRA driver {self.name} (not registered with the kubelet)"
-        if self.publisher is None or not self.publisher.is_published(self.pool.version):
+        if self.publisher is None or self.publisher.published_version < self.pool.version:
             return f"DRA driver {self.name} (ResourceSlices not published)"
         return None
 
     async def stop(self) -> None:
         """Stop serving; the slices stay (running pods keep their devices, and a new agent
         adopts them), the kubelet removes them when no driver comes back."""
+        # Closing the pool ends the publisher's run (a task of the agent's group).
         self.pool.close()
         if self.plugin is not None:
             await self.plugin.stop(grace=1.0)
-        if self.publisher is not None:
-            await self.publisher.close()
+        if self.client is not None:
+            await self.client.close()
