@@ -95,6 +95,7 @@ class DraDriver:
         from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.apiserver.client import ApiClient
         from cdi_gen.apiserver.publisher import SlicePublisher
+        from cdi_gen.kubelet.claims import Refusal
         from cdi_gen.kubelet.draplugin import DraPlugin
 
         settings = self.settings
@@ -120,6 +121,12 @@ class DraDriver:
                 plugins_dir=settings.kubelet_plugins_dir,
                 state_dir=settings.state_dir,
                 on_register=on_register,
+                # Counted with the device plugins' allocations, under the driver's name: a
+                # prepared claim is DRA's allocation on the node.
+                on_prepare=self.metrics.allocate_hook(
+                    self.name,
+                    [*Refusal, "claim-read", "checkpoint", "internal"],
+                ),
             )
         assert self.plugin is not None
         make_folder(settings.plugins_registry_dir)
