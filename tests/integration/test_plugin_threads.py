@@ -51,7 +51,8 @@ async def test_list_and_watch_streams_are_capped(rig: Rig) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await extra.read()
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"already has {MAX_STREAMS} ListAndWatch streams open" in (caught.value.details() or "")
+    details = caught.value.details() or ""
+    assert f"resource {rig.plugin.resource_name}: already {MAX_STREAMS} streams open" in details
     # Allocate still finds a thread, and a stream that ends frees its place.
     assert (await rig.allocate("loop200")).container_responses
     streams[0].cancel()

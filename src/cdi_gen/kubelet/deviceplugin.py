@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Protocol, cast
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -44,6 +44,7 @@ from cdi_gen.kubelet.allocation import (
     preferred_allocation,
 )
 from cdi_gen.kubelet.board import DeviceBoard
+from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
 from cdi_gen.model import AdvertisedDevice
@@ -82,8 +83,6 @@ def _spec_scans() -> concurrent.futures.ThreadPoolExecutor:
 #: ListAndWatch streams open at once. The kubelet keeps one; each holds a server thread, so
 #: the cap keeps threads free for Allocate whatever a local client opens.
 MAX_STREAMS = 4
-#: How often an idle stream checks that its client is still there.
-_STREAM_CHECK_SECONDS = 1.0
 
 _STATUS = {
     Refusal.UNKNOWN: grpc.StatusCode.INVALID_ARGUMENT,
@@ -93,15 +92,6 @@ _STATUS = {
     Refusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
     Refusal.TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
 }
-#: Longest status message sent (and logged): gRPC refuses metadata over 16 KiB, which
-#: the caller would see as RESOURCE_EXHAUSTED instead of our answer.
-MAX_STATUS_CHARS = 1024
-
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_STATUS_CHARS:
-        return text
-    return f"{text[:MAX_STATUS_CHARS]}... ({len(text) - MAX_STATUS_CHARS} more characters)"
 
 
 class SpecResolver(Protocol):
@@ -369,13 +359,12 @@ class _KubeletRegistration:
 class _Service:
     """The DevicePlugin service: handlers for the server's threads, and the encoded list.
 
-    ``generation`` grows each time a server generation stops, which ends its streams.
+    ListAndWatch streams are capped and ended by :attr:`streams`.
     """
 
     def __init__(self, plugin: DevicePlugin) -> None:
         self.plugin = plugin
-        self.generation = 0
-        self._streams = 0
+        self.streams = StreamGate(MAX_STREAMS)
         self._lock = threading.Lock()
         #: Board version and the ListAndWatchResponse bytes encoded for it.
         self._list: tuple[int, bytes] = (-1, b"")
@@ -413,8 +402,7 @@ class _Service:
         return {_SERVICE: methods}
 
     def end_streams(self) -> None:
-        with self._lock:
-            self.generation += 1
+        self.streams.end_all()
         self.plugin.board.interrupt()
 
     def list_bytes(self) -> bytes:
@@ -445,10 +433,6 @@ class _Service:
             self._list = (version, body)
             return body
 
-    def _abort(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str) -> NoReturn:
-        context.abort(code, _clip(text))
-        raise AssertionError("unreachable: abort raises")
-
     def get_options(
         self, request: api_pb2.Empty, context: grpc.ServicerContext
     ) -> api_pb2.DevicePluginOptions:
@@ -457,46 +441,13 @@ class _Service:
     def list_and_watch(
         self, request: api_pb2.Empty, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        plugin, board = self.plugin, self.plugin.board
-        with self._lock:
-            if self._streams >= MAX_STREAMS:
-                busy = True
-            else:
-                busy = False
-                self._streams += 1
-            generation = self.generation
-        if busy:
-            self._abort(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"resource {plugin.resource_name} already has {MAX_STREAMS} ListAndWatch "
-                "streams open",
-            )
-        context.add_callback(board.interrupt)  # a client leaving wakes its stream at once
-
-        def stopping() -> bool:
-            return self.generation != generation or not context.is_active()
-
-        try:
-            while not stopping():
-                seen = board.version
-                try:
-                    body = self.list_bytes()
-                except Exception as exc:
-                    log.exception("building the device list of %s failed", plugin.resource_name)
-                    self._abort(
-                        context,
-                        grpc.StatusCode.INTERNAL,
-                        f"device list of resource {plugin.resource_name} failed: {exc}",
-                    )
-                yield body
-                while board.version <= seen and not board.closed and not stopping():
-                    board.wait_newer_blocking(seen, _STREAM_CHECK_SECONDS, stopping)
-                if board.closed:
-                    return
-        finally:
-            with self._lock:
-                self._streams -= 1
+        yield from follow(
+            self.streams,
+            self.plugin.board,
+            context,
+            self.list_bytes,
+            what=f"device list of resource {self.plugin.resource_name}",
+        )
 
     def get_preferred_allocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -505,11 +456,11 @@ class _Service:
         try:
             return plugin.preferred(request)
         except AllocationError as refused:
-            log.info("preferred allocation refused: %s", _clip(refused.message))
-            self._abort(context, _STATUS[refused.reason], refused.message)
+            log.info("preferred allocation refused: %s", clip(refused.message))
+            abort(context, _STATUS[refused.reason], refused.message)
         except Exception as exc:
             log.exception("preferred allocation for %s failed", plugin.resource_name)
-            self._abort(
+            abort(
                 context,
                 grpc.StatusCode.INTERNAL,
                 f"preferred allocation for resource {plugin.resource_name} failed: {exc}",
@@ -523,12 +474,12 @@ class _Service:
             response = plugin.allocate(request)
         except AllocationError as refused:
             plugin.call_allocate_hook("error", str(refused.reason))
-            log.info("allocate refused: %s", _clip(refused.message))
-            self._abort(context, _STATUS[refused.reason], refused.message)
+            log.info("allocate refused: %s", clip(refused.message))
+            abort(context, _STATUS[refused.reason], refused.message)
         except Exception as exc:
             plugin.call_allocate_hook("error", "internal")
             log.exception("allocate for %s failed", plugin.resource_name)
-            self._abort(
+            abort(
                 context,
                 grpc.StatusCode.INTERNAL,
                 f"allocate for resource {plugin.resource_name} failed: {exc}",

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
@@ -47,6 +47,7 @@ from cdi_gen.kubelet.claims import (
     prepare_claim,
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
+from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, Supervisor
 from cdi_gen.kubelet.transport import UnixServer, check_socket_path
 from cdi_gen.model import PoolDevice
@@ -75,10 +76,6 @@ MAX_HEALTH_STREAMS = 4
 HEALTH_RESEND_SECONDS = 10.0
 #: Sent as each device's health_check_timeout_seconds: three resends may be missed.
 HEALTH_TIMEOUT_SECONDS = 30
-#: How often an idle stream checks that its client is still there.
-_STREAM_CHECK_SECONDS = 1.0
-#: Longest error text sent per claim (and logged).
-MAX_ERROR_CHARS = 1024
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
 
@@ -86,12 +83,6 @@ _UNHEALTHY_MESSAGE = "the device failed its health check"
 #: a :class:`~cdi_gen.kubelet.claims.Refusal` value, ``"claim-read"`` (the claim could not be
 #: read), ``"checkpoint"`` or ``"internal"``. Called on server threads.
 PrepareHook = Callable[[str, str], None]
-
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    return f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
 
 
 def _describe(devices: tuple[PreparedDevice, ...]) -> str:
@@ -260,13 +251,12 @@ class DraPlugin:
 class _Service:
     """The DRA and health services: handlers for the server's threads.
 
-    ``generation`` grows each time a server generation stops, which ends its streams.
+    Health streams are capped and ended by :attr:`streams`.
     """
 
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
-        self.generation = 0
-        self._streams = 0
+        self.streams = StreamGate(MAX_HEALTH_STREAMS)
         self._lock = threading.Lock()
         #: Device name -> (health, message, when that pair was first seen), for
         #: last_updated_time: the time the driver determined the status, not the send time.
@@ -297,8 +287,7 @@ class _Service:
         return services
 
     def end_streams(self) -> None:
-        with self._lock:
-            self.generation += 1
+        self.streams.end_all()
         self.plugin.pool.interrupt()
 
     # -- prepare / unprepare ----------------------------------------------------------------
@@ -313,7 +302,7 @@ class _Service:
                 error = self._prepare_one(claim, answer, share_ids)
                 if error:
                     del answer.devices[:]
-                    answer.error = _clip(error)
+                    answer.error = clip(error)
             return response
 
         return handler
@@ -326,11 +315,11 @@ class _Service:
             devices = plugin.prepare(claim.namespace, claim.name, claim.uid)
         except ClaimRefused as refused:
             plugin.call_prepare_hook("error", str(refused.reason))
-            log.info("prepare refused: %s", _clip(str(refused)))
+            log.info("prepare refused: %s", clip(str(refused)))
             return str(refused)
         except ClaimError as exc:
             plugin.call_prepare_hook("error", "claim-read")
-            log.info("prepare of %s failed: %s", label, _clip(str(exc)))
+            log.info("prepare of %s failed: %s", label, clip(str(exc)))
             return str(exc)
         except CheckpointError as exc:
             plugin.call_prepare_hook("error", "checkpoint")
@@ -365,7 +354,7 @@ class _Service:
                         log.exception("unprepare of %s failed", label)
                     else:
                         log.error("unprepare of %s failed: %s", label, exc)
-                    answer.error = _clip(f"{label}: {exc}")
+                    answer.error = clip(f"{label}: {exc}")
             return response
 
         return handler
@@ -405,51 +394,16 @@ class _Service:
                 self._since = {k: v for k, v in self._since.items() if k in devices}
         return response
 
-    def _abort(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str) -> NoReturn:
-        context.abort(code, _clip(text))
-        raise AssertionError("unreachable: abort raises")
-
     def watch_resources(
         self, request: health_pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
     ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
-        plugin, pool = self.plugin, self.plugin.pool
-        with self._lock:
-            busy = self._streams >= MAX_HEALTH_STREAMS
-            if not busy:
-                self._streams += 1
-            generation = self.generation
-        if busy:
-            self._abort(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"DRA driver {plugin.driver} already has {MAX_HEALTH_STREAMS} health streams open",
-            )
-        context.add_callback(pool.interrupt)  # a client leaving wakes its stream at once
-
-        def stopping() -> bool:
-            return self.generation != generation or not context.is_active()
-
-        try:
-            while not stopping():
-                seen = pool.version
-                try:
-                    response = self.health_response()
-                except Exception as exc:
-                    log.exception("building the device health of %s failed", plugin.driver)
-                    self._abort(
-                        context,
-                        grpc.StatusCode.INTERNAL,
-                        f"device health of DRA driver {plugin.driver} failed: {exc}",
-                    )
-                yield response
-                resend = time.monotonic() + HEALTH_RESEND_SECONDS
-                while pool.version <= seen and not pool.closed and not stopping():
-                    left = resend - time.monotonic()
-                    if left <= 0:
-                        break
-                    pool.wait_newer_blocking(seen, min(left, _STREAM_CHECK_SECONDS), stopping)
-                if pool.closed:
-                    return
-        finally:
-            with self._lock:
-                self._streams -= 1
+        # Resent without a change too: the kubelet forgets a device's health it has not
+        # heard about within the timeout.
+        yield from follow(
+            self.streams,
+            self.plugin.pool,
+            context,
+            self.health_response,
+            what=f"device health of DRA driver {self.plugin.driver}",
+            resend_seconds=HEALTH_RESEND_SECONDS,
+        )
