@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import json
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -573,6 +574,33 @@ class Cluster:
             int(status.get("capacity", {}).get(resource, "0")),
             int(status.get("allocatable", {}).get(resource, "0")),
         )
+
+    def metrics(self, component: str) -> str:
+        """A component's /metrics as the cluster admin: the apiserver's and the kubelet's
+        through the API (the kubelet's by the node proxy), the scheduler's and the
+        controller-manager's from their own ports (which ask the apiserver who may read)."""
+        assert self.api is not None
+        if component == "kube-apiserver":
+            return self.api.text("/metrics")
+        if component == "kubelet":
+            return self.api.text(f"/api/v1/nodes/{NODE_NAME}/proxy/metrics")
+        port = {"kube-scheduler": "scheduler", "kube-controller-manager": "controller-manager"}
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # self-signed serving certificates, as in _https_ok
+        context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        url = f"https://127.0.0.1:{self.ports[port[component]]}/metrics"
+        with urllib.request.urlopen(url, context=context, timeout=10) as r:
+            return str(r.read().decode())
+
+    def feature_gates(self, component: str) -> dict[str, bool]:
+        """The gates a running component reports (``kubernetes_feature_enabled``)."""
+        found = re.findall(
+            r'^kubernetes_feature_enabled\{name="(\w+)",stage="\w*"\} (\d)$',
+            self.metrics(component),
+            re.MULTILINE,
+        )
+        return {name: value == "1" for name, value in found}
 
     def restart_kubelet(self) -> float:
         """SIGTERM the kubelet and start it again; seconds until its healthz answers."""
