@@ -170,16 +170,25 @@ def claims(cluster: Cluster, pods: Pods) -> Iterator[Claims]:
 DraAgentFactory = Callable[..., NodeAgent]
 
 
-def _kubelet_connections(cluster: Cluster, driver: str) -> int:
-    """How often the kubelet logged a connection to ``driver``'s DRA socket (at -v=2 it logs
-    every gRPC connection change of a registered plugin, dra_plugin_manager.go)."""
-    log = cluster.components["kubelet"].log_tail(1_000_000)
-    return sum(
-        1
-        for line in log.splitlines()
-        if '"Connection changed"' in line
+def _kubelet_log_size(cluster: Cluster) -> int:
+    try:
+        return cluster.components["kubelet"].log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _kubelet_connected(cluster: Cluster, driver: str, since: int) -> bool:
+    """Whether the kubelet logged, after byte ``since`` of its log, a connection to
+    ``driver``'s DRA socket (at -v=2 it logs every gRPC connection change of a registered
+    DRA plugin: dra_plugin_manager.go, "Connection changed")."""
+    with open(cluster.components["kubelet"].log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return any(
+        '"Connection changed"' in line
         and f'driverName="{driver}"' in line
         and "connected=true" in line
+        for line in text.splitlines()
     )
 
 
@@ -201,7 +210,7 @@ def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraA
         path = tmp_path / f"dra-agent{n}.yaml"
         path.write_text(config)
         state = state_dir or tmp_path / "state"
-        before = _kubelet_connections(cluster, driver)
+        since = _kubelet_log_size(cluster)
         agent = NodeAgent(
             cluster, path, tmp_path / f"dra-agent{n}.log", dra_args(cluster, state, driver)
         )
@@ -209,7 +218,7 @@ def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraA
         started.append(agent)
         _TEST_LOGS.append((f"cdi-gen run --api dra #{n}", agent.log))
         deadline = time.monotonic() + 30
-        while wait and _kubelet_connections(cluster, driver) <= before:
+        while wait and not _kubelet_connected(cluster, driver, since):
             if not agent.running() or time.monotonic() > deadline:
                 pytest.fail(
                     f"cdi-gen run --api dra #{n} (exit {agent.process and agent.process.poll()}) "
