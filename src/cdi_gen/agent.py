@@ -1,4 +1,5 @@
-"""``cdi-gen run``: the node agent. udev discovery → CDI spec files → kubelet device plugins.
+"""``cdi-gen run``: the node agent. udev discovery → CDI spec files → kubelet device plugins
+and, for classes with ``api: dra``, the node's DRA driver (:mod:`cdi_gen.driver`).
 
 One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
 (a consumer that fails stops the others, and the agent raises its error after a clean
@@ -7,9 +8,10 @@ tests) delivers batches, :class:`Discovery` turns them into per-class changes, a
 :class:`_ClassRunner` applies a change in the order that keeps the runtime and the kubelet
 consistent:
 
-1. withdraw from ListAndWatch every device that is gone or became unhealthy,
+1. withdraw from ListAndWatch (or the ResourceSlices) every device that is gone or became
+   unhealthy,
 2. write the class's spec file (or remove it when no device is left),
-3. advertise the new list.
+3. advertise the new list (publish it in the DRA pool).
 
 So a device's CDI entry is on disk before its ID is advertised, and its ID is withdrawn
 before its entry leaves the spec. A spec write that fails (read-only folder, full disk)
@@ -53,6 +55,7 @@ from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.driver import DraDriver
 from cdi_gen.errors import (
     CdiGenError,
     ConfigError,
@@ -137,9 +140,14 @@ class _ClassRunner:
                 "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
             )
         # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
-        self.board.publish(change.before_write(self.board.devices.values()))
+        before = change.before_write(self.board.devices.values())
+        self.board.publish(before)
         self.devices = change.devices
         self.target = change.after_write
+        driver = self.dra
+        if driver is not None and driver.publish(self.config, before, self._by_name()):
+            # Out of the ResourceSlice before out of the spec, as out of ListAndWatch.
+            await driver.withdrawn()
         await self.sync(received)
 
     async def sync(self, received: float | None = None) -> None:
@@ -169,13 +177,23 @@ class _ClassRunner:
         self.spec_ok = True
         if changed:
             self.agent.metrics.spec_writes.labels(self.resource, "written").inc()
-        if self.rejected:
-            self.board.publish([d for d in self.target if d.id not in self.rejected])
-        else:
-            self.board.publish(self.target)
+        published = (
+            [d for d in self.target if d.id not in self.rejected] if self.rejected else self.target
+        )
+        self.board.publish(published)
+        if self.dra is not None:
+            self.dra.publish(self.config, published, self._by_name())
         if received is not None:
             self.agent.metrics.hotplug_latency.observe(time.monotonic() - received)
         self._export_gauges()
+
+    @property
+    def dra(self) -> DraDriver | None:
+        """The node's DRA driver when this class is served through DRA."""
+        return self.agent.dra if self.config.api == "dra" else None
+
+    def _by_name(self) -> dict[str, DiscoveredDevice]:
+        return {d.name: d for d in self.devices}
 
     def _retry(self) -> None:
         self.retry = None
@@ -293,6 +311,12 @@ class Agent:
         self.discovery = Discovery(config)
         self.runners = {c.name: _ClassRunner(self, c) for c in config.classes}
         self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
+        #: The DRA driver of the classes with ``api: dra`` (none in host mode).
+        self.dra = (
+            DraDriver(config, settings, self.metrics)
+            if settings.kubelet and any(c.api == "dra" for c in config.classes)
+            else None
+        )
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source
@@ -317,6 +341,8 @@ class Agent:
                 waiting.append(f"{r.resource} (spec not written)")
             elif r.plugin is not None and r.plugin.registrations == 0:
                 waiting.append(f"{r.resource} (not registered with the kubelet)")
+        if self.dra is not None and (why := self.dra.waiting()) is not None:
+            waiting.append(why)
         if waiting:
             return False, "waiting for " + ", ".join(waiting)
         return True, "ready"
@@ -430,7 +456,11 @@ class Agent:
         from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
         settings = self.settings
+        if self.dra is not None and not await self._start_dra(1):
+            self.spawn(self._keep_starting_dra(), "start DRA driver")
         for runner in self.runners.values():
+            if runner.config.api == "dra":
+                continue
             resource = runner.resource
             on_allocate = self.metrics.allocate_hook(resource, [*Refusal, "internal"])
             registered = {
@@ -494,6 +524,33 @@ class Agent:
             if await self._start_plugin(runner, attempt):
                 return
 
+    async def _start_dra(self, attempt: int) -> bool:
+        """One attempt to start the DRA driver; False (logged, counted) if it failed."""
+        dra = self.dra
+        assert dra is not None
+        try:
+            await dra.start(self.spawn)
+        except Exception as exc:
+            dra.error = str(exc)
+            self.metrics.failures.labels(dra.name, "plugin-start").inc()
+            log.error(
+                "DRA driver failed to start (attempt %d): %s",
+                attempt,
+                exc,
+                extra=fields(driver=dra.name, reason="plugin-start"),
+            )
+            return False
+        dra.error = None
+        return True
+
+    async def _keep_starting_dra(self) -> None:
+        attempt = 1
+        while True:
+            await asyncio.sleep(min(self.settings.retry_max_seconds, 0.5 * 2 ** min(attempt, 8)))
+            attempt += 1
+            if await self._start_dra(attempt):
+                return
+
     @property
     def running(self) -> bool:
         """Whether :meth:`run` is between start and shutdown (its task group is open)."""
@@ -538,6 +595,11 @@ class Agent:
             runner.board.close()
             runner._cancel_retry()
         await asyncio.gather(*(p.stop(grace=1.0) for p in plugins), return_exceptions=True)
+        if self.dra is not None:
+            try:
+                await self.dra.stop()
+            except Exception:
+                log.exception("stopping the DRA driver failed")
         if self.settings.cleanup_on_exit:
             for runner in self.runners.values():
                 with contextlib.suppress(SpecWriteError):

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE_DIR = Path("cdi_gen/_proto/deviceplugin/v1beta1")
+APIS = (
+    "deviceplugin/v1beta1",
+    "pluginregistration/v1",
+    "dra/v1",
+    "dra/v1beta1",
+    "drahealth/v1alpha1",
+)
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 
 
@@ -30,13 +36,16 @@ def test_proto_generated_modules_match_the_proto() -> None:
             capture_output=True,
         )
         stale = [
-            name
+            f"{api}/{name}"
+            for api in APIS
             for name in GENERATED
             if not filecmp.cmp(
-                Path(out) / MODULE_DIR / name, ROOT / "src" / MODULE_DIR / name, shallow=False
+                Path(out) / "cdi_gen/_proto" / api / name,
+                ROOT / "src/cdi_gen/_proto" / api / name,
+                shallow=False,
             )
         ]
-    assert stale == [], f"run proto/generate.sh: {stale} differ from proto/deviceplugin"
+    assert stale == [], f"run proto/generate.sh: {stale} differ from their protos"
 
 
 def test_proto_wire_names_are_the_kubelets() -> None:
@@ -62,3 +71,54 @@ def test_proto_wire_names_are_the_kubelets() -> None:
         "must_include_deviceIDs": 2,
         "allocation_size": 3,
     }
+
+
+def test_dra_wire_names_are_the_kubelets() -> None:
+    """The kubelet calls /<proto package>.<Service>/<Method>: these names are the contract."""
+    from cdi_gen._proto.dra.v1 import api_pb2 as v1
+    from cdi_gen._proto.dra.v1beta1 import api_pb2 as v1beta1
+    from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health
+    from cdi_gen._proto.pluginregistration.v1 import api_pb2 as registration
+
+    def methods(module: object, service: str) -> list[str]:
+        descriptor = module.DESCRIPTOR.services_by_name[service]  # type: ignore[attr-defined]
+        return [m.full_name for m in descriptor.methods]
+
+    assert methods(registration, "Registration") == [
+        "pluginregistration.Registration.GetInfo",
+        "pluginregistration.Registration.NotifyRegistrationStatus",
+    ]
+    for module, version in ((v1, "v1"), (v1beta1, "v1beta1")):
+        package = f"k8s.io.kubelet.pkg.apis.dra.{version}"
+        assert methods(module, "DRAPlugin") == [
+            f"{package}.DRAPlugin.NodePrepareResources",
+            f"{package}.DRAPlugin.NodeUnprepareResources",
+        ]
+        assert {f.name: f.number for f in module.Claim.DESCRIPTOR.fields} == {
+            "namespace": 1,
+            "uid": 2,
+            "name": 3,
+        }
+    device = {f.name: f.number for f in v1.Device.DESCRIPTOR.fields}
+    assert device == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    }
+    assert v1.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+    assert "share_id" not in v1beta1.Device.DESCRIPTOR.fields_by_name
+    info = {f.name: f.number for f in registration.PluginInfo.DESCRIPTOR.fields}
+    assert info == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    watch = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name
+    assert watch["NodeWatchResources"].full_name == "v1alpha1.DRAResourceHealth.NodeWatchResources"
+    assert watch["NodeWatchResources"].server_streaming
+    assert {f.name: f.number for f in health.DeviceHealth.DESCRIPTOR.fields} == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert (health.UNKNOWN, health.HEALTHY, health.UNHEALTHY) == (0, 1, 2)

@@ -95,3 +95,25 @@ def test_every_settings_flag_names_its_variable(command: str) -> None:
         assert set(Settings.model_fields) - {"kubelet_socket", "retry_max_seconds"} <= {
             p.name for p in cli.commands["run"].params
         }
+
+
+def test_the_node_api_overrides_every_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {c.api for c in load_settings({}).class_config().classes} == {"devicePlugin"}
+    monkeypatch.setenv("CDI_GEN_API", "dra")
+    settings = load_settings({})
+    config = settings.class_config()
+    assert {c.api for c in config.classes} == {"dra"}
+    assert settings.driver_name(config) == config.vendor
+    assert load_settings({"dra_driver": "gpu.example.org"}).driver_name(config) == (
+        "gpu.example.org"
+    )
+
+
+def test_driver_and_node_names_must_be_dns_subdomains(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"dra_driver": "Not_A_Domain"})
+    assert "--dra-driver" in str(info.value) and "'Not_A_Domain'" in str(info.value)
+    monkeypatch.setenv("CDI_GEN_NODE_NAME", "node 1")
+    with pytest.raises(ConfigError) as info:
+        load_settings({})
+    assert "CDI_GEN_NODE_NAME" in str(info.value) and "DNS subdomain" in str(info.value)

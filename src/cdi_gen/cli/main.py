@@ -76,12 +76,14 @@ def _detach_stdout() -> None:
 def _add_commands() -> None:
     """One module per command; the group only collects them."""
     from cdi_gen.cli.check_config import check_config
+    from cdi_gen.cli.deviceclasses import deviceclasses
     from cdi_gen.cli.discover import discover
     from cdi_gen.cli.doctor import doctor
     from cdi_gen.cli.listing import list_devices
     from cdi_gen.cli.render import render
     from cdi_gen.cli.run import run
     from cdi_gen.cli.schema import schema
+    from cdi_gen.cli.slices import slices
     from cdi_gen.cli.validate import validate
     from cdi_gen.cli.write import write
 
@@ -89,6 +91,8 @@ def _add_commands() -> None:
         cli.add_command(command)
     cli.add_command(run)
     cli.add_command(doctor)
+    cli.add_command(slices)
+    cli.add_command(deviceclasses)
 
 
 _add_commands()

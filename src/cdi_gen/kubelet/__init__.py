@@ -1,4 +1,4 @@
-"""The kubelet-facing consumers: the device plugin (and, next, DRA); the only grpc user.
+"""The kubelet-facing consumers: the device plugin and the DRA driver; the only grpc user.
 
 * :mod:`~cdi_gen.kubelet.transport`: unix socket files and the synchronous gRPC server every
   kubelet plugin serves on;
@@ -7,6 +7,10 @@
   plugin watcher's registration socket for DRA next);
 * :mod:`~cdi_gen.kubelet.plugin`: the protocol the agent runs kubelet plugins through;
 * :mod:`~cdi_gen.kubelet.deviceplugin`: the ``deviceplugin/v1beta1`` plugin of one class;
+* :mod:`~cdi_gen.kubelet.draplugin`: the DRA driver's node service (``dra.v1``/``v1beta1``,
+  health), with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's socket),
+  :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
+  :mod:`~cdi_gen.kubelet.checkpoint` (the prepared claims on disk);
 * :mod:`~cdi_gen.kubelet.board` and :mod:`~cdi_gen.kubelet.allocation`: the device list the
   plugins advertise, and the rules their answers follow.
 

@@ -12,6 +12,11 @@ while registration is in flight), register in the background with backoff while 
 is absent or refuses, then watch the socket files; when one of ours disappears or the
 kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
 again. A restart noticed while registration is in flight abandons that attempt at once.
+
+Whether a new kubelet needs fresh sockets depends on the registration: the device plugin's
+kubelet wipes its folder when it starts, so serving anew is required; the plugin watcher keeps
+the registration socket and dials it again by itself, and a socket re-created for it would
+only make it register the plugin once more (``serve_anew_on_restart=False``).
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Literal, Protocol
 
-from cdi_gen.kubelet.transport import FileId, UnixServer
+from cdi_gen.kubelet.transport import UnixServer
 
 __all__ = ["RegisterHook", "Registrar", "Supervisor"]
 
@@ -36,9 +41,11 @@ _Outcome = Literal["ok", "failed", "interrupted"]
 class Registrar(Protocol):
     """How one kubelet plugin makes itself known to the kubelet."""
 
-    def kubelet_id(self) -> FileId | None:
+    def kubelet_id(self) -> Hashable | None:
         """Identity of the kubelet registered with: it changes when the kubelet restarts;
-        None while no kubelet can be reached (registration waits for one)."""
+        None while no kubelet can be reached (registration waits for one). Any value that
+        compares equal while the kubelet stays the same (a socket file's identity, a count
+        of the kubelet's calls)."""
         ...
 
     async def register(self) -> str | None:
@@ -51,7 +58,9 @@ class Supervisor:
 
     ``watch_interval`` is how often the socket files are checked, ``max_backoff`` bounds
     the wait between failed attempts. ``on_register`` is called on the loop after each
-    attempt; its exceptions are logged and ignored.
+    attempt; its exceptions are logged and ignored. With ``serve_anew_on_restart`` False, a
+    new kubelet identity means registering again on the same sockets (a socket that is gone
+    is still served anew).
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class Supervisor:
         on_register: RegisterHook | None = None,
         watch_interval: float = 0.15,
         max_backoff: float = 2.0,
+        serve_anew_on_restart: bool = True,
     ) -> None:
         self.name = name
         self.servers = tuple(servers)
@@ -70,6 +80,7 @@ class Supervisor:
         self._on_register = on_register
         self._watch_interval = watch_interval
         self._max_backoff = max_backoff
+        self._serve_anew = serve_anew_on_restart
         self._task: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
         #: Successful registrations so far (a kubelet restart adds one).
@@ -128,8 +139,8 @@ class Supervisor:
             if outcome == "interrupted":
                 # The kubelet restarted while registration was in flight: its answer no
                 # longer matters (it may never come, the kubelet dialling a socket it wiped).
-                log.info("kubelet restarted during registration; serving %s again", self.name)
-                fresh_servers = True
+                log.info("kubelet restarted during registration; registering %s again", self.name)
+                fresh_servers = self._serve_anew
                 continue
             restarted = functools.partial(self._kubelet_restarted, kubelet_id)
             if outcome == "failed":
@@ -142,11 +153,11 @@ class Supervisor:
                 continue
             delay = initial
             await self._poll(restarted)
-            log.info("kubelet restarted; serving %s again", self.name)
+            log.info("kubelet restarted; registering %s again", self.name)
             self._registered.clear()
-            fresh_servers = True
+            fresh_servers = self._serve_anew
 
-    async def _register_once(self, fresh_servers: bool) -> tuple[_Outcome, FileId | None]:
+    async def _register_once(self, fresh_servers: bool) -> tuple[_Outcome, Hashable | None]:
         """Serve anew if asked or if a socket is gone, wait for a kubelet, register once.
 
         Return the outcome and the kubelet identity tried, read before the attempt: ``ok``,
@@ -186,7 +197,7 @@ class Supervisor:
         log.info("registered %s with the kubelet", self.name)
         return "ok", kubelet_id
 
-    def _kubelet_restarted(self, registered_with: FileId | None) -> bool:
+    def _kubelet_restarted(self, registered_with: Hashable | None) -> bool:
         if self._gone():
             return True
         current = self.registrar.kubelet_id()

@@ -1,0 +1,136 @@
+"""The servers bench_prepare.py measures, each run in a process of its own.
+
+    python benchmarks/_prepare_servers.py MODE FOLDER
+
+``MODE`` is one of
+
+* ``floor``: a bare grpcio server answering ``NodePrepareResources`` with canned response
+  bytes (no protobuf, no logic), on ``FOLDER/floor.sock``: the floor of the gRPC stack;
+* ``plugin``: cdi-gen's DRA driver serving ``FOLDER/plugins/<driver>/dra.sock``, with a pool
+  of ``POOL_DEVICES`` devices, an in-memory claim reader (claim ``c-N`` has uid ``u-N`` and
+  device ``fpga-<N mod POOL_DEVICES>``) and its checkpoint in ``FOLDER/state``.
+
+Both use the same thread pool size. Each prints ``ready`` once it serves and stops on
+``quit`` or at the end of its input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import sys
+import threading
+from pathlib import Path
+
+DRIVER = "cdi-gen.example.com"
+POOL = "bench-node"
+POOL_DEVICES = 100
+PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+#: Thread pool of the floor: the same size as the plugin's own.
+WORKERS = 16  # cdi_gen.kubelet.transport.WORKERS
+
+
+def canned_response() -> bytes:
+    """What the plugin answers for claim c-0: the floor sends these bytes as they are."""
+    from cdi_gen._proto.dra.v1 import api_pb2
+
+    response = api_pb2.NodePrepareResourcesResponse()
+    response.claims["u-0"].devices.add(
+        request_names=["fpga"],
+        pool_name=POOL,
+        device_name="fpga-0",
+        cdi_device_ids=["example.com/fpga=0"],
+    )
+    return response.SerializeToString()
+
+
+def _ready() -> None:
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+
+def _serve_floor(folder: Path) -> None:
+    import grpc
+
+    answer = canned_response()
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(WORKERS))
+    handler = grpc.method_handlers_generic_handler(
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+        {"NodePrepareResources": grpc.unary_unary_rpc_method_handler(lambda r, c: answer)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{folder / 'floor.sock'}")
+    server.start()
+    _ready()
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+    server.stop(0)
+
+
+class _Claims:
+    """Claims made up on the fly, as an API server that knows every ``c-N`` would answer."""
+
+    def read_claim(self, namespace: str, name: str) -> object:
+        from cdi_gen.model import AllocatedDevice, ClaimView
+
+        number = int(name.removeprefix("c-"))
+        device = f"fpga-{number % POOL_DEVICES}"
+        return ClaimView(
+            namespace, name, f"u-{number}", (AllocatedDevice("fpga", DRIVER, POOL, device),)
+        )
+
+
+async def _serve_plugin(folder: Path) -> None:
+    from cdi_gen.discovery.pool import DevicePool
+    from cdi_gen.kubelet.draplugin import DraPlugin
+    from cdi_gen.model import PoolDevice
+
+    pool = DevicePool()
+    pool.publish(
+        "fpga",
+        [
+            PoolDevice(f"fpga-{i}", f"example.com/fpga={i}", "fpga", f"/sys/devices/fpga{i}")
+            for i in range(POOL_DEVICES)
+        ],
+    )
+    (folder / "registry").mkdir(exist_ok=True)
+    plugin = DraPlugin(
+        DRIVER,
+        pool,
+        _Claims(),  # type: ignore[arg-type]
+        pool_name=POOL,
+        registry_dir=folder / "registry",
+        plugins_dir=folder / "plugins",
+        state_dir=folder / "state",
+    )
+    await plugin.start()
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "quit":
+                break
+        loop.call_soon_threadsafe(done.set)
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    _ready()
+    try:
+        await done.wait()
+    finally:
+        await plugin.stop(grace=0)
+
+
+def main() -> None:
+    mode, folder = sys.argv[1], Path(sys.argv[2])
+    if mode == "plugin":
+        asyncio.run(_serve_plugin(folder))
+    elif mode == "floor":
+        _serve_floor(folder)
+    else:
+        sys.exit(f"unknown mode {mode!r}: floor or plugin")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""DRA driver speed: NodePrepareResources latency against the floor of the gRPC stack.
+
+Two servers run side by side, each in its own process on a unix socket with the same thread
+pool size (see ``_prepare_servers.py``):
+
+* the floor: a bare grpcio server answering NodePrepareResources with canned response bytes;
+* cdi-gen's DRA driver (``DraPlugin``) with an in-memory claim reader and its checkpoint in a
+  temporary folder under /tmp.
+
+The client (this process) sends one claim with one device per call, as serialized bytes, so
+its own work is the same for both. Three calls are timed, in alternating batches so that
+noise from other processes hits all alike:
+
+* the floor;
+* a claim prepared before, answered from the checkpoint (what the kubelet gets when it asks
+  again, e.g. after a restart);
+* a claim never seen: the claim read (in memory here; the API server's GET comes on top in
+  a cluster), the checks against the pool, and the checkpoint written durably (fsync of the
+  file and the folder) before the answer. It is unprepared after each timed call, untimed,
+  so the checkpoint stays one claim long. Its floor adds the cost of the same durable write
+  done bare in this process (temporary file, write, fsync, rename, folder fsync, in the same
+  folder): the disk, not Python, sets most of that figure.
+
+    python benchmarks/bench_prepare.py [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import grpc
+from _prepare_servers import DRIVER, POOL, PREPARE, canned_response
+from _table import Row, percentile, print_table
+
+from cdi_gen._proto.dra.v1 import api_pb2
+
+HERE = Path(__file__).resolve().parent
+UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+REPEAT_TARGET = 1.25
+NEW_TARGET = 1.25
+
+
+class _Server:
+    """One server process of ``_prepare_servers.py``; its stderr goes to a file."""
+
+    def __init__(self, mode: str, folder: Path) -> None:
+        self.name = mode
+        self._log = (folder / f"{mode}.log").open("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "_prepare_servers.py"), mode, str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self._stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
+        self._stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
+        if self._stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{mode} server did not start:\n{self.errors()}")
+
+    def errors(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-4000:]
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stdin.write("quit\n")
+            self._stdin.flush()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def _request(number: int) -> bytes:
+    claim = api_pb2.Claim(namespace="default", name=f"c-{number}", uid=f"u-{number}")
+    return api_pb2.NodePrepareResourcesRequest(claims=[claim]).SerializeToString()
+
+
+def _durable_write(folder: Path, data: bytes) -> None:
+    """The bare durable replacement of a small file: the floor of any checkpoint write."""
+    tmp, target = folder / ".floor.tmp", folder / "floor.json"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, target)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _timed(call: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[float]]:
+    floor_channel = grpc.insecure_channel(f"unix://{folder / 'floor.sock'}")
+    plugin_channel = grpc.insecure_channel(f"unix://{folder / 'plugins' / DRIVER / 'dra.sock'}")
+    try:
+        floor = floor_channel.unary_unary(
+            PREPARE, request_serializer=None, response_deserializer=None
+        )
+        prepare = plugin_channel.unary_unary(
+            PREPARE, request_serializer=None, response_deserializer=None
+        )
+        unprepare = plugin_channel.unary_unary(
+            UNPREPARE, request_serializer=None, response_deserializer=None
+        )
+        known = _request(0)
+        answer = prepare(known)
+        # The floor answers exactly what the plugin answers: same bytes on the wire.
+        assert answer == canned_response(), api_pb2.NodePrepareResourcesResponse.FromString(answer)
+        assert floor(known) == answer
+        counter = iter(range(1, 1 << 30))
+
+        def fresh() -> None:
+            number = next(counter)
+            request = _request(number)
+            start = time.perf_counter()
+            reply = api_pb2.NodePrepareResourcesResponse.FromString(prepare(request))
+            samples["new"].append(time.perf_counter() - start)
+            claim = reply.claims[f"u-{number}"]
+            assert claim.error == "" and claim.devices[0].pool_name == POOL, claim
+            unprepare(request)
+
+        state = folder / "state"
+        record = (state / f"dra-{DRIVER}.json").read_bytes()  # one claim, as written
+        calls: dict[str, Callable[[], object]] = {
+            "floor": lambda: floor(known),
+            "repeat": lambda: prepare(known),
+            "write": lambda: _durable_write(state, record),
+        }
+        samples: dict[str, list[float]] = {"floor": [], "repeat": [], "write": [], "new": []}
+        for call in calls.values():  # warm up connections and code paths
+            _timed(call, 200)
+        for _ in range(50):
+            fresh()
+        samples["new"].clear()
+        for _ in range(rounds):
+            for key, call in calls.items():
+                samples[key] += _timed(call, per_round)
+            for _ in range(per_round // 4):
+                fresh()
+        return samples
+    finally:
+        floor_channel.close()
+        plugin_channel.close()
+
+
+def _bench(quick: bool) -> list[Row]:
+    rounds, per_round = (5, 100) if quick else (20, 250)
+    folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="cg"))
+    servers: list[_Server] = []
+    try:
+        servers.append(_Server("floor", folder))
+        servers.append(_Server("plugin", folder))
+        samples = _latencies(folder, rounds, per_round)
+    except Exception:
+        for server in servers:
+            print(f"--- {server.name} stderr:\n{server.errors()}", file=sys.stderr)
+        raise
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return _rows(samples)
+
+
+def _rows(samples: dict[str, list[float]]) -> list[Row]:
+    p50 = {key: percentile(values, 50) for key, values in samples.items()}
+
+    def ms(value: float) -> str:
+        return f"{value * 1e3:.3f} ms"
+
+    def vs_floor(key: str) -> str:
+        return f"{ms(p50[key])} ({p50[key] / p50['floor']:.2f}x floor)"
+
+    durable = p50["floor"] + p50["write"]
+    return [
+        ("floor: bare grpcio, canned NodePrepareResources p50", ms(p50["floor"]), "-"),
+        ("floor p99", ms(percentile(samples["floor"], 99)), "-"),
+        ("floor: bare durable write of the checkpoint p50", ms(p50["write"]), "-"),
+        (
+            "NodePrepareResources p50, 1 claim / 1 device, from the checkpoint",
+            vs_floor("repeat"),
+            f"<= {REPEAT_TARGET:.2f}x floor",
+        ),
+        ("  p99", ms(percentile(samples["repeat"], 99)), "-"),
+        (
+            "NodePrepareResources p50, new claim (read, check, checkpoint fsync)",
+            f"{ms(p50['new'])} ({p50['new'] / durable:.2f}x floor + write floor)",
+            f"<= {NEW_TARGET:.2f}x floor + write floor",
+        ),
+        ("  p99", ms(percentile(samples["new"], 99)), "-"),
+    ]
+
+
+def run(quick: bool = False) -> list[Row]:
+    """Measure; return rows of (metric, measured value, target)."""
+    return _bench(quick)
+
+
+if __name__ == "__main__":
+    print_table("prepare", run(quick="--quick" in sys.argv[1:]))

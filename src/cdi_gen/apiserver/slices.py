@@ -1,0 +1,190 @@
+"""The node's pool as ResourceSlice objects (``resource.k8s.io/v1``), as plain dicts.
+
+One pool per node, named after the node, published by one driver in as many slices as the
+API's limits need:
+
+- a slice holds at most 128 devices, or 64 when any of its devices has taints or consumes
+  counters; plain devices and restricted ones (tainted, or slots of a shared device) are
+  chunked apart, so one device turning unhealthy does not halve the slices of the others;
+- ``sharedCounters`` and ``devices`` may not share a slice, and a slice holds at most 8
+  counter sets: the counter sets of shared devices come in slices of their own;
+- every slice carries the pool's ``generation`` and ``resourceSliceCount``, so the scheduler
+  uses only a complete pool of the newest generation.
+
+Slice names are deterministic (``<node>-<driver>-<index>``, shortened with a hash when too
+long): the publisher updates a slice in place instead of creating and deleting, and adopts
+the slices a previous run of the agent left.
+
+A shared device (``sharing.replicas: N``) becomes a counter set ``{slots: N}`` named after
+the physical device, and each of its N slot devices consumes one ``slots`` of it. With the
+``DRAPartitionableDevices`` gate off the API server drops both fields and the slots remain N
+plain devices, which allocate the same way.
+
+Taints (``DRADeviceTaints``): a gone device kept with ``whenGone: taint`` is tainted
+``<driver>/gone:NoExecute`` (pods using it are evicted); one kept with ``whenGone:
+unhealthy`` is ``<driver>/gone:NoSchedule``; an unhealthy present device is
+``<driver>/unhealthy:NoSchedule``. A taint is what keeps the scheduler off a device that stays
+in the slice; without the gate nothing does, which the publisher reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from cdi_gen.model import AttributeValue, PoolDevice
+from cdi_gen.names import dns_label
+
+__all__ = [
+    "API_VERSION",
+    "MAX_COUNTER_SETS",
+    "MAX_DEVICES",
+    "MAX_DEVICES_RESTRICTED",
+    "Slice",
+    "build_slices",
+    "counter_set_name",
+    "device_taints",
+    "slice_name",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+#: Devices in one slice (ResourceSliceMaxDevices).
+MAX_DEVICES = 128
+#: Devices in one slice when any of them has taints or consumes counters.
+MAX_DEVICES_RESTRICTED = 64
+#: Counter sets in one slice (ResourceSliceMaxCounterSets).
+MAX_COUNTER_SETS = 8
+#: Longest object name (a DNS subdomain).
+_MAX_NAME = 253
+#: The counter every shared device's set holds, and each slot consumes one of.
+SLOTS_COUNTER = "slots"
+
+Slice = dict[str, Any]
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """The name of the pool's ``index``-th slice: ``<node>-<driver>-<index>``.
+
+    Node and driver names are DNS subdomains, so the joined name is one as long as it fits
+    in 253 characters; a longer one keeps its start and gets a hash of the whole, so two
+    long node names that share a prefix do not collide.
+    """
+    suffix = f"-{index}"
+    base = f"{node}-{driver}"
+    if len(base) + len(suffix) <= _MAX_NAME:
+        return base + suffix
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    keep = base[: _MAX_NAME - len(suffix) - len(digest) - 1].rstrip(".-")
+    return f"{keep}-{digest}{suffix}"
+
+
+def counter_set_name(device: PoolDevice) -> str:
+    """The counter set of a shared device's slots: its class and physical device as a DNS
+    label (a sys path gets a hash suffix, so two physical devices never share a set)."""
+    return dns_label(f"{device.class_name}-{device.physical}")
+
+
+def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
+    """The taints of one device (none for a healthy present device)."""
+    if device.gone:
+        effect = "NoExecute" if device.taint_when_gone else "NoSchedule"
+        return [{"key": f"{driver}/gone", "effect": effect}]
+    if not device.healthy:
+        return [{"key": f"{driver}/unhealthy", "effect": "NoSchedule"}]
+    return []
+
+
+def _attribute(name: str, value: AttributeValue, versions: frozenset[str]) -> dict[str, Any]:
+    # bool before int: True is an int to Python, a different attribute type to the API.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if name in versions:
+        return {"version": value}
+    return {"string": value}
+
+
+def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": device.name}
+    if device.attributes:
+        # Unqualified names: the driver's domain is implied, and a qualified key is limited
+        # to a 63-character domain that a driver name may exceed.
+        out["attributes"] = {
+            k: _attribute(k, v, device.versions) for k, v in sorted(device.attributes.items())
+        }
+    taints = device_taints(driver, device)
+    if taints:
+        out["taints"] = taints
+    if device.slots > 1:
+        out["consumesCounters"] = [
+            {"counterSet": counter_set_name(device), "counters": {SLOTS_COUNTER: {"value": "1"}}}
+        ]
+    return out
+
+
+def _restricted(device: dict[str, Any]) -> bool:
+    return "taints" in device or "consumesCounters" in device
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _counter_sets(devices: Sequence[PoolDevice]) -> list[dict[str, Any]]:
+    sets: dict[str, int] = {}
+    for d in devices:
+        if d.slots > 1:
+            sets.setdefault(counter_set_name(d), d.slots)
+    return [
+        {"name": name, "counters": {SLOTS_COUNTER: {"value": str(slots)}}}
+        for name, slots in sets.items()
+    ]
+
+
+def build_slices(
+    driver: str,
+    node: str,
+    devices: Sequence[PoolDevice],
+    generation: int,
+    *,
+    node_uid: str | None,
+) -> list[Slice]:
+    """The ResourceSlices of the node's pool at ``generation``: plain devices first (128 a
+    slice), then tainted or counter-consuming ones (64 a slice), then the counter sets (8 a
+    slice). An empty pool is one slice without devices, so the pool (and its generation)
+    stays visible. The Node owns every slice when its ``node_uid`` is known, so the slices go
+    with the Node."""
+    entries = [_device(driver, d) for d in devices]
+    plain = [e for e in entries if not _restricted(e)]
+    restricted = [e for e in entries if _restricted(e)]
+    specs: list[dict[str, Any]] = [{"devices": list(c)} for c in _chunks(plain, MAX_DEVICES)]
+    specs += [{"devices": list(c)} for c in _chunks(restricted, MAX_DEVICES_RESTRICTED)]
+    counter_sets = _counter_sets(devices)
+    specs += [{"sharedCounters": list(c)} for c in _chunks(counter_sets, MAX_COUNTER_SETS)]
+    if not specs:
+        specs = [{}]
+    metadata_base: dict[str, Any] = {}
+    if node_uid is not None:
+        metadata_base["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+        ]
+    out: list[Slice] = []
+    for index, content in enumerate(specs):
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(specs)},
+        }
+        spec.update(content)
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"name": slice_name(node, driver, index), **metadata_base},
+                "spec": spec,
+            }
+        )
+    return out

@@ -1,0 +1,268 @@
+"""The DRA driver's prepared claims, kept in one JSON file that survives restarts.
+
+The kubelet calls NodePrepareResources once per claim and may not call it again after the
+driver restarts, yet expects the same answer if it does, and calls NodeUnprepareResources
+later. So every prepared claim is recorded in ``<state dir>/dra-<driver>.json`` before the
+kubelet gets its answer, and removed when it is unprepared. The file is replaced atomically
+(temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
+after the last change, never a mix.
+
+The file says what it is (``kind``), which format (``version``) and whose it is
+(``driver``). A file that is not that (corrupt, foreign, another driver's, a newer format)
+is refused with one line naming the file and why, and left as it is: overwriting it would
+forget claims the kubelet still counts on, and cdi-gen never replaces a file it did not
+write. The operator moves it away to start with no prepared claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from cdi_gen.errors import CdiGenError, quote
+from cdi_gen.files import FileRefused, read_regular
+from cdi_gen.kubelet.claims import PreparedDevice
+from cdi_gen.modes import make_folder
+
+__all__ = [
+    "CHECKPOINT_KIND",
+    "CHECKPOINT_MAX_BYTES",
+    "CHECKPOINT_VERSION",
+    "Checkpoint",
+    "CheckpointError",
+    "PreparedClaim",
+    "checkpoint_path",
+]
+
+CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
+CHECKPOINT_VERSION = 1
+#: Largest checkpoint read: a claim with one device takes ~250 bytes, so this holds tens of
+#: thousands, far more than a node prepares at once.
+CHECKPOINT_MAX_BYTES = 16 << 20
+_MODE = 0o600
+_TEMP_SUFFIX = ".tmp"
+
+
+class CheckpointError(CdiGenError):
+    """The checkpoint file cannot be read as ours, or cannot be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """One prepared claim as recorded: who it is and the devices it was answered."""
+
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+
+def checkpoint_path(state_dir: Path, driver: str) -> Path:
+    """The checkpoint file of ``driver`` (a DNS subdomain, so a safe file name)."""
+    return Path(state_dir) / f"dra-{driver}.json"
+
+
+def _device_doc(device: PreparedDevice) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "requestNames": list(device.request_names),
+        "pool": device.pool,
+        "device": device.device,
+        "cdiDeviceIds": list(device.cdi_device_ids),
+    }
+    if device.share_id is not None:
+        doc["shareId"] = device.share_id
+    return doc
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: want a list of strings, got {quote(value)}")
+    return tuple(value)
+
+
+def _string(doc: Mapping[str, object], key: str, where: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{key}: want a string, got {quote(value)}")
+    return value
+
+
+def _parse_device(doc: object, where: str) -> PreparedDevice:
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: want an object, got {quote(doc)}")
+    share_id = doc.get("shareId")
+    if share_id is not None and not isinstance(share_id, str):
+        raise ValueError(f"{where}.shareId: want a string, got {quote(share_id)}")
+    return PreparedDevice(
+        request_names=_strings(doc.get("requestNames"), f"{where}.requestNames"),
+        pool=_string(doc, "pool", where),
+        device=_string(doc, "device", where),
+        cdi_device_ids=_strings(doc.get("cdiDeviceIds"), f"{where}.cdiDeviceIds"),
+        share_id=share_id,
+    )
+
+
+def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
+    if not isinstance(doc, dict):
+        raise ValueError(f"claims: want an object, got {quote(doc)}")
+    claims = {}
+    for uid, entry in doc.items():
+        where = f"claims[{quote(uid)}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: want an object, got {quote(entry)}")
+        devices = entry.get("devices")
+        if not isinstance(devices, list):
+            raise ValueError(f"{where}.devices: want a list, got {quote(devices)}")
+        claims[uid] = PreparedClaim(
+            namespace=_string(entry, "namespace", where),
+            name=_string(entry, "name", where),
+            devices=tuple(_parse_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)),
+        )
+    return claims
+
+
+class Checkpoint:
+    """The prepared claims of one driver, in memory and in its file; safe across threads.
+
+    :meth:`load` reads the file (none yet: no claims); :meth:`add` and :meth:`remove`
+    change the file first and memory only once the file holds the change, so a claim is
+    never answered as prepared unless it is on disk. Raises :class:`CheckpointError`.
+    """
+
+    def __init__(self, path: Path, driver: str) -> None:
+        self.path = Path(path)
+        self.driver = driver
+        self._lock = threading.Lock()
+        self._claims: Mapping[str, PreparedClaim] = MappingProxyType({})
+
+    @property
+    def claims(self) -> Mapping[str, PreparedClaim]:
+        """Every prepared claim by UID (an immutable snapshot)."""
+        return self._claims
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._claims.get(uid)
+
+    def load(self) -> None:
+        """Read the file; a missing file means no prepared claims."""
+        try:
+            raw = read_regular(self.path, CHECKPOINT_MAX_BYTES, follow_symlinks=False)
+        except FileNotFoundError:
+            claims: dict[str, PreparedClaim] = {}
+        except (FileRefused, OSError) as exc:
+            raise CheckpointError(f"{self.path}: cannot read the DRA checkpoint: {exc}") from exc
+        else:
+            claims = self._parse(raw)
+        with self._lock:
+            self._claims = MappingProxyType(claims)
+
+    def _parse(self, raw: bytes) -> dict[str, PreparedClaim]:
+        refuse = (
+            f"{self.path}: not left as it is, not read; move it away to start with no "
+            "prepared claims"
+        )
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise CheckpointError(f"{self.path}: not JSON ({exc}); {refuse}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != CHECKPOINT_KIND:
+            kind = doc.get("kind") if isinstance(doc, dict) else None
+            raise CheckpointError(
+                f"{self.path}: not a cdi-gen DRA checkpoint (kind {quote(kind)}, want "
+                f"{CHECKPOINT_KIND!r}); {refuse}"
+            )
+        version = doc.get("version")
+        if version != CHECKPOINT_VERSION:
+            raise CheckpointError(
+                f"{self.path}: checkpoint version {quote(version)}, this cdi-gen reads "
+                f"{CHECKPOINT_VERSION}; {refuse}"
+            )
+        if doc.get("driver") != self.driver:
+            raise CheckpointError(
+                f"{self.path}: checkpoint of driver {quote(doc.get('driver'))}, not "
+                f"{self.driver!r}; {refuse}"
+            )
+        try:
+            return _parse_claims(doc.get("claims"))
+        except ValueError as exc:
+            raise CheckpointError(f"{self.path}: {exc}; {refuse}") from None
+
+    def add(self, uid: str, claim: PreparedClaim) -> None:
+        """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
+        with self._lock:
+            if self._claims.get(uid) == claim:
+                return
+            claims = {**self._claims, uid: claim}
+            self._write(claims)
+            self._claims = MappingProxyType(claims)
+
+    def remove(self, uid: str) -> bool:
+        """Forget ``uid``; return whether it was recorded."""
+        with self._lock:
+            if uid not in self._claims:
+                return False
+            claims = {k: v for k, v in self._claims.items() if k != uid}
+            self._write(claims)
+            self._claims = MappingProxyType(claims)
+            return True
+
+    def encode(self, claims: Mapping[str, PreparedClaim]) -> bytes:
+        doc = {
+            "kind": CHECKPOINT_KIND,
+            "version": CHECKPOINT_VERSION,
+            "driver": self.driver,
+            "claims": {
+                uid: {
+                    "namespace": claim.namespace,
+                    "name": claim.name,
+                    "devices": [_device_doc(d) for d in claim.devices],
+                }
+                for uid, claim in claims.items()
+            },
+        }
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+
+    def _write(self, claims: Mapping[str, PreparedClaim]) -> None:
+        try:
+            make_folder(self.path.parent)
+            _atomic_write(self.path, self.encode(claims))
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` through a temporary name, durable once it returns."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        tmp = f".{path.name}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
+        # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            _MODE,
+            dir_fd=folder,
+        )
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+        os.fsync(folder)  # the rename itself survives a crash only once the folder is synced
+    finally:
+        os.close(folder)

@@ -1,0 +1,455 @@
+"""The kubelet side of the DRA driver: NodePrepareResources, NodeUnprepareResources, health.
+
+One :class:`DraPlugin` per node agent serves, on ``<kubelet plugins>/<driver>/dra.sock``, the
+kubelet's DRA node service in both versions kubelets speak (``dra.v1`` from Kubernetes 1.34,
+``dra.v1beta1`` before; the same calls, v1 adds ``share_id``) and the device health stream
+(``v1alpha1.DRAResourceHealth``), and registers the driver through the plugin watcher
+(:mod:`~cdi_gen.kubelet.registration`). The
+:class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps both sockets served and the driver
+registered across kubelet restarts.
+
+Preparing a claim: a claim already in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint`
+under that UID is answered from it (the kubelet may ask again, also after our restart, and
+the claim may be gone from the API server by then); otherwise it is read through the
+:class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
+:class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
+recorded, and answered with the devices' CDI names: the spec entries the agent keeps on disk
+for every pool device, so nothing per claim is written besides the checkpoint. Every claim of
+a request gets an entry; a claim that cannot be prepared gets its error, never the whole call.
+
+Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler
+lets an exception out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any, NoReturn
+
+import grpc
+
+from cdi_gen._proto.dra.v1 import api_pb2 as dra_v1
+from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.errors import ClaimError, InvalidNameError, RegistrationError
+from cdi_gen.kubelet.checkpoint import Checkpoint, CheckpointError, PreparedClaim, checkpoint_path
+from cdi_gen.kubelet.claims import (
+    ClaimReader,
+    ClaimRefused,
+    PreparedDevice,
+    claim_label,
+    prepare_claim,
+)
+from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
+from cdi_gen.kubelet.supervisor import RegisterHook, Supervisor
+from cdi_gen.kubelet.transport import UnixServer, check_socket_path
+from cdi_gen.model import PoolDevice
+from cdi_gen.modes import make_folder
+from cdi_gen.names import is_dns_subdomain
+
+__all__ = [
+    "HEALTH_RESEND_SECONDS",
+    "HEALTH_TIMEOUT_SECONDS",
+    "MAX_HEALTH_STREAMS",
+    "DraPlugin",
+    "PrepareHook",
+]
+
+log = logging.getLogger(__name__)
+
+_SERVICES = {
+    "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": dra_v1,
+    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin": dra_v1beta1,
+}
+_HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+#: Health streams open at once: the kubelet keeps one; each holds a server thread.
+MAX_HEALTH_STREAMS = 4
+#: The kubelet reports a device's health Unknown once it heard nothing about it for the
+#: timeout, so the stream repeats the list at least this often even when nothing changed.
+HEALTH_RESEND_SECONDS = 10.0
+#: Sent as each device's health_check_timeout_seconds: three resends may be missed.
+HEALTH_TIMEOUT_SECONDS = 30
+#: How often an idle stream checks that its client is still there.
+_STREAM_CHECK_SECONDS = 1.0
+#: Longest error text sent per claim (and logged).
+MAX_ERROR_CHARS = 1024
+_GONE_MESSAGE = "the device is gone from the node"
+_UNHEALTHY_MESSAGE = "the device failed its health check"
+
+#: ``on_prepare(outcome, reason)`` per claim: outcome ``"ok"`` or ``"error"``; reason ``""``,
+#: a :class:`~cdi_gen.kubelet.claims.Refusal` value, ``"claim-read"`` (the claim could not be
+#: read), ``"checkpoint"`` or ``"internal"``. Called on server threads.
+PrepareHook = Callable[[str, str], None]
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
+
+
+def _describe(devices: tuple[PreparedDevice, ...]) -> str:
+    return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
+
+
+class DraPlugin:
+    """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
+
+    ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on server
+    threads). The registration socket is ``<registry_dir>/<driver>-reg.sock``, the service
+    socket ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
+    ``<state_dir>/dra-<driver>.json``. ``on_prepare`` (server threads) and ``on_register``
+    (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
+    is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
+    registrations and ``register_timeout`` each wait for the kubelet's notification.
+
+    The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``driver`` is not
+    a DNS subdomain and :class:`~cdi_gen.errors.ConfigError` when a socket path is too long.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        pool: DevicePool,
+        claims: ClaimReader,
+        *,
+        pool_name: str,
+        registry_dir: Path,
+        plugins_dir: Path,
+        state_dir: Path,
+        on_register: RegisterHook | None = None,
+        on_prepare: PrepareHook | None = None,
+        watch_interval: float = 0.15,
+        max_backoff: float = 2.0,
+        register_timeout: float = 10.0,
+    ) -> None:
+        if not is_dns_subdomain(driver):
+            raise InvalidNameError("DRA driver name", driver, "must be a DNS subdomain")
+        self.driver = driver
+        self.pool = pool
+        self.claims = claims
+        self.pool_name = pool_name
+        self.socket_path = Path(plugins_dir) / driver / "dra.sock"
+        self.registration_socket = Path(registry_dir) / f"{driver}-reg.sock"
+        check_socket_path(self.socket_path)
+        check_socket_path(self.registration_socket)
+        self.checkpoint = Checkpoint(checkpoint_path(state_dir, driver), driver)
+        self._on_prepare = on_prepare
+        self._service = _Service(self)
+        self.server = UnixServer(
+            self.socket_path, self._service.services, on_stop=self._service.end_streams
+        )
+        self.registration = RegistrationService(driver, self.socket_path)
+        self.registration_server = UnixServer(self.registration_socket, self.registration.services)
+        self._supervisor = Supervisor(
+            driver,
+            # The service first: the kubelet dials the endpoint as soon as it is told.
+            [self.server, self.registration_server],
+            PluginWatcherRegistrar(self.registration, register_timeout),
+            on_register=on_register,
+            watch_interval=watch_interval,
+            max_backoff=max_backoff,
+            serve_anew_on_restart=False,
+        )
+
+    @property
+    def resource_name(self) -> str:
+        """The driver name (what logs and ``/readyz`` call this plugin)."""
+        return self.driver
+
+    @property
+    def registrations(self) -> int:
+        """Successful registrations so far (each kubelet start adds one)."""
+        return self._supervisor.registrations
+
+    async def start(self) -> None:
+        """Read the checkpoint, serve both sockets, then register in the background.
+
+        Raises :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint
+        cannot be read as ours (it is left as it is) and
+        :class:`~cdi_gen.errors.RegistrationError` when a socket cannot be served.
+        """
+        self.checkpoint.load()
+        try:
+            make_folder(self.socket_path.parent)
+        except OSError as exc:
+            raise RegistrationError(
+                f"cannot create the DRA socket folder {str(self.socket_path.parent)!r}: {exc}"
+            ) from exc
+        await self._supervisor.start()
+        log.info(
+            "serving DRA driver %s on %s (registration %s), %d prepared claims",
+            self.driver,
+            self.socket_path,
+            self.registration_socket,
+            len(self.checkpoint.claims),
+        )
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop registering, end the health streams, stop serving, remove both sockets."""
+        await self._supervisor.stop(grace)
+
+    async def wait_registered(self) -> None:
+        await self._supervisor.wait_registered()
+
+    async def __aenter__(self) -> DraPlugin:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- answers (called on server threads) -------------------------------------------------
+
+    def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
+        """The devices of one claim, prepared now or earlier.
+
+        Raises :class:`~cdi_gen.errors.ClaimError` (a
+        :class:`~cdi_gen.kubelet.claims.ClaimRefused` when a rule fails) or
+        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when it cannot be recorded.
+        """
+        label = claim_label(namespace, name, uid)
+        known = self.checkpoint.get(uid) if uid else None
+        if known is not None:
+            log.info("prepared %s again from the checkpoint: %s", label, _describe(known.devices))
+            return known.devices
+        view = self.claims.read_claim(namespace, name)
+        devices = tuple(
+            prepare_claim(
+                uid, view, driver=self.driver, pool_name=self.pool_name, devices=self.pool.devices
+            )
+        )
+        self.checkpoint.add(uid, PreparedClaim(namespace, name, devices))
+        log.info("prepared %s: %s", label, _describe(devices))
+        return devices
+
+    def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        """Forget a prepared claim; an unknown one is already unprepared. Raises
+        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the change cannot be
+        recorded."""
+        label = claim_label(namespace, name, uid)
+        if self.checkpoint.remove(uid):
+            log.info("unprepared %s", label)
+        else:
+            log.info("unprepared %s: it was not prepared here (nothing to do)", label)
+
+    def health_response(self) -> health_pb.NodeWatchResourcesResponse:
+        """The health of every device of the pool, as the health stream sends it."""
+        return self._service.health_response()
+
+    def call_prepare_hook(self, outcome: str, reason: str) -> None:
+        if self._on_prepare is None:
+            return
+        try:
+            self._on_prepare(outcome, reason)
+        except Exception:
+            log.exception("prepare hook of %s failed", self.driver)
+
+
+class _Service:
+    """The DRA and health services: handlers for the server's threads.
+
+    ``generation`` grows each time a server generation stops, which ends its streams.
+    """
+
+    def __init__(self, plugin: DraPlugin) -> None:
+        self.plugin = plugin
+        self.generation = 0
+        self._streams = 0
+        self._lock = threading.Lock()
+        #: Device name -> (health, message, when that pair was first seen), for
+        #: last_updated_time: the time the driver determined the status, not the send time.
+        self._since: dict[str, tuple[int, str, int]] = {}
+
+    def services(self) -> dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]]:
+        services: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
+        for name, pb in _SERVICES.items():
+            services[name] = {
+                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                    self._prepare_handler(pb),
+                    request_deserializer=pb.NodePrepareResourcesRequest.FromString,
+                    response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+                ),
+                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                    self._unprepare_handler(pb),
+                    request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+                ),
+            }
+        services[_HEALTH_SERVICE] = {
+            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                self.watch_resources,
+                request_deserializer=health_pb.NodeWatchResourcesRequest.FromString,
+                response_serializer=health_pb.NodeWatchResourcesResponse.SerializeToString,
+            )
+        }
+        return services
+
+    def end_streams(self) -> None:
+        with self._lock:
+            self.generation += 1
+        self.plugin.pool.interrupt()
+
+    # -- prepare / unprepare ----------------------------------------------------------------
+
+    def _prepare_handler(self, pb: ModuleType) -> Callable[[Any, grpc.ServicerContext], Any]:
+        share_ids = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+
+        def handler(request: Any, context: grpc.ServicerContext) -> Any:
+            response = pb.NodePrepareResourcesResponse()
+            for claim in request.claims:
+                answer = response.claims[claim.uid]
+                error = self._prepare_one(claim, answer, share_ids)
+                if error:
+                    del answer.devices[:]
+                    answer.error = _clip(error)
+            return response
+
+        return handler
+
+    def _prepare_one(self, claim: Any, answer: Any, share_ids: bool) -> str:
+        """Fill ``answer`` for one claim; return the error text ("" when prepared)."""
+        plugin = self.plugin
+        label = claim_label(claim.namespace, claim.name, claim.uid)
+        try:
+            devices = plugin.prepare(claim.namespace, claim.name, claim.uid)
+        except ClaimRefused as refused:
+            plugin.call_prepare_hook("error", str(refused.reason))
+            log.info("prepare refused: %s", _clip(str(refused)))
+            return str(refused)
+        except ClaimError as exc:
+            plugin.call_prepare_hook("error", "claim-read")
+            log.info("prepare of %s failed: %s", label, _clip(str(exc)))
+            return str(exc)
+        except CheckpointError as exc:
+            plugin.call_prepare_hook("error", "checkpoint")
+            log.error("prepare of %s failed: %s", label, exc)
+            return f"{label}: {exc}"
+        except Exception as exc:
+            plugin.call_prepare_hook("error", "internal")
+            log.exception("prepare of %s failed", label)
+            return f"{label}: internal error of driver {plugin.driver}: {exc}"
+        for device in devices:
+            wire = answer.devices.add(
+                request_names=device.request_names,
+                pool_name=device.pool,
+                device_name=device.device,
+                cdi_device_ids=device.cdi_device_ids,
+            )
+            if share_ids and device.share_id is not None:
+                wire.share_id = device.share_id
+        plugin.call_prepare_hook("ok", "")
+        return ""
+
+    def _unprepare_handler(self, pb: ModuleType) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def handler(request: Any, context: grpc.ServicerContext) -> Any:
+            response = pb.NodeUnprepareResourcesResponse()
+            for claim in request.claims:
+                answer = response.claims[claim.uid]
+                try:
+                    self.plugin.unprepare(claim.namespace, claim.name, claim.uid)
+                except Exception as exc:
+                    label = claim_label(claim.namespace, claim.name, claim.uid)
+                    if not isinstance(exc, CheckpointError):
+                        log.exception("unprepare of %s failed", label)
+                    else:
+                        log.error("unprepare of %s failed: %s", label, exc)
+                    answer.error = _clip(f"{label}: {exc}")
+            return response
+
+        return handler
+
+    # -- health -----------------------------------------------------------------------------
+
+    def _status(self, device: PoolDevice, now: int) -> tuple[int, str, int]:
+        if device.gone:
+            health, message = health_pb.UNHEALTHY, _GONE_MESSAGE
+        elif not device.healthy:
+            health, message = health_pb.UNHEALTHY, _UNHEALTHY_MESSAGE
+        else:
+            health, message = health_pb.HEALTHY, ""
+        seen = self._since.get(device.name)
+        if seen is None or seen[:2] != (health, message):
+            seen = self._since[device.name] = (health, message, now)
+        return seen
+
+    def health_response(self) -> health_pb.NodeWatchResourcesResponse:
+        plugin = self.plugin
+        now = int(time.time())
+        response = health_pb.NodeWatchResourcesResponse()
+        with self._lock:
+            devices = plugin.pool.devices
+            for device in devices.values():
+                health, message, since = self._status(device, now)
+                response.devices.add(
+                    device=health_pb.DeviceIdentifier(
+                        pool_name=plugin.pool_name, device_name=device.name
+                    ),
+                    health=health,
+                    last_updated_time=since,
+                    health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                    message=message,
+                )
+            if len(self._since) > 2 * len(devices) + 64:  # forget devices long gone
+                self._since = {k: v for k, v in self._since.items() if k in devices}
+        return response
+
+    def _abort(self, context: grpc.ServicerContext, code: grpc.StatusCode, text: str) -> NoReturn:
+        context.abort(code, _clip(text))
+        raise AssertionError("unreachable: abort raises")
+
+    def watch_resources(
+        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
+        plugin, pool = self.plugin, self.plugin.pool
+        with self._lock:
+            busy = self._streams >= MAX_HEALTH_STREAMS
+            if not busy:
+                self._streams += 1
+            generation = self.generation
+        if busy:
+            self._abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"DRA driver {plugin.driver} already has {MAX_HEALTH_STREAMS} health streams open",
+            )
+        context.add_callback(pool.interrupt)  # a client leaving wakes its stream at once
+
+        def stopping() -> bool:
+            return self.generation != generation or not context.is_active()
+
+        try:
+            while not stopping():
+                seen = pool.version
+                try:
+                    response = self.health_response()
+                except Exception as exc:
+                    log.exception("building the device health of %s failed", plugin.driver)
+                    self._abort(
+                        context,
+                        grpc.StatusCode.INTERNAL,
+                        f"device health of DRA driver {plugin.driver} failed: {exc}",
+                    )
+                yield response
+                resend = time.monotonic() + HEALTH_RESEND_SECONDS
+                while pool.version <= seen and not pool.closed and not stopping():
+                    left = resend - time.monotonic()
+                    if left <= 0:
+                        break
+                    pool.wait_newer_blocking(seen, min(left, _STREAM_CHECK_SECONDS), stopping)
+                if pool.closed:
+                    return
+        finally:
+            with self._lock:
+                self._streams -= 1

@@ -1,0 +1,171 @@
+"""The DRA pool: names as DNS labels, attributes from udev and templates, slots, versions."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdi_gen import names
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.models import AgentConfig
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.pool import DevicePool, device_name, pool_devices
+from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.errors import ConfigError
+from cdi_gen.model import DeviceRecord, ParentRecord, PoolDevice
+
+CDI_DEVICE = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9_.:-]{0,62})?", fullmatch=True)
+
+
+@given(CDI_DEVICE)
+def test_dns_label_always_gives_a_stable_label(name: str) -> None:
+    label = names.dns_label(name)
+    assert names.is_dns_label(label), label
+    assert names.dns_label(name) == label
+
+
+@given(CDI_DEVICE, CDI_DEVICE)
+def test_dns_label_keeps_different_names_apart(a: str, b: str) -> None:
+    if a != b:
+        assert names.dns_label(a) != names.dns_label(b)
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [("loop7", "loop7"), ("fpga-0", "fpga-0"), ("Fpga_0", "fpga-0-"), ("__", "x")],
+)
+def test_dns_label_keeps_labels_and_readable_forms(name: str, label: str) -> None:
+    assert names.dns_label(name).startswith(label)
+
+
+def _config(cls: dict[str, Any]) -> AgentConfig:
+    return parse_config({"vendor": "example.com", "classes": [cls]}, "test.yaml")
+
+
+def _loop(n: int, **kw: Any) -> DeviceRecord:
+    return DeviceRecord(
+        sys_path=f"/sys/devices/virtual/block/loop{n}",
+        subsystem="block",
+        sys_name=f"loop{n}",
+        sys_number=str(n),
+        devnode=f"/dev/loop{n}",
+        devtype="disk",
+        major=7,
+        minor=n,
+        **kw,
+    )
+
+
+def _pool(config: AgentConfig, records: list[DeviceRecord]) -> list[PoolDevice]:
+    cls = config.classes[0]
+    (change,) = Discovery(config).replace(records)
+    change = expand_change(change, cls.sharing.replicas)
+    return pool_devices(config.vendor, cls, change.after_write, {d.name: d for d in change.devices})
+
+
+LOOP = {"name": "loop", "match": {"subsystem": "block", "kernel": "loop*"}, "api": "dra"}
+
+
+def test_attributes_from_udev_and_templates() -> None:
+    config = _config({**LOOP, "attributes": {"disk": "{devtype}", "missing": "{property[NOPE]}"}})
+    record = _loop(
+        3,
+        numa_node=1,
+        properties={
+            "ID_VENDOR": "ACME ",
+            "ID_MODEL_FROM_DATABASE": "Frobnicator",
+            "ID_SERIAL": "x" * 65,
+        },
+        parents=(ParentRecord("/sys/devices/virtual", "virtual", driver="loopdrv"),),
+    )
+    (device,) = _pool(config, [record])
+    assert device.name == "loop-loop3"
+    assert device.cdi_name == "example.com/loop=loop3"
+    assert dict(device.attributes) == {
+        "class": "loop",
+        "cdiName": "example.com/loop=loop3",
+        "subsystem": "block",
+        "kernelName": "loop3",
+        "driver": "loopdrv",
+        "vendor": "ACME",
+        "model": "Frobnicator",
+        "numaNode": 1,
+        # the 65-character serial does not fit a ResourceSlice string; the unrenderable
+        # template is left out, the device is not
+        "disk": "disk",
+    }
+
+
+def test_slots_share_their_physical_device() -> None:
+    config = _config({**LOOP, "sharing": {"replicas": 3}})
+    devices = _pool(config, [_loop(1), _loop(2)])
+    assert [d.name for d in devices] == [f"loop-loop{n}-{s}" for n in (1, 2) for s in range(3)]
+    assert [d.attributes["slot"] for d in devices] == [0, 1, 2, 0, 1, 2]
+    assert {d.slots for d in devices} == {3}
+    assert len({d.physical for d in devices}) == 2
+
+
+def test_when_gone_taint_keeps_the_device_marked_gone() -> None:
+    config = _config({**LOOP, "whenGone": "taint"})
+    discovery = Discovery(config)
+    discovery.replace([_loop(4)])
+    remove = DeviceRecord(
+        sys_path="/sys/devices/virtual/block/loop4",
+        subsystem="block",
+        sys_name="loop4",
+        action="remove",
+    )
+    (change,) = discovery.apply([remove])
+    cls = config.classes[0]
+    (device,) = pool_devices(
+        "example.com", cls, change.after_write, {d.name: d for d in change.devices}
+    )
+    assert (device.healthy, device.gone, device.taint_when_gone) == (False, True, True)
+
+
+def test_pool_versions_wake_waiters_once_per_change() -> None:
+    async def main() -> None:
+        pool = DevicePool()
+        a = PoolDevice(name="a", cdi_name="v.com/c=a", class_name="c", physical="/a")
+        waiter = asyncio.ensure_future(pool.wait_newer(0))
+        assert pool.publish("c", [a])
+        assert await waiter == 1
+        assert not pool.publish("c", [a])  # unchanged: no new version
+        assert pool.version == 1
+        pool.publish("d", [dataclasses.replace(a, name="b", class_name="d")])
+        assert list(pool.devices) == ["a", "b"]
+        pool.publish("c", [])
+        assert list(pool.devices) == ["b"] and pool.get("a") is None
+
+    asyncio.run(main())
+
+
+def test_device_name_includes_the_class() -> None:
+    assert device_name("fpga", "fpga0") != device_name("loop", "fpga0")
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"9lives": "{kernel}"}, "is not a C identifier"),
+        ({"x" * 33: "{kernel}"}, "is not a C identifier"),
+        ({"class": "{kernel}"}, "is one cdi-gen sets itself"),
+        ({"ok": "{nope}"}, "nope"),
+    ],
+)
+def test_bad_attributes_are_config_errors(attributes: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _config({**LOOP, "attributes": attributes})
+    assert message in str(info.value)
+    assert "classes[0].attributes" in str(info.value)
+
+
+def test_api_must_be_known() -> None:
+    with pytest.raises(ConfigError) as info:
+        _config({**LOOP, "api": "grpc"})
+    assert "classes[0].api" in str(info.value) and "'grpc'" in str(info.value)
