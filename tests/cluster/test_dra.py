@@ -348,3 +348,46 @@ def test_kubelet_restart_republishes_slices(node: Node) -> None:
     pods.wait_running("after", timeout=90)
     ((other, _),) = pods.seen("after").devices.items()
     assert other != held
+
+
+def test_shared_device_slots_go_to_two_pods_and_no_more(node: Node) -> None:
+    """``sharing: {replicas: 2}`` through DRA: two slot devices consuming one ``slots: 2``
+    counter of their physical device; two claims get the same device node, a third waits."""
+    loops, claims, pods, tmp_path = node.loops, node.claims, node.pods, node.tmp_path
+    device = loops.add()
+    config = class_config(CLASS, [device.name], replicas=2)
+    node.start_agent(config, None)
+    config_path = tmp_path / "deviceclasses-config.yaml"
+    config_path.write_text(config)
+    device_class = for_extended_resource(generated_device_classes(config_path), RESOURCE)
+    claims.ensure_device_class(device_class)
+    slots = {f"{cdi_name(device)}-{i}" for i in range(2)}
+    found = claims.wait_devices(
+        DRIVER, lambda found: set(published(found)) == slots, f"slots {sorted(slots)} published"
+    )
+    counter_sets = [s for s in claims.slices(DRIVER) for s in s["spec"].get("sharedCounters") or ()]
+    assert [{k: v["value"] for k, v in c["counters"].items()} for c in counter_sets] == [
+        {"slots": "2"}
+    ], counter_sets
+    for slot in found.values():
+        (consumes,) = slot["consumesCounters"]
+        assert consumes["counterSet"] == counter_sets[0]["name"]
+        assert consumes["counters"] == {"slots": {"value": "1"}}
+
+    names = ["share-a", "share-b", "share-c"]
+    for name in names:
+        claims.claim(f"{name}-claim", str(device_class["metadata"]["name"]))
+        claims.pod_with_claim(name, f"{name}-claim")
+    deadline = time.monotonic() + 60
+    while True:
+        state = {n: pods.get(n) for n in names}
+        running = [n for n, p in state.items() if phase(p) == "Running"]
+        waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
+        if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
+            break
+        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
+        time.sleep(0.2)
+    for name in running:
+        assert pods.seen(name).devices == {str(device.path): hex_rdev(device)}
+    got = {allocated_devices(claims.get_claim(f"{n}-claim"))[0]["device"] for n in running}
+    assert got == {d["name"] for d in found.values()}, "both pods got the same slot"
