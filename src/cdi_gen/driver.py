@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from cdi_gen.apiserver.publisher import SlicePublisher
     from cdi_gen.kubelet.draplugin import DraPlugin
 
-__all__ = ["WITHDRAW_SECONDS", "DraDriver"]
+__all__ = ["RESTART_SECONDS", "WITHDRAW_SECONDS", "DraDriver"]
 
 log = logging.getLogger("cdi_gen.driver")
 
@@ -40,6 +40,9 @@ log = logging.getLogger("cdi_gen.driver")
 #: the node's devices must still follow the hardware, and NodePrepareResources refuses a
 #: device that is gone whatever a stale slice says.
 WITHDRAW_SECONDS = 5.0
+
+#: Wait before a publisher that failed unexpectedly starts over.
+RESTART_SECONDS = 5.0
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -102,7 +105,7 @@ class DraDriver:
         if self.publisher is None:
             client = self.client = ApiClient(settings.kubeconfig)
             self.publisher = SlicePublisher(client, self.name, self.node, self.pool)
-            spawn(self.publisher.run(), f"slices {self.name}")
+            spawn(self._publish(self.publisher), f"slices {self.name}")
             reader = ClaimReader(client, asyncio.get_running_loop())
             registered = {
                 ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
@@ -136,6 +139,23 @@ class DraDriver:
             "DRA driver serving",
             extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
         )
+
+    async def _publish(self, publisher: SlicePublisher) -> None:
+        """Run the publisher until the pool closes. It retries API failures itself; anything
+        else is a bug, logged and counted, and must not stop the agent (it would take the
+        device plugins and the specs of every other class with it): start it over."""
+        while True:
+            try:
+                await publisher.run()
+                return
+            except Exception:
+                self.metrics.failures.labels(self.name, "internal").inc()
+                log.exception(
+                    "publishing ResourceSlices failed; starting over in %gs",
+                    RESTART_SECONDS,
+                    extra=fields(driver=self.name),
+                )
+                await asyncio.sleep(RESTART_SECONDS)
 
     def waiting(self) -> str | None:
         """For ``/readyz``: what the driver still waits for, or None when ready."""

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
+from cdi_gen.cdi.writer import spec_filename
+
 from .agent import DRIVER, VENDOR, NodeAgent, class_config
 from .claims import (
     Claims,
@@ -391,3 +393,37 @@ def test_shared_device_slots_go_to_two_pods_and_no_more(node: Node) -> None:
         assert pods.seen(name).devices == {str(device.path): hex_rdev(device)}
     got = {allocated_devices(claims.get_claim(f"{n}-claim"))[0]["device"] for n in running}
     assert got == {d["name"] for d in found.values()}, "both pods got the same slot"
+
+
+def test_a_device_is_in_the_slice_only_while_its_spec_entry_is_on_disk(node: Node) -> None:
+    """The ordering of the device plugin, through DRA: on hotplug the CDI entry is written
+    before the device enters the slice; on unplug the device leaves the slice before its
+    entry leaves the spec. Sampled as fast as the API answers, in the order that catches a
+    violation: slice then spec while adding, spec then slice while removing."""
+    cluster, loops, claims = node.cluster, node.loops, node.claims
+    present, hot = loops.add(), loops.reserve()
+    node.start_agent(class_config(CLASS, [present.name, hot.name]), None)
+    claims.wait_devices(
+        DRIVER, lambda found: cdi_name(present) in published(found), "the first device"
+    )
+    spec = cluster.cdi_run / spec_filename(VENDOR, CLASS)
+    entry = f'"{CLASS}-{hot.number}"'
+
+    def in_slice() -> bool:
+        return cdi_name(hot) in published(claims.devices(DRIVER))
+
+    def in_spec() -> bool:
+        return spec.exists() and entry in spec.read_text()
+
+    loops.add(hot)
+    deadline = time.monotonic() + 30
+    while not in_slice():
+        assert time.monotonic() < deadline, "the hotplugged device never entered the slice"
+    assert in_spec(), f"{cdi_name(hot)} in the slice before its entry is in {spec}"
+
+    loops.remove(hot)
+    deadline = time.monotonic() + 30
+    while in_spec():
+        assert time.monotonic() < deadline, "the unplugged device's entry never left the spec"
+    assert not in_slice(), f"{cdi_name(hot)} still in the slice after its entry left {spec}"
+    assert cdi_name(present) in published(claims.devices(DRIVER))
