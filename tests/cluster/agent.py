@@ -3,8 +3,13 @@
 The agent runs in the host's namespaces (like a hostNetwork pod with host folders) and is
 pointed at the node's folders as seen from outside its mount namespace: the kubelet's
 device-plugin folder and containerd's CDI folders. Its config mirrors the seed lab's names
-(``deploy/kubernetes/configmap.yaml``: vendor example.com, class fpga, devices ``fpga-N``, env
+(``deploy/kubernetes/base/configmap.yaml``: vendor example.com, class fpga, devices ``fpga-N``, env
 ``FPGA_DEVICE``) with loop devices standing in for the FPGA ports.
+
+In DRA mode (``dra_args``) the agent gets the kubelet's plugin folders as seen from the host
+(the same paths inside the node), the cluster admin's kubeconfig for ResourceSlices and
+ResourceClaims, the node's name for its pool, and a state folder of the test's own that
+outlives one agent, so that a restarted agent finds the claims its predecessor prepared.
 """
 
 from __future__ import annotations
@@ -21,10 +26,26 @@ from containerd.agent import spawn_agent
 from .cluster import Cluster
 
 VENDOR = "example.com"
+#: The DRA driver name the tests use: the vendor, which is also the agent's default.
+DRIVER = VENDOR
 
 
-def class_config(name: str, kernels: Sequence[str], replicas: int = 1) -> str:
-    """One class of whole loop disks with exactly these kernel names.
+def dra_args(cluster: Cluster, state_dir: Path, driver: str = DRIVER) -> tuple[str, ...]:
+    """``cdi-gen run`` flags serving every class through DRA on the cluster's node."""
+    return (
+        "--api", "dra",
+        "--dra-driver", driver,
+        "--plugins-registry-dir", str(cluster.plugins_registry_dir),
+        "--kubelet-plugins-dir", str(cluster.kubelet_plugins_dir),
+        "--state-dir", str(state_dir),
+        "--kubeconfig", str(cluster.admin_kubeconfig),
+        "--node-name", cluster.node_name,
+    )  # fmt: skip
+
+
+def class_config(name: str, kernels: Sequence[str], replicas: int = 1, **extra: object) -> str:
+    """One class of whole loop disks with exactly these kernel names; ``extra`` adds class
+    fields as they are spelled in the config (``whenGone="taint"``).
 
     Exact names keep other suites' loop devices (created at the same time) out of the class.
     JSON is YAML.
@@ -39,6 +60,7 @@ def class_config(name: str, kernels: Sequence[str], replicas: int = 1) -> str:
     }
     if replicas > 1:
         cls["sharing"] = {"replicas": replicas}
+    cls.update(extra)
     return json.dumps({"vendor": VENDOR, "classes": [cls]}, indent=2) + "\n"
 
 
@@ -47,6 +69,8 @@ class NodeAgent:
     cluster: Cluster
     config_path: Path
     log_path: Path
+    #: More ``cdi-gen run`` flags, e.g. ``dra_args(...)``.
+    extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -55,7 +79,7 @@ class NodeAgent:
             [self.cluster.cdi_etc, self.cluster.cdi_run],
             self.cluster.device_plugin_dir,
             self.log_path,
-            (),
+            self.extra_args,
         )
 
     def running(self) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import json
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -44,6 +45,25 @@ CNI_PLUGINS = ("loopback", "ptp", "host-local")
 #: How often the kubelet recomputes its Node status; a changed allocatable reaches the API at
 #: the next tick. The kubelet's default is 10 s; 1 s keeps the tests short.
 NODE_STATUS_SECONDS = 1
+#: Alpha gates of 1.35 that DRA end to end needs (issue 14), on in every component that reads
+#: them; an unknown gate makes a component refuse to start, so each was checked against the
+#: release's pkg/features/kube_features.go. resource.k8s.io/v1 itself is always on from 1.35.
+#: Taints in ResourceSlices need no other API: only DeviceTaintRule objects (gate
+#: DRADeviceTaintRules) live in resource.k8s.io/v1alpha3, and nothing here uses them.
+FEATURE_GATES = {
+    # DeviceClass.spec.extendedResourceName: the apiserver keeps the field, the scheduler
+    # allocates a pod's `limits: {vendor/class: 1}` through DRA, the kubelet prepares it.
+    "DRAExtendedResource": True,
+    # Device taints in slices: kept by the apiserver, honoured by the scheduler, NoExecute
+    # evictions by the controller-manager's device-taint-eviction controller.
+    "DRADeviceTaints": True,
+    # sharedCounters / consumesCounters in slices (kept by the apiserver, counted by the
+    # scheduler): a shared device's slots.
+    "DRAPartitionableDevices": True,
+    # containerStatuses[].allocatedResourcesStatus: the kubelet fills it from the driver's
+    # health stream, and the apiserver drops the field from pod status while the gate is off.
+    "ResourceHealthStatus": True,
+}
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
@@ -138,6 +158,31 @@ class Cluster:
     def device_plugin_dir(self) -> Path:
         assert self.namespace is not None
         return self.namespace.device_plugin_dir
+
+    @property
+    def node_name(self) -> str:
+        return NODE_NAME
+
+    @property
+    def kubelet_dir(self) -> Path:
+        """The kubelet's root folder (/var/lib/kubelet inside the node) as seen from the host."""
+        assert self.namespace is not None
+        return self.namespace.kubelet_dir
+
+    @property
+    def plugins_registry_dir(self) -> Path:
+        """The kubelet's plugin watcher folder, where a DRA driver puts its registration
+        socket. The path is the same inside the node (the namespace only binds folders over
+        /var/lib and /var/log; /tmp is shared), so a socket path under it, or under
+        ``kubelet_plugins_dir``, is one the kubelet can dial as it is."""
+        assert self.namespace is not None
+        return self.namespace.plugins_registry_dir
+
+    @property
+    def kubelet_plugins_dir(self) -> Path:
+        """The kubelet's plugins folder: a DRA driver serves ``<driver>/dra.sock`` in it."""
+        assert self.namespace is not None
+        return self.namespace.kubelet_plugins_dir
 
     @property
     def cdi_etc(self) -> Path:
@@ -262,6 +307,7 @@ class Cluster:
                 "--authorization-mode", "Node,RBAC",
                 "--enable-admission-plugins", "NodeRestriction",
                 "--allow-privileged=true",
+                "--feature-gates", _gates(),
                 "--profiling=false",
                 "--v=1",
             ],
@@ -274,7 +320,12 @@ class Cluster:
     def _start_controllers(self) -> None:
         step = time.monotonic()
         pki = self.pki
-        common = ["--bind-address", "127.0.0.1", "--leader-elect=false", "--v=1"]
+        common = [
+            "--bind-address", "127.0.0.1",
+            "--leader-elect=false",
+            "--feature-gates", _gates(),
+            "--v=1",
+        ]  # fmt: skip
         scheduler = self._component(
             "kube-scheduler",
             [
@@ -435,6 +486,7 @@ class Cluster:
             "imageGCLowThresholdPercent": 99,
             "volumePluginDir": str(self.work / "volume-plugins"),
             "serializeImagePulls": False,
+            "featureGates": dict(FEATURE_GATES),
         }
 
     def _kubelet_argv(self, certs: dict[str, Pair]) -> list[str]:
@@ -523,6 +575,33 @@ class Cluster:
             int(status.get("allocatable", {}).get(resource, "0")),
         )
 
+    def metrics(self, component: str) -> str:
+        """A component's /metrics as the cluster admin: the apiserver's and the kubelet's
+        through the API (the kubelet's by the node proxy), the scheduler's and the
+        controller-manager's from their own ports (which ask the apiserver who may read)."""
+        assert self.api is not None
+        if component == "kube-apiserver":
+            return self.api.text("/metrics")
+        if component == "kubelet":
+            return self.api.text(f"/api/v1/nodes/{NODE_NAME}/proxy/metrics")
+        port = {"kube-scheduler": "scheduler", "kube-controller-manager": "controller-manager"}
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # self-signed serving certificates, as in _https_ok
+        context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        url = f"https://127.0.0.1:{self.ports[port[component]]}/metrics"
+        with urllib.request.urlopen(url, context=context, timeout=10) as r:
+            return str(r.read().decode())
+
+    def feature_gates(self, component: str) -> dict[str, bool]:
+        """The gates a running component reports (``kubernetes_feature_enabled``)."""
+        found = re.findall(
+            r'^kubernetes_feature_enabled\{name="(\w+)",stage="\w*"\} (\d)$',
+            self.metrics(component),
+            re.MULTILINE,
+        )
+        return {name: value == "1" for name, value in found}
+
     def restart_kubelet(self) -> float:
         """SIGTERM the kubelet and start it again; seconds until its healthz answers."""
         kubelet = self.components["kubelet"]
@@ -570,6 +649,10 @@ class Cluster:
     def remove(self) -> None:
         """Delete the work folder (unless something is still mounted in it)."""
         remove_work(self.work)
+
+
+def _gates() -> str:
+    return ",".join(f"{name}={str(on).lower()}" for name, on in FEATURE_GATES.items())
 
 
 def _pair(pair: Pair) -> tuple[Path, Path]:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from loopdev import LoopDevices
 
-from .agent import VENDOR, NodeAgent
+from .agent import DRIVER, VENDOR, NodeAgent, dra_args
 from .build import BuildError, build
+from .claims import Claims
 from .cluster import Cluster
 from .dist import FetchError, fetch_containerd, fetch_etcd
 from .image import AgentImage, ImageError, ensure_agent_image
@@ -151,6 +152,95 @@ def node_agent(cluster: Cluster, tmp_path: Path) -> Iterator[AgentFactory]:
 
 
 REGISTERED = "with the kubelet"
+
+
+@pytest.fixture
+def claims(cluster: Cluster, pods: Pods) -> Iterator[Claims]:
+    """The test's DRA objects (claims, templates, DeviceClasses), deleted at its end after
+    its pods (the ``pods`` fixture is torn down later, so delete them here first)."""
+    assert cluster.api is not None
+    c = Claims(cluster.api, pods)
+    try:
+        yield c
+    finally:
+        pods.delete_all()
+        c.delete_all()
+
+
+DraAgentFactory = Callable[..., NodeAgent]
+
+
+def _kubelet_log_size(cluster: Cluster) -> int:
+    try:
+        return cluster.components["kubelet"].log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _kubelet_connected(cluster: Cluster, driver: str, since: int) -> bool:
+    """Whether the kubelet logged, after byte ``since`` of its log, a connection to
+    ``driver``'s DRA socket (at -v=2 it logs every gRPC connection change of a registered
+    DRA plugin: dra_plugin_manager.go, "Connection changed")."""
+    with open(cluster.components["kubelet"].log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return any(
+        '"Connection changed"' in line
+        and f'driverName="{driver}"' in line
+        and "connected=true" in line
+        for line in text.splitlines()
+    )
+
+
+@pytest.fixture
+def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraAgentFactory]:
+    """Start ``cdi-gen run --api dra`` on the node with a config text and return once the
+    kubelet has connected to its DRA socket (registration done). ``state_dir`` (default: one
+    per test) is where prepared claims are kept: pass the same one to a restarted agent.
+
+    At the end the pods are deleted (their claims unprepared), the agents stopped (SIGTERM),
+    the specs they left removed, and whatever ResourceSlices of the driver remain deleted, so
+    the next test starts from none."""
+    started: list[NodeAgent] = []
+
+    def factory(
+        config: str, state_dir: Path | None = None, driver: str = DRIVER, wait: bool = True
+    ) -> NodeAgent:
+        n = len(started)
+        path = tmp_path / f"dra-agent{n}.yaml"
+        path.write_text(config)
+        state = state_dir or tmp_path / "state"
+        since = _kubelet_log_size(cluster)
+        agent = NodeAgent(
+            cluster, path, tmp_path / f"dra-agent{n}.log", dra_args(cluster, state, driver)
+        )
+        agent.start()
+        started.append(agent)
+        _TEST_LOGS.append((f"cdi-gen run --api dra #{n}", agent.log))
+        deadline = time.monotonic() + 30
+        while wait and not _kubelet_connected(cluster, driver, since):
+            if not agent.running() or time.monotonic() > deadline:
+                pytest.fail(
+                    f"cdi-gen run --api dra #{n} (exit {agent.process and agent.process.poll()}) "
+                    f"was not connected by the kubelet as DRA driver {driver}:\n{agent.log()}"
+                )
+            time.sleep(0.1)
+        return agent
+
+    try:
+        yield factory
+    finally:
+        _TEST_LOGS.clear()
+        # Pods first, while the driver runs: the kubelet removes a pod from the API only
+        # after NodeUnprepareResources for its claims succeeded.
+        claims.pods.delete_all()
+        for agent in started:
+            agent.stop()
+        for spec in cluster.cdi_run.glob("*"):
+            spec.unlink()
+        drivers = {a.extra_args[a.extra_args.index("--dra-driver") + 1] for a in started}
+        for driver in drivers:
+            claims.delete_slices(driver)
 
 
 def _wait_nothing_allocatable(cluster: Cluster, timeout: float = 30) -> None:

@@ -15,6 +15,13 @@ tells users to ``kubectl apply -k``, and changes three things:
 
 The host folders stay as shipped: the cluster's node namespace (``namespace.py``) puts the
 kubelet's device-plugin folder and containerd's CDI folders at the standard paths.
+
+``write_dra_overlay`` does the same over the DRA variant, ``deploy/kubernetes/dra``, and changes
+one more thing: the API server's address. A pod's in-cluster config dials the ``kubernetes``
+Service (``KUBERNETES_SERVICE_HOST``), and this cluster runs no kube-proxy that would route
+the Service address; the agent pod uses the host's network, so it is pointed at the API
+server's own address (127.0.0.1 is in its serving certificate). Its ServiceAccount, token,
+RBAC and DeviceClasses stay as shipped.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import yaml
 from .image import REPO
 
 DEPLOY = REPO / "deploy" / "kubernetes"
+DEPLOY_DRA = DEPLOY / "dra"
 NAMESPACE = "kube-system"
 NAME = "cdi-gen"
 CONFIGMAP = "cdi-gen-config"
@@ -41,8 +49,8 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 
 
 def shipped_config() -> dict[str, Any]:
-    """The config of deploy/kubernetes/configmap.yaml."""
-    (cm,) = _documents(DEPLOY / "configmap.yaml")
+    """The config of deploy/kubernetes/base/configmap.yaml."""
+    (cm,) = _documents(DEPLOY / "base" / "configmap.yaml")
     config: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
     return config
 
@@ -93,6 +101,57 @@ def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_p
         "patches": [
             {"path": "configmap-patch.yaml"},
             {"path": "daemonset-patch.yaml", "target": {"kind": "DaemonSet", "name": NAME}},
+        ],
+    }
+    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return dest
+
+
+def write_dra_overlay(
+    dest: Path, image_name: str, config: dict[str, Any], metrics_port: int, api_port: int
+) -> Path:
+    """A kustomization folder at ``dest`` over deploy/kubernetes/dra; returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    repository, tag = image_name.rsplit(":", 1)
+    configmap_patch = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+        "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+    }
+    # Env entries merge by name (the DRA patch put its own first, so no index is stable).
+    env_patch = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "agent",
+            "imagePullPolicy": "Never",
+            "env": [
+                {"name": "CDI_GEN_METRICS_ADDRESS", "value": f"0.0.0.0:{metrics_port}"},
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)},
+            ],
+        }]}}},
+    }  # fmt: skip
+    container = "/spec/template/spec/containers/0"
+    # Ports merge by containerPort, which is what changes: a JSON patch, checked first.
+    port_patch = [
+        {"op": "test", "path": f"{container}/ports/0/name", "value": "metrics"},
+        {"op": "replace", "path": f"{container}/ports/0/containerPort", "value": metrics_port},
+    ]
+    (dest / "configmap-patch.yaml").write_text(yaml.safe_dump(configmap_patch, sort_keys=False))
+    (dest / "env-patch.yaml").write_text(yaml.safe_dump(env_patch, sort_keys=False))
+    (dest / "port-patch.yaml").write_text(yaml.safe_dump(port_patch, sort_keys=False))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY_DRA, dest)],
+        "images": [{"name": NAME, "newName": repository, "newTag": tag}],
+        "patches": [
+            {"path": "configmap-patch.yaml"},
+            {"path": "env-patch.yaml"},
+            {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": NAME}},
         ],
     }
     (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))

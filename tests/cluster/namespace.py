@@ -52,6 +52,17 @@ class NodeNamespace:
         return self.kubelet_dir / "device-plugins"
 
     @property
+    def plugins_registry_dir(self) -> Path:
+        """/var/lib/kubelet/plugins_registry (the kubelet's plugin watcher: DRA registration
+        sockets) as seen from outside the namespace."""
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def kubelet_plugins_dir(self) -> Path:
+        """/var/lib/kubelet/plugins (DRA drivers' sockets) as seen from outside."""
+        return self.kubelet_dir / "plugins"
+
+    @property
     def cdi_etc(self) -> Path:
         return self.work / "cdi/etc"
 
@@ -81,7 +92,9 @@ class NodeNamespace:
         return "\n".join(lines)
 
     def start(self, log_path: Path) -> None:
-        for d in (self.device_plugin_dir, self.log_dir, self.cdi_etc, self.cdi_run):
+        # The kubelet creates its plugin folders too, but an agent may be started first.
+        for d in (self.device_plugin_dir, self.plugins_registry_dir, self.kubelet_plugins_dir,
+                  self.log_dir, self.cdi_etc, self.cdi_run):  # fmt: skip
             d.mkdir(parents=True, exist_ok=True)
         for d in (Path("/etc/cdi"), Path("/var/run/cdi")):
             if not d.is_dir():

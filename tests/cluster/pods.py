@@ -119,8 +119,12 @@ class Pods:
         return f"{PODS}/{name}"
 
     def create(self, name: str, limits: dict[str, int], env: str = "FPGA_DEVICE") -> None:
-        self.api.create(PODS, consumer(name, limits, env))
-        self.names.append(name)
+        self.add(consumer(name, limits, env))
+
+    def add(self, pod: dict[str, Any]) -> None:
+        """Create a pod object (a ``consumer`` changed by the caller, e.g. with claims)."""
+        self.api.create(PODS, pod)
+        self.names.append(pod["metadata"]["name"])
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.api.get_or_none(self.path(name))
@@ -134,6 +138,12 @@ class Pods:
         pod = self.api.wait_for(self.path(name), ready, timeout, f"pod {name} Running")
         assert pod is not None
         return pod
+
+    def wait_gone(self, name: str, timeout: float = 60) -> None:
+        """Wait until the pod object is gone, deleted by someone else (an eviction)."""
+        self.api.wait_for(self.path(name), lambda p: p is None, timeout, f"pod {name} gone")
+        if name in self.names:
+            self.names.remove(name)
 
     def wait_unschedulable(self, name: str, timeout: float = 30) -> str:
         pod = self.api.wait_for(

@@ -21,7 +21,7 @@ from .image import REPO, AgentImage
 # take under a second each.
 pytestmark = pytest.mark.timeout(900)
 
-CONFIGMAP = REPO / "deploy" / "kubernetes" / "configmap.yaml"
+CONFIGMAP = REPO / "deploy" / "kubernetes" / "base" / "configmap.yaml"
 # The DaemonSet's securityContext, as podman options.
 RESTRICTED = (
     "--read-only",

@@ -11,6 +11,7 @@ from cdi_gen.config.loader import parse_config
 from tests.conftest import REPO
 
 K8S = REPO / "deploy" / "kubernetes"
+BASE = K8S / "base"
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -18,7 +19,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def test_daemonset_shape() -> None:
-    (ds,) = _load(K8S / "daemonset.yaml")
+    (ds,) = _load(BASE / "daemonset.yaml")
     spec = ds["spec"]["template"]["spec"]
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
     assert spec["hostNetwork"] is True
@@ -46,16 +47,17 @@ def test_daemonset_shape() -> None:
 
 
 def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
-    (cm,) = _load(K8S / "configmap.yaml")
+    (cm,) = _load(BASE / "configmap.yaml")
     config = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "configmap.yaml")
     resources = {f"{config.vendor}/{c.name}" for c in config.classes}
     for example in (K8S / "examples").glob("*.yaml"):
         for pod in _load(example):
             for c in pod["spec"]["containers"]:
                 assert set(c["resources"]["limits"]) <= resources, example.name
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    for resource in kustomization["resources"]:
-        assert (K8S / resource).exists()
+    for folder in (K8S, BASE, K8S / "dra"):
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        for resource in kustomization["resources"]:
+            assert (folder / resource).exists(), (folder, resource)
 
 
 def test_readme_config_example_is_a_valid_config() -> None:

@@ -1,0 +1,350 @@
+"""Issue 14 on a real node: ``cdi-gen run --api dra`` publishes the node's loop devices as
+ResourceSlices, the scheduler allocates them to claims, the kubelet prepares them through the
+agent's DRA socket and the runtime injects them through CDI.
+
+The agent runs on the host as in the device-plugin scenarios (``agent.py``), pointed at the
+kubelet's plugin folders, the admin kubeconfig and a state folder of the test's own. The
+DeviceClasses are the ones ``cdi-gen deviceclasses`` generates for the same config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loopdev import LoopDevice, LoopDevices
+
+from .agent import DRIVER, VENDOR, NodeAgent, class_config
+from .claims import (
+    Claims,
+    allocated_devices,
+    device_attribute,
+    for_extended_resource,
+    generated_device_classes,
+    resources_status,
+)
+from .cluster import FEATURE_GATES, NODE_NAME, Cluster
+from .conftest import DraAgentFactory
+from .pods import Pods, phase, status, unschedulable_message
+from .test_seed_lab import hex_rdev
+
+CLASS = "fpga"
+RESOURCE = f"{VENDOR}/{CLASS}"
+
+
+def cdi_name(dev: LoopDevice) -> str:
+    return f"{VENDOR}/{CLASS}={CLASS}-{dev.number}"
+
+
+def published(devices: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Published devices by the CDI name they carry (attribute ``cdiName``)."""
+    return {device_attribute(d, DRIVER, "cdiName"): d for d in devices.values()}
+
+
+@dataclass
+class Node:
+    """What a DRA scenario uses on the node, and its one set-up step (``serve``)."""
+
+    cluster: Cluster
+    loops: LoopDevices
+    start_agent: DraAgentFactory
+    claims: Claims
+    pods: Pods
+    tmp_path: Path
+
+    def serve(
+        self, devices: Sequence[LoopDevice], state_dir: Path | None = None, **extra: object
+    ) -> tuple[NodeAgent, str]:
+        return serve(self.start_agent, self.claims, self.tmp_path, devices, state_dir, **extra)
+
+
+@pytest.fixture
+def node(
+    cluster: Cluster,
+    loops: LoopDevices,
+    dra_agent: DraAgentFactory,
+    claims: Claims,
+    tmp_path: Path,
+) -> Node:
+    assert cluster.allocatable(RESOURCE)[1] == 0, (
+        "a device plugin still offers the resource; one resource is never offered both ways"
+    )
+    return Node(cluster, loops, dra_agent, claims, claims.pods, tmp_path)
+
+
+def serve(
+    dra_agent: DraAgentFactory,
+    claims: Claims,
+    tmp_path: Path,
+    devices: Sequence[LoopDevice],
+    state_dir: Path | None = None,
+    **extra: object,
+) -> tuple[NodeAgent, str]:
+    """Start the DRA agent for a class of exactly ``devices``, create the class's generated
+    DeviceClass, wait until every device is published; the agent and the DeviceClass name."""
+    config = class_config(CLASS, [d.name for d in devices], **extra)
+    agent = dra_agent(config, state_dir)
+    config_path = tmp_path / "deviceclasses-config.yaml"
+    config_path.write_text(config)
+    device_class = for_extended_resource(generated_device_classes(config_path), RESOURCE)
+    claims.ensure_device_class(device_class)  # a restarted agent's test made it already
+    wanted = {cdi_name(d) for d in devices}
+    claims.wait_devices(
+        DRIVER,
+        lambda found: set(published(found)) == wanted,
+        f"the node's slices publishing exactly {sorted(wanted)}",
+    )
+    return agent, str(device_class["metadata"]["name"])
+
+
+def wait_health(pods: Pods, pod: str, cdi: str, health: str, timeout: float = 30) -> None:
+    """Wait until the pod's container reports ``health`` for the device ``cdi`` (the kubelet
+    names a DRA device in allocatedResourcesStatus by its first CDI ID)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = resources_status(pods.get(pod))
+        if any(ids.get(cdi) == health for ids in seen.values()):
+            return
+        assert time.monotonic() < deadline, (
+            f"pod {pod}: allocatedResourcesStatus never had {cdi}={health}: {seen}"
+        )
+        time.sleep(0.2)
+
+
+def test_dra_gates_are_on(cluster: Cluster) -> None:
+    """The gates of cluster.py are on in each component they matter to (a typo in a gate
+    name would stop the component; a gate left off would only fail later, obscurely)."""
+    wanted = {
+        "kube-apiserver": set(FEATURE_GATES),
+        "kube-scheduler": {"DRAExtendedResource", "DRADeviceTaints", "DRAPartitionableDevices"},
+        "kube-controller-manager": {"DRAExtendedResource", "DRADeviceTaints"},
+        "kubelet": {"DRAExtendedResource", "ResourceHealthStatus"},
+    }
+    for component, gates in wanted.items():
+        reported = cluster.feature_gates(component)
+        assert {g: reported.get(g) for g in gates} == dict.fromkeys(gates, True), component
+
+
+def test_claim_template_pod_gets_its_device(node: Node) -> None:
+    loops, claims, pods = node.loops, node.claims, node.pods
+    device = loops.add()
+    _, device_class = node.serve([device])
+    slice_device = published(claims.devices(DRIVER))[cdi_name(device)]
+    assert device_attribute(slice_device, DRIVER, "class") == CLASS
+    assert device_attribute(slice_device, DRIVER, "kernelName") == device.name
+    (one,) = claims.slices(DRIVER)
+    assert one["spec"]["nodeName"] == NODE_NAME and one["spec"]["pool"]["name"] == NODE_NAME
+    owner = one["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", NODE_NAME)
+
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("dra-consumer", "one-fpga")
+    pods.wait_running("dra-consumer")
+
+    claim = claims.pod_claim("dra-consumer")
+    (result,) = allocated_devices(claim)
+    assert (result["driver"], result["pool"], result["device"]) == (
+        DRIVER,
+        NODE_NAME,
+        slice_device["name"],
+    )
+    seen = pods.seen("dra-consumer")
+    assert seen.devices == {str(device.path): hex_rdev(device)}
+    assert seen.env == {"FPGA_DEVICE": f"{CLASS}-{device.number}"}
+    # The agent's health stream reaches the pod's status through the kubelet.
+    wait_health(pods, "dra-consumer", cdi_name(device), "Healthy")
+
+
+def test_two_devices_three_claims_third_pending(node: Node) -> None:
+    loops, claims, pods = node.loops, node.claims, node.pods
+    devices = [loops.add(), loops.add()]
+    by_path = {str(d.path): d for d in devices}
+    _, device_class = node.serve(devices)
+    names = ["dra-a", "dra-b", "dra-c"]
+    for name in names:
+        claims.claim(f"{name}-claim", device_class)
+        claims.pod_with_claim(name, f"{name}-claim")
+
+    deadline = time.monotonic() + 60
+    while True:
+        state = {n: pods.get(n) for n in names}
+        running = [n for n, p in state.items() if phase(p) == "Running"]
+        waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
+        if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
+            break
+        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
+        time.sleep(0.2)
+    ((pending, message),) = waiting.items()
+    assert phase(state[pending]) == "Pending"
+    assert "cannot allocate all claims" in message, message
+    assert allocated_devices(claims.get_claim(f"{pending}-claim")) == []
+
+    owner: dict[str, str] = {}
+    for name in running:
+        seen = pods.seen(name)
+        assert len(seen.devices) == 1, seen
+        ((path, numbers),) = seen.devices.items()
+        assert numbers == hex_rdev(by_path[path])
+        owner[path] = name
+    assert sorted(owner) == sorted(by_path), "both running pods got the same device"
+
+    freed, victim = next(iter(owner.items()))
+    pods.delete(victim)
+    pods.wait_running(pending, timeout=90)
+    assert pods.seen(pending).devices == {freed: hex_rdev(by_path[freed])}
+
+
+def test_extended_resource_pod_served_by_dra(node: Node) -> None:
+    cluster, loops, claims, pods = node.cluster, node.loops, node.claims, node.pods
+    device = loops.add()
+    node.serve([device])
+    # Nothing offers the resource by a device plugin now: the scheduler takes the DRA path
+    # only where the node's allocatable of the extended resource is zero.
+    assert cluster.allocatable(RESOURCE)[1] == 0
+
+    pods.create("dra-extended", {RESOURCE: 1})
+    pods.wait_running("dra-extended")
+    claim = claims.extended_resource_claim("dra-extended")
+    assert claim is not None, status(pods.get("dra-extended"))
+    (result,) = allocated_devices(claim)
+    assert result["driver"] == DRIVER
+    seen = pods.seen("dra-extended")
+    assert seen.devices == {str(device.path): hex_rdev(device)}
+    assert seen.env == {"FPGA_DEVICE": f"{CLASS}-{device.number}"}
+
+    pods.create("dra-extended-2", {RESOURCE: 1})
+    message = pods.wait_unschedulable("dra-extended-2")
+    assert message, status(pods.get("dra-extended-2"))
+
+
+def test_unplug_withdraws_the_device_from_the_slice(node: Node) -> None:
+    loops, claims, pods = node.loops, node.claims, node.pods
+    devices = [loops.add(), loops.add()]
+    _, device_class = node.serve(devices)
+    generation = claims.slices(DRIVER)[0]["spec"]["pool"]["generation"]
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("holder", "one-fpga")
+    pods.wait_running("holder")
+    ((held, _),) = pods.seen("holder").devices.items()
+
+    (unused,) = [d for d in devices if str(d.path) != held]
+    (kept,) = [d for d in devices if str(d.path) == held]
+    loops.remove(unused)
+    claims.wait_devices(
+        DRIVER,
+        lambda found: set(published(found)) == {cdi_name(kept)},
+        f"{cdi_name(unused)} withdrawn from the slice",
+    )
+    assert claims.slices(DRIVER)[0]["spec"]["pool"]["generation"] > generation
+    assert pods.seen("holder", after=2.5).devices == {held: hex_rdev(kept)}
+    assert pods.restarts("holder")[0] == 0
+
+
+def test_unplug_with_taint_evicts_the_pod(node: Node) -> None:
+    loops, claims, pods = node.loops, node.claims, node.pods
+    device = loops.add()
+    _, device_class = node.serve([device], whenGone="taint")
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("doomed", "one-fpga")
+    pods.wait_running("doomed")
+    assert pods.seen("doomed").devices == {str(device.path): hex_rdev(device)}
+
+    loops.remove(device)
+    found = claims.wait_devices(
+        DRIVER,
+        lambda found: any(
+            t.get("effect") == "NoExecute"
+            for t in published(found).get(cdi_name(device), {}).get("taints", [])
+        ),
+        f"{cdi_name(device)} kept in the slice with a NoExecute taint",
+    )
+    assert set(published(found)) == {cdi_name(device)}
+    # The controller-manager's device-taint-eviction controller deletes the pod; its last
+    # status says why, if the object is seen before it goes.
+    deadline = time.monotonic() + 60
+    reasons: set[str] = set()
+    while (pod := pods.get("doomed")) is not None:
+        for c in pod.get("status", {}).get("conditions", []):
+            if c["type"] == "DisruptionTarget":
+                reasons.add(c.get("reason", ""))
+        assert time.monotonic() < deadline, f"pod not evicted: {status(pod)}"
+        time.sleep(0.2)
+    pods.names.remove("doomed")
+    assert reasons <= {"DeletionByDeviceTaintManager"}, reasons
+
+
+def test_agent_restart_honours_prepared_claims(node: Node) -> None:
+    loops, claims, pods, tmp_path = node.loops, node.claims, node.pods, node.tmp_path
+    devices = [loops.add(), loops.add()]
+    by_path = {str(d.path): d for d in devices}
+    state = tmp_path / "state"
+    first, device_class = node.serve(devices, state_dir=state)
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("steady", "one-fpga")
+    pods.wait_running("steady")
+    ((held, _),) = pods.seen("steady").devices.items()
+    restarts = pods.restarts("steady")
+    claim = claims.pod_claim("steady")
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    assert _checkpoint_mentions(state, uid), f"no checkpoint in {state} names claim {uid}"
+
+    assert first.stop() == 0, first.log()
+    node.serve(devices, state_dir=state)
+    assert pods.restarts("steady") == restarts
+    assert pods.seen("steady", after=2.5).devices == {held: hex_rdev(by_path[held])}
+
+    # A new claim is prepared by the new agent, and the free device is the one it gets.
+    claims.pod_with_template("second", "one-fpga")
+    pods.wait_running("second")
+    ((other, _),) = pods.seen("second").devices.items()
+    assert other != held
+
+    # The kubelet removes a pod only once its claims are unprepared: the new agent unprepares
+    # the claim its predecessor prepared, and forgets it.
+    pods.delete("steady")
+    assert not _checkpoint_mentions(state, uid), f"claim {uid} still in the checkpoint"
+
+
+def _checkpoint_mentions(state: Path, uid: str) -> bool:
+    return any(uid in f.read_text(errors="replace") for f in state.rglob("*") if f.is_file())
+
+
+def test_kubelet_restart_republishes_slices(node: Node) -> None:
+    cluster, loops, claims, pods = node.cluster, node.loops, node.claims, node.pods
+    devices = [loops.add(), loops.add()]
+    by_path = {str(d.path): d for d in devices}
+    agent, device_class = node.serve(devices)
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("before", "one-fpga")
+    pods.wait_running("before")
+    ((held, _),) = pods.seen("before").devices.items()
+    restarts = pods.restarts("before")
+    before = {s["metadata"]["uid"] for s in claims.slices(DRIVER)}
+
+    cluster.restart_kubelet()
+    # The new kubelet wipes the node's slices at start; the agent must publish them again.
+    wanted = {cdi_name(d) for d in devices}
+    claims.wait_devices(
+        DRIVER,
+        lambda found: (
+            set(published(found)) == wanted
+            and not before & {s["metadata"]["uid"] for s in claims.slices(DRIVER)}
+        ),
+        "the node's slices published anew after the kubelet restart",
+        timeout=60,
+    )
+    time.sleep(3)  # and they stay: no wipe still pending behind the republish
+    assert set(published(claims.devices(DRIVER))) == wanted
+    assert agent.running()
+
+    assert pods.restarts("before") == restarts
+    assert pods.seen("before", after=2.5).devices == {held: hex_rdev(by_path[held])}
+    claims.pod_with_template("after", "one-fpga")
+    pods.wait_running("after", timeout=90)
+    ((other, _),) = pods.seen("after").devices.items()
+    assert other != held

@@ -1,0 +1,158 @@
+"""The DRA variant as shipped: ``kubectl apply -k deploy/kubernetes/dra`` (through the overlay
+of ``daemonset.py``) runs the agent image as a DaemonSet pod with its ServiceAccount, RBAC and
+DeviceClasses, and the README's unchanged example consumer (``limits: {example.com/fpga: 1}``)
+gets its device through DRA: the DeviceClass maps the extended resource to a claim.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from containerd.image import build_archive
+from loopdev import LoopDevices
+from ports import free_port
+
+from .agent import DRIVER
+from .build import build
+from .claims import Claims, allocated_devices, device_attribute
+from .cluster import NODE_NAME, Cluster
+from .conftest import _TEST_LOGS
+from .daemonset import DEPLOY_DRA, loop_fpga_config, write_dra_overlay
+from .image import AgentImage
+from .test_daemonset import (
+    EXAMPLE,
+    EXAMPLE_IMAGE,
+    EXAMPLE_POD,
+    agent_pods,
+    diagnostics,
+    http_status,
+    wait_agent_ready,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+RESOURCE = "example.com/fpga"
+
+
+def test_dra_overlay_renders_with_the_release_kubectl() -> None:
+    """`kubectl kustomize deploy/kubernetes/dra` builds (kustomize refuses, e.g., an overlay
+    inside its base's folder) and holds the agent, its account and the DeviceClasses."""
+    kubectl = build(allow_build=False).path("kubectl")
+    proc = subprocess.run(
+        [str(kubectl), "kustomize", str(DEPLOY_DRA)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(proc.stdout) if d}
+    assert {
+        ("ServiceAccount", "cdi-gen"),
+        ("ClusterRole", "cdi-gen-dra"),
+        ("ClusterRoleBinding", "cdi-gen-dra"),
+        ("ConfigMap", "cdi-gen-config"),
+        ("DaemonSet", "cdi-gen"),
+    } <= kinds, kinds
+    assert any(kind == "DeviceClass" for kind, _ in kinds), kinds
+
+
+@pytest.fixture
+def shipped_dra_daemonset(
+    cluster: Cluster, agent_image: AgentImage, claims: Claims, tmp_path: Path
+) -> Iterator[tuple[Path, int]]:
+    """Images imported; yields (overlay folder, metrics port); everything applied is deleted
+    at the end, the example pod first (its claim is unprepared by the running agent)."""
+    cluster.import_image(agent_image.archive)
+    cluster.import_image(build_archive(tmp_path / "busybox.tar", name=EXAMPLE_IMAGE))
+    overlay = tmp_path / "overlay"
+    port = free_port()
+    _TEST_LOGS.append(("DRA DaemonSet and example pod (kubectl)", lambda: diagnostics(cluster)))
+    try:
+        yield overlay, port
+    finally:
+        _TEST_LOGS.clear()
+        cluster.kubectl(
+            "delete", "--wait", "--grace-period=1", "--ignore-not-found", "-f", str(EXAMPLE)
+        )
+        if overlay.exists():
+            cluster.kubectl(
+                "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
+            )
+        for spec in cluster.cdi_run.glob("*"):
+            spec.unlink()
+        claims.delete_slices(DRIVER)
+        assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
+
+
+def test_dra_daemonset_as_shipped_serves_the_example_consumer(
+    cluster: Cluster,
+    loops: LoopDevices,
+    claims: Claims,
+    shipped_dra_daemonset: tuple[Path, int],
+    agent_image: AgentImage,
+) -> None:
+    overlay, port = shipped_dra_daemonset
+    assert cluster.allocatable(RESOURCE)[1] == 0, "a device plugin still offers the resource"
+    device = loops.add()
+    assert cluster.api is not None
+    write_dra_overlay(
+        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
+    )
+
+    out = cluster.kubectl("apply", "-k", str(overlay))
+    for created in (
+        "serviceaccount/cdi-gen created",
+        "clusterrole.rbac.authorization.k8s.io/cdi-gen-dra created",
+        "clusterrolebinding.rbac.authorization.k8s.io/cdi-gen-dra created",
+        "daemonset.apps/cdi-gen created",
+    ):
+        assert created in out, out
+    assert re.search(r"^deviceclass\.resource\.k8s\.io/\S+ created$", out, re.M), out
+
+    pod = wait_agent_ready(cluster)
+    assert pod["spec"]["serviceAccountName"] == "cdi-gen"
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+
+    # Published through the API with the pod's own token (RBAC as shipped), for the node
+    # named by the downward API.
+    cdi = f"example.com/fpga=fpga-{device.number}"
+    claims.wait_devices(
+        DRIVER,
+        lambda found: any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values()),
+        f"{cdi} published by the DaemonSet's agent",
+        timeout=60,
+    )
+
+    out = cluster.kubectl("apply", "-f", str(EXAMPLE))
+    assert "pod/fpga-consumer created" in out, out
+    example = cluster.api.wait_for(
+        EXAMPLE_POD,
+        lambda p: p is not None and p.get("status", {}).get("phase") == "Running",
+        120,
+        "example pod fpga-consumer Running",
+    )
+    assert example is not None
+    # Served by DRA: the scheduler made a claim for the extended resource.
+    name = (example["status"].get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    assert name, example["status"]
+    (result,) = allocated_devices(claims.get_claim(name))
+    assert (result["driver"], result["pool"]) == (DRIVER, NODE_NAME)
+
+    deadline = time.monotonic() + 30
+    while "FPGA_DEVICE=" not in (log := cluster.api.text(f"{EXAMPLE_POD}/log")):
+        assert time.monotonic() < deadline, f"no output from the example pod: {log!r}"
+        time.sleep(0.5)
+    major, minor = device.rdev()
+    node = re.search(rf"^b\S+\s+\d+\s+\S+\s+\S+\s+{major},\s+{minor}\s.*(/dev/\S+)$", log, re.M)
+    assert node is not None, log
+    assert node.group(1) == f"/dev/dfl-port.{device.number}", log
+    assert f"FPGA_DEVICE=fpga-{device.number}" in log.splitlines(), log
+    print(f"example pod output:\n{log}")

@@ -1,0 +1,145 @@
+"""The DRA variant under deploy/kubernetes/dra: the DaemonSet patch gives the agent what DRA
+needs, the RBAC grants what the issue lists and no more, and deviceclasses.yaml is exactly
+what ``cdi-gen deviceclasses`` prints for the shipped config.
+
+Regenerate the DeviceClasses after changing the shipped config or the generator:
+
+    python3 -m tests.unit.test_deploy_dra --write
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdi_gen.cli.main import main
+from cdi_gen.config.loader import parse_config
+from tests.conftest import REPO
+
+K8S = REPO / "deploy" / "kubernetes"
+DRA = K8S / "dra"
+DEVICE_CLASSES = DRA / "deviceclasses.yaml"
+REGENERATE = "python3 -m tests.unit.test_deploy_dra --write"
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _shipped_config_text() -> str:
+    (cm,) = _load(K8S / "base" / "configmap.yaml")
+    text: str = cm["data"]["config.yaml"]
+    return text
+
+
+def generate() -> str:
+    """What ``cdi-gen deviceclasses --config <the shipped config>`` prints."""
+    with tempfile.TemporaryDirectory() as work:
+        config = Path(work) / "config.yaml"
+        config.write_text(_shipped_config_text())
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(["deviceclasses", "--config", str(config)])
+            except SystemExit as exc:
+                code = exc.code
+            else:
+                code = 0
+    if code != 0:
+        raise AssertionError(f"cdi-gen deviceclasses exited {code}: {err.getvalue()}")
+    return out.getvalue()
+
+
+def test_deviceclasses_file_is_what_the_cli_generates() -> None:
+    assert DEVICE_CLASSES.read_text() == generate(), f"stale: run `{REGENERATE}`"
+
+
+def test_every_shipped_class_has_a_device_class_for_its_extended_resource() -> None:
+    config = parse_config(yaml.safe_load(_shipped_config_text()), "configmap.yaml")
+    classes = _load(DEVICE_CLASSES)
+    assert all(c["apiVersion"] == "resource.k8s.io/v1" for c in classes), classes
+    assert all(c["kind"] == "DeviceClass" for c in classes), classes
+    by_resource = {c["spec"].get("extendedResourceName"): c for c in classes}
+    assert len(by_resource) == len(classes), "two DeviceClasses serve one extended resource"
+    for cls in config.classes:
+        found = by_resource.get(f"{config.vendor}/{cls.name}")
+        assert found is not None, (cls.name, sorted(map(str, by_resource)))
+        expressions = " ".join(s["cel"]["expression"] for s in found["spec"]["selectors"])
+        # The agent's default driver name is the vendor; the class attribute selects.
+        assert f'"{config.vendor}"' in expressions, expressions
+        assert f'"{cls.name}"' in expressions, expressions
+
+
+def _patched_container() -> tuple[dict[str, Any], dict[str, Any]]:
+    (patch,) = _load(DRA / "daemonset-patch.yaml")
+    spec = patch["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["name"] == "agent"  # strategic merge by name: the base's container
+    return spec, container
+
+
+def test_daemonset_patch_serves_through_dra() -> None:
+    spec, container = _patched_container()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["CDI_GEN_API"]["value"] == "dra"
+    assert env["CDI_GEN_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["CDI_GEN_STATE_DIR"]["value"] == "/var/lib/cdi-gen"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
+                 "/var/lib/cdi-gen"):  # fmt: skip
+        # Writable (sockets, checkpoint), and the same path on the host as in the container:
+        # the registration hands the kubelet the DRA socket's path as the agent sees it.
+        assert not mounts[path].get("readOnly", False), path
+        assert volumes[mounts[path]["name"]] == path
+    assert env["CDI_GEN_PLUGINS_REGISTRY_DIR"]["value"] == "/var/lib/kubelet/plugins_registry"
+    assert env["CDI_GEN_KUBELET_PLUGINS_DIR"]["value"] == "/var/lib/kubelet/plugins"
+    assert spec["serviceAccountName"] == "cdi-gen"
+
+
+def test_rbac_grants_what_the_agent_needs_and_no_more() -> None:
+    docs = {d["kind"]: d for d in _load(DRA / "rbac.yaml")}
+    assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    account = docs["ServiceAccount"]["metadata"]
+    spec, _ = _patched_container()
+    assert account == {**account, "name": spec["serviceAccountName"], "namespace": "kube-system"}
+    grants = {
+        (group, resource): set(rule["verbs"])
+        for rule in docs["ClusterRole"]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert grants == {
+        ("resource.k8s.io", "resourceslices"): {
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        },
+        ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("", "nodes"): {"get"},
+    }  # fmt: skip
+    binding = docs["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "cdi-gen", "namespace": "kube-system"}
+    ]
+
+
+def test_overlay_builds_on_the_base_and_ships_its_parts() -> None:
+    kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../base", "rbac.yaml", "deviceclasses.yaml"]
+    assert kustomization["patches"] == [{"path": "daemonset-patch.yaml"}]
+    # The device-plugin variant is the same base: one agent, two ways to serve it.
+    top = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(f"usage: {REGENERATE}")
+    DEVICE_CLASSES.write_text(generate())
+    print(f"wrote {DEVICE_CLASSES.relative_to(REPO)}")
