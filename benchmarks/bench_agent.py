@@ -5,9 +5,9 @@ end-to-end hotplug latency from the kernel event to the ListAndWatch message.
 
 Start-up runs the real ``cdi-gen run`` process against a fake kubelet (a real Registration
 gRPC server) and times process spawn → RegisterRequest received. Memory runs the agent in a
-child process on 5 classes and 1,000 recorded devices (udev replaced by the records, all else
-real: specs written, 5 plugins serving) and reads its VmRSS/VmHWM. Hotplug creates loop
-devices with LOOP_CTL_ADD and times the ioctl returning → the fake kubelet receiving a
+child process on 5 classes and 1,000 recorded devices (``_recorded.py``: udev replaced by the
+records, all else real: specs written, 5 plugins serving) and reads its VmRSS/VmHWM. Hotplug
+creates loop devices with LOOP_CTL_ADD and times the ioctl returning → the fake kubelet receiving a
 ListAndWatch list that holds the device (spec written first, by the agent's invariant).
 """
 
@@ -75,38 +75,20 @@ async def _startup(rounds: int) -> list[float]:
 
 
 MEMORY_CHILD = r"""
-import asyncio, os, sys, tempfile
+import asyncio, sys, tempfile
 from pathlib import Path
-from cdi_gen.model import DeviceRecord
+sys.path.insert(0, sys.argv[1])
+from _recorded import RecordedSource, config_data, records
 from cdi_gen.agent import Agent
 from cdi_gen.config.settings import Settings
 from cdi_gen.config.loader import parse_config
 
-CLASSES, PER_CLASS = 5, 200
-records = [
-    DeviceRecord(sys_path=f"/sys/devices/virtual/misc/dev{c}x{i}", subsystem="misc",
-                      sys_name=f"dev{c}x{i}", devnode=f"/dev/dev{c}x{i}", major=10, minor=i)
-    for c in range(CLASSES) for i in range(PER_CLASS)
-]
-
-class RecordedSource:
-    # The agent's record source, fed recorded devices; everything downstream is the real agent.
-    source = "recorded"
-    def start(self): return list(records)
-    async def batches(self):
-        await asyncio.Event().wait()
-        yield
-    def request_resync(self): pass
-    def close(self): pass
-
-config = parse_config({"vendor": "example.com", "classes": [
-    {"name": f"class{c}", "match": {"subsystem": "misc", "kernel": f"dev{c}x*"},
-     "containerEdits": {"env": ["DEVICE={name}"]}} for c in range(CLASSES)]}, "bench")
+config = parse_config(config_data(), "bench")
 tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgm"))
 
 async def main():
     settings = Settings(spec_dir=tmp / "cdi", device_plugin_dir=tmp / "dp", metrics_address=None)
-    agent = Agent(config, settings, source=RecordedSource())
+    agent = Agent(config, settings, source=RecordedSource(records()))
     task = asyncio.create_task(agent.run())
     await agent.started.wait()
     await asyncio.sleep(0.5)
@@ -122,7 +104,11 @@ asyncio.run(main())
 
 def _memory() -> tuple[float, float, int]:
     out = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", MEMORY_CHILD, str(Path(__file__).resolve().parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.split()
     return int(out[0]) / 1024, int(out[1]) / 1024, int(out[2])
 

@@ -18,38 +18,31 @@ Loop numbers 500-599, so the cluster tests (400-499) and other suites never meet
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(HERE), str(REPO / "tests")]
+sys.path.insert(0, str(HERE))
+from _cluster import LOOP_HIGH, LOOP_LOW, bench_cluster, components, missing  # noqa: E402
+from _cluster import wait_allocatable as _allocatable  # noqa: E402
 from _table import Row, percentile, print_table  # noqa: E402
 from cluster.agent import NodeAgent, class_config  # noqa: E402
-from cluster.build import build  # noqa: E402
-from cluster.cluster import NODE_STATUS_SECONDS, Cluster, running_cluster  # noqa: E402
-from cluster.dist import fetch_containerd, fetch_etcd  # noqa: E402
+from cluster.cluster import NODE_STATUS_SECONDS, Cluster  # noqa: E402
 from cluster.pods import Pods, phase  # noqa: E402
 from loopdev import LoopDevices  # noqa: E402
 
 RESOURCE = "example.com/fpga"
 
 
-def _wait_allocatable(cluster: Cluster, count: int, timeout: float = 30) -> float:
+def _wait_allocatable(cluster: Cluster, count: int) -> float:
     """Seconds until the Node's allocatable is ``count``, polled every 10 ms."""
-    start = time.monotonic()
-    while cluster.allocatable(RESOURCE)[1] != count:
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(f"allocatable {RESOURCE} never became {count}")
-        time.sleep(0.01)
-    return time.monotonic() - start
+    return _allocatable(cluster, (RESOURCE,), count)
 
 
 def _hotplug(cluster: Cluster, work: Path, cycles: int) -> list[Row]:
-    loops = LoopDevices(500, 599)
+    loops = LoopDevices(LOOP_LOW, LOOP_HIGH)
     # One reserved number reused per cycle: the kubelet sees exactly one device come and go.
     number = loops.reserve().number
     config = work / "bench-agent.yaml"
@@ -77,7 +70,7 @@ def _hotplug(cluster: Cluster, work: Path, cycles: int) -> list[Row]:
 
 def _pod_start(cluster: Cluster, work: Path, rounds: int) -> list[Row]:
     assert cluster.api is not None
-    loops = LoopDevices(500, 599)
+    loops = LoopDevices(LOOP_LOW, LOOP_HIGH)
     device = loops.add()
     config = work / "bench-pods.yaml"
     config.write_text(class_config("fpga", [device.name]))
@@ -115,17 +108,18 @@ def _pod_start(cluster: Cluster, work: Path, rounds: int) -> list[Row]:
 
 def run(quick: bool = False) -> list[Row]:
     """Measure; return rows of (metric, measured value, target)."""
-    if os.geteuid() != 0:
-        return [("cluster", "not measured: needs root", "—")]
-    etcd, containerd = fetch_etcd(), fetch_containerd()
-    binaries = build()
+    why = missing()
+    if why is not None:
+        return [("cluster", why, "—")]
+    parts = components()
+    binaries = parts[0]
     rows: list[Row] = [
         (f"go build of Kubernetes {binaries.version} when cached (recorded)",
          f"{binaries.cold_seconds:.0f} s", "once per pin; Go's own cache may have been warm"),
     ]  # fmt: skip
     starts: list[float] = []
     for attempt in range(2):
-        with running_cluster(binaries, etcd, containerd) as cluster:
+        with bench_cluster(parts) as cluster:
             starts.append(cluster.timings["total"])
             if attempt == 0:
                 breakdown = dict(cluster.timings)
