@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from cdi_gen.cdi.registry import Registry, load_registry
 from cdi_gen.cdi.runtimes import Runtime, readability_problems
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, quote
@@ -410,6 +411,52 @@ def check_kubelet(plugin_dir: Path) -> list[Check]:
     ]
 
 
+def check_dra(settings: Settings, config: AgentConfig) -> list[Check]:
+    """For classes served through DRA: the kubelet's plugin watcher folder, and an API server
+    configuration the driver can load (nothing is asked of the API server itself)."""
+    classes = [c.name for c in config.classes if c.api == "dra"]
+    if not classes:
+        return []
+    # Only a node with DRA classes loads the API client.
+    from cdi_gen.apiserver.client import load_config
+
+    topic = "dra"
+    registry = settings.plugins_registry_dir
+    checks = [
+        Check("OK", topic, f"{registry} is present (the kubelet's plugin watcher)")
+        if registry.is_dir()
+        else Check(
+            "WARN",
+            topic,
+            f"{registry} is absent: no kubelet plugin watcher to register DRA driver "
+            f"{settings.driver_name(config)} with",
+            "run a kubelet >= 1.34 here, or point --plugins-registry-dir at its folder",
+        )
+    ]
+    try:
+        current = load_config(settings.kubeconfig).get()
+    except ConfigError as exc:
+        checks.append(
+            Check(
+                "FAIL",
+                topic,
+                f"classes {', '.join(classes)} use DRA, which needs the API server: {exc}",
+                "give --kubeconfig, or run in a pod with a service account (deploy/kubernetes/dra)",
+            )
+        )
+        return checks
+    checks.append(
+        Check(
+            "OK",
+            topic,
+            f"driver {settings.driver_name(config)} publishes node {settings.node()}'s "
+            f"ResourceSlices at {current.cluster.server if current else '?'} "
+            f"(classes {', '.join(classes)})",
+        )
+    )
+    return checks
+
+
 def check_udev(run_dir: Path = UDEV_RUN_DIR) -> list[Check]:
     from cdi_gen.sources.udev import udevd_running
 
@@ -520,6 +567,7 @@ def diagnose(
     checks += check_spec_dirs(dirs, spec_dir, discovery.config.vendor, registry)
     checks += check_runtimes(runtimes, registry)
     checks += check_kubelet(settings.device_plugin_dir)
+    checks += check_dra(settings, discovery.config)
     checks += check_udev()
     checks += check_classes(
         (

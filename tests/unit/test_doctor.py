@@ -120,3 +120,44 @@ def test_files_that_crash_old_runtimes_are_a_failure(tmp_path: Path) -> None:
     lines = [c.line() for c in doctor.check_spec_dirs([run], run, "example.com")]
     crashes = [line for line in lines if "crashes podman" in line]
     assert len(crashes) == 2 and all(line.startswith("FAIL") for line in crashes)
+
+
+def test_dra_classes_need_an_api_server_config(tmp_path: Path) -> None:
+    from cdi_gen.config.loader import parse_config
+    from cdi_gen.config.settings import load_settings
+    from cdi_gen.doctor import check_dra
+
+    config = parse_config(
+        {"vendor": "example.com", "classes": [{"name": "fpga", "match": {"subsystem": "x"}}]},
+        "t.yaml",
+    )
+    settings = load_settings(
+        {"kubeconfig": str(tmp_path / "none"), "plugins_registry_dir": str(tmp_path / "reg")}
+    )
+    assert check_dra(settings, config) == []  # no class uses DRA: nothing to check
+    dra = config.model_copy(
+        update={"classes": [c.model_copy(update={"api": "dra"}) for c in config.classes]}
+    )
+    registry, api = check_dra(settings, dra)
+    assert registry.status == "WARN" and "no kubelet plugin watcher" in registry.message
+    assert api.status == "FAIL" and repr(str(tmp_path / "none")) in api.message
+    assert "classes fpga use DRA" in api.message
+
+    (tmp_path / "reg").mkdir()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://10.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    settings = load_settings(
+        {
+            "kubeconfig": str(kubeconfig),
+            "plugins_registry_dir": str(tmp_path / "reg"),
+            "node_name": "n1",
+        }
+    )
+    registry, api = check_dra(settings, dra)
+    assert (registry.status, api.status) == ("OK", "OK")
+    assert "node n1's ResourceSlices at https://10.0.0.1:6443" in api.message
