@@ -43,7 +43,7 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
@@ -55,7 +55,6 @@ from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
-from cdi_gen.driver import DraDriver
 from cdi_gen.errors import (
     CdiGenError,
     ConfigError,
@@ -71,6 +70,9 @@ from cdi_gen.metrics import Metrics, serve_http
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
 from cdi_gen.modes import make_folder
 from cdi_gen.sources import RecordSource
+
+if TYPE_CHECKING:
+    from cdi_gen.driver import DraDriver
 
 log = logging.getLogger("cdi_gen.agent")
 
@@ -311,12 +313,13 @@ class Agent:
         self.discovery = Discovery(config)
         self.runners = {c.name: _ClassRunner(self, c) for c in config.classes}
         self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
-        #: The DRA driver of the classes with ``api: dra`` (none in host mode).
-        self.dra = (
-            DraDriver(config, settings, self.metrics)
-            if settings.kubelet and any(c.api == "dra" for c in config.classes)
-            else None
-        )
+        #: The DRA driver of the classes with ``api: dra`` (none in host mode). Imported
+        #: only then: an agent of device plugins alone never loads the DRA modules.
+        self.dra: DraDriver | None = None
+        if settings.kubelet and any(c.api == "dra" for c in config.classes):
+            from cdi_gen.driver import DraDriver
+
+            self.dra = DraDriver(config, settings, self.metrics)
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from cdi_gen.cdi.spec import ContainerEdits
@@ -29,6 +30,9 @@ __all__ = [
     "PoolDevice",
     "RecordWants",
 ]
+
+#: One shared empty mapping for the many devices without templated attributes.
+NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 
 #: A DRA device attribute: ResourceSlices know ints, bools, strings and (semantic) versions;
 #: a version is a string here, told apart by the attribute's name (see ``PoolDevice``).
@@ -65,7 +69,7 @@ class DiscoveredDevice:
     #: Its node disappeared and the class keeps it (``whenGone: unhealthy`` or ``taint``).
     gone: bool = False
     #: The class's templated DRA attributes, rendered (those that rendered).
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = field(default_factory=lambda: NO_ATTRIBUTES)
 
     def advertised(self) -> AdvertisedDevice:
         return AdvertisedDevice(

@@ -29,6 +29,7 @@ from cdi_gen.discovery.match import is_healthy
 from cdi_gen.discovery.render import RenderContext, TemplateError, render_edits, render_template
 from cdi_gen.errors import InvalidNameError, quote
 from cdi_gen.model import (
+    NO_ATTRIBUTES,
     DeviceRecord,
     DiscoveredDevice,
     DiscoveryWarning,
@@ -258,7 +259,7 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         rules=tuple(cls.match[i].describe() for _, i in cand.members),
         edits=edits,
         records=tuple(r for r, _ in cand.members),
-        attributes=attributes,
+        attributes=attributes or NO_ATTRIBUTES,
     )
 
 
