@@ -427,3 +427,33 @@ def test_a_device_is_in_the_slice_only_while_its_spec_entry_is_on_disk(node: Nod
         assert time.monotonic() < deadline, "the unplugged device's entry never left the spec"
     assert not in_slice(), f"{cdi_name(hot)} still in the slice after its entry left {spec}"
     assert cdi_name(present) in published(claims.devices(DRIVER))
+
+
+def test_an_unhealthy_device_reaches_the_pod_status_and_is_tainted(node: Node) -> None:
+    """A class with a health check: a loop device with a backing file is healthy; detaching
+    the file (size 0) makes it unhealthy, which the kubelet shows in the pod's status from
+    the agent's health stream, and the slice marks with a NoSchedule taint."""
+    loops, claims, pods, tmp_path = node.loops, node.claims, node.pods, node.tmp_path
+    device = loops.add()
+    backing = tmp_path / "backing.img"
+    backing.write_bytes(b"\0" * 4096)
+    loops.attach(device, backing)
+    _, device_class = node.serve([device], health={"attributes": {"size": "[1-9]*"}})
+    claims.template("one-fpga", device_class)
+    claims.pod_with_template("watched", "one-fpga")
+    pods.wait_running("watched")
+    wait_health(pods, "watched", cdi_name(device), "Healthy")
+
+    loops.detach(device)
+    wait_health(pods, "watched", cdi_name(device), "Unhealthy")
+    found = claims.wait_devices(
+        DRIVER,
+        lambda found: any(
+            t.get("key") == f"{DRIVER}/unhealthy" and t.get("effect") == "NoSchedule"
+            for t in published(found).get(cdi_name(device), {}).get("taints", [])
+        ),
+        f"{cdi_name(device)} tainted unhealthy (NoSchedule)",
+    )
+    assert set(published(found)) == {cdi_name(device)}
+    # NoSchedule: the pod that holds the device keeps running.
+    assert pods.restarts("watched")[0] == 0 and phase(pods.get("watched")) == "Running"
