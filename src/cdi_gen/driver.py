@@ -106,6 +106,7 @@ class DraDriver:
             client = self.client = ApiClient(settings.kubeconfig)
             self.publisher = SlicePublisher(client, self.name, self.node, self.pool)
             spawn(self._publish(self.publisher), f"slices {self.name}")
+            self._export(self.publisher)
             reader = ClaimReader(client, asyncio.get_running_loop())
             registered = {
                 ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
@@ -138,6 +139,14 @@ class DraDriver:
         log.info(
             "DRA driver serving",
             extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
+        )
+
+    def _export(self, publisher: SlicePublisher) -> None:
+        """The pool's generation and whether it is published, read at scrape time (the
+        publisher's own state, never a copy gone stale)."""
+        self.metrics.pool_generation.labels(self.name).set_function(lambda: publisher.generation)
+        self.metrics.pool_published.labels(self.name).set_function(
+            lambda: float(publisher.published_version >= self.pool.version)
         )
 
     async def _publish(self, publisher: SlicePublisher) -> None:

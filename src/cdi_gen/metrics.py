@@ -81,6 +81,18 @@ class Metrics:
             ["resource", "reason"],
             registry=r,
         )
+        self.pool_generation = Gauge(
+            "cdi_gen_dra_pool_generation",
+            "Generation of the node's ResourceSlice pool last published, per DRA driver",
+            ["driver"],
+            registry=r,
+        )
+        self.pool_published = Gauge(
+            "cdi_gen_dra_pool_published",
+            "1 when the DRA pool's current devices are in the API server, 0 while not",
+            ["driver"],
+            registry=r,
+        )
         self.hotplug_latency = Histogram(
             "cdi_gen_hotplug_to_spec_seconds",
             "From a udev event's arrival to the spec on disk and the device list published",

@@ -65,3 +65,20 @@ def test_a_failing_publisher_is_started_over_not_fatal(
     assert flaky.runs == 2
     assert driver.metrics.failures.labels("example.com", "internal")._value.get() == 1
     assert "publishing ResourceSlices failed; starting over" in caplog.text
+
+
+class _Published:
+    generation = 7
+    published_version = 0
+
+
+def test_pool_metrics_are_read_from_the_publisher_at_scrape_time() -> None:
+    driver = _driver()
+    publisher = _Published()
+    driver._export(publisher)  # type: ignore[arg-type]
+    text = driver.metrics.exposition().decode()
+    assert 'cdi_gen_dra_pool_generation{driver="example.com"} 7.0' in text
+    assert 'cdi_gen_dra_pool_published{driver="example.com"} 1.0' in text
+    driver.publish(CONFIG.classes[0], [AdvertisedDevice("fpga0")], {})  # pool version 1
+    text = driver.metrics.exposition().decode()
+    assert 'cdi_gen_dra_pool_published{driver="example.com"} 0.0' in text
