@@ -25,6 +25,8 @@ from tests.conftest import REPO
 K8S = REPO / "deploy" / "kubernetes"
 DRA = K8S / "dra"
 DEVICE_CLASSES = DRA / "deviceclasses.yaml"
+#: For an agent run on the embedded catalogue (no --config): every catalogue class.
+CATALOGUE_CLASSES = DRA / "catalogue" / "deviceclasses.yaml"
 REGENERATE = "python3 -m tests.unit.test_deploy_dra --write"
 
 
@@ -38,15 +40,17 @@ def _shipped_config_text() -> str:
     return text
 
 
-def generate() -> str:
-    """What ``cdi-gen deviceclasses --config <the shipped config>`` prints."""
+def generate(catalogue: bool = False) -> str:
+    """What ``cdi-gen deviceclasses --config <the shipped config>`` prints, or with
+    ``catalogue`` what it prints for the embedded catalogue (no ``--config``)."""
     with tempfile.TemporaryDirectory() as work:
         config = Path(work) / "config.yaml"
         config.write_text(_shipped_config_text())
+        args = [] if catalogue else ["--config", str(config)]
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                main(["deviceclasses", "--config", str(config)])
+                main(["deviceclasses", *args])
             except SystemExit as exc:
                 code = exc.code
             else:
@@ -58,6 +62,15 @@ def generate() -> str:
 
 def test_deviceclasses_file_is_what_the_cli_generates() -> None:
     assert DEVICE_CLASSES.read_text() == generate(), f"stale: run `{REGENERATE}`"
+
+
+def test_catalogue_deviceclasses_cover_every_catalogue_class() -> None:
+    assert CATALOGUE_CLASSES.read_text() == generate(catalogue=True), f"stale: run `{REGENERATE}`"
+    from cdi_gen.config.loader import load_config
+
+    catalogue = load_config(None)
+    names = {c["spec"]["extendedResourceName"] for c in _load(CATALOGUE_CLASSES)}
+    assert names == {f"{catalogue.vendor}/{c.name}" for c in catalogue.classes}
 
 
 def test_every_shipped_class_has_a_device_class_for_its_extended_resource() -> None:
@@ -142,4 +155,6 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit(f"usage: {REGENERATE}")
     DEVICE_CLASSES.write_text(generate())
-    print(f"wrote {DEVICE_CLASSES.relative_to(REPO)}")
+    CATALOGUE_CLASSES.parent.mkdir(exist_ok=True)
+    CATALOGUE_CLASSES.write_text(generate(catalogue=True))
+    print(f"wrote {DEVICE_CLASSES.relative_to(REPO)}, {CATALOGUE_CLASSES.relative_to(REPO)}")
