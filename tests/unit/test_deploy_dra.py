@@ -99,12 +99,28 @@ def _patched_container() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_daemonset_patch_serves_through_dra() -> None:
     spec, container = _patched_container()
-    env = {e["name"]: e for e in container["env"]}
+    deleted = {
+        (what, str(item.get("name") or item.get("mountPath")))
+        for what, items in (
+            ("env", container["env"]),
+            ("mount", container["volumeMounts"]),
+            ("volume", spec["volumes"]),
+        )
+        for item in items
+        if item.get("$patch") == "delete"
+    }
+    # No device plugin is served: the kubelet's device plugin folder is not given to it.
+    assert deleted == {
+        ("env", "CDI_GEN_DEVICE_PLUGIN_DIR"),
+        ("mount", "/var/lib/kubelet/device-plugins"),
+        ("volume", "device-plugins"),
+    }
+    env = {e["name"]: e for e in container["env"] if "$patch" not in e}
     assert env["CDI_GEN_API"]["value"] == "dra"
     assert env["CDI_GEN_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["CDI_GEN_STATE_DIR"]["value"] == "/var/lib/cdi-gen"
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"] if "$patch" not in m}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "$patch" not in v}
     for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
                  "/var/lib/cdi-gen"):  # fmt: skip
         # Writable (sockets, checkpoint), and the same path on the host as in the container:
