@@ -28,7 +28,6 @@ import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, cast
 
 import grpc
@@ -45,7 +44,7 @@ from cdi_gen.kubelet.allocation import (
 )
 from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, Supervisor
+from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
 from cdi_gen.model import AdvertisedDevice
 from cdi_gen.names import validate_cdi_kind_as_resource
@@ -111,7 +110,7 @@ class SpecResolver(Protocol):
 AllocateHook = Callable[[str, str], None]
 
 
-class DevicePlugin:
+class DevicePlugin(SupervisedPlugin):
     """Device plugin server and kubelet registration for one CDI kind ``<vendor>/<class>``.
 
     ``board`` supplies the advertised devices, ``spec_cache`` resolves qualified CDI names
@@ -185,11 +184,6 @@ class DevicePlugin:
             pre_start_required=False, get_preferred_allocation_available=True
         )
 
-    @property
-    def registrations(self) -> int:
-        """Successful registrations so far (a kubelet restart adds one)."""
-        return self._supervisor.registrations
-
     async def start(self) -> None:
         """Serve on the socket, then register with the kubelet in the background.
 
@@ -200,30 +194,6 @@ class DevicePlugin:
         """
         await self._supervisor.start()
         log.info("serving %s on %s", self.resource_name, self.socket_path)
-
-    async def stop(self, grace: float = 1.0) -> None:
-        """Stop registering, end every ListAndWatch stream, stop serving, remove the socket.
-
-        In-flight unary calls get ``grace`` seconds. Never raises for an already stopped
-        plugin.
-        """
-        await self._supervisor.stop(grace)
-
-    async def wait_registered(self) -> None:
-        """Wait until the kubelet has accepted the current registration."""
-        await self._supervisor.wait_registered()
-
-    async def __aenter__(self) -> DevicePlugin:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- answers (called on server threads) -------------------------------------------------
 

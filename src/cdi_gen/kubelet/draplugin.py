@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -48,7 +48,7 @@ from cdi_gen.kubelet.claims import (
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, Supervisor
+from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import UnixServer, check_socket_path
 from cdi_gen.model import PoolDevice
 from cdi_gen.modes import make_folder
@@ -89,7 +89,7 @@ def _describe(devices: tuple[PreparedDevice, ...]) -> str:
     return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
 
 
-class DraPlugin:
+class DraPlugin(SupervisedPlugin):
     """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
 
     ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on server
@@ -154,11 +154,6 @@ class DraPlugin:
         """The driver name (what logs and ``/readyz`` call this plugin)."""
         return self.driver
 
-    @property
-    def registrations(self) -> int:
-        """Successful registrations so far (each kubelet start adds one)."""
-        return self._supervisor.registrations
-
     async def start(self) -> None:
         """Read the checkpoint, serve both sockets, then register in the background.
 
@@ -181,25 +176,6 @@ class DraPlugin:
             self.registration_socket,
             len(self.checkpoint.claims),
         )
-
-    async def stop(self, grace: float = 1.0) -> None:
-        """Stop registering, end the health streams, stop serving, remove both sockets."""
-        await self._supervisor.stop(grace)
-
-    async def wait_registered(self) -> None:
-        await self._supervisor.wait_registered()
-
-    async def __aenter__(self) -> DraPlugin:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- answers (called on server threads) -------------------------------------------------
 

@@ -25,11 +25,12 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import Literal, Protocol
+from types import TracebackType
+from typing import Literal, Protocol, Self
 
 from cdi_gen.kubelet.transport import UnixServer
 
-__all__ = ["RegisterHook", "Registrar", "Supervisor"]
+__all__ = ["RegisterHook", "Registrar", "SupervisedPlugin", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -220,3 +221,43 @@ class Supervisor:
             self._on_register(ok, error)
         except Exception:
             log.exception("registration hook of %s failed", self.name)
+
+
+class SupervisedPlugin:
+    """What every kubelet plugin hands to its :class:`Supervisor`: its registrations,
+    stopping, waiting for the kubelet, and ``async with``. A plugin sets ``_supervisor`` and
+    defines :meth:`start` (what it does before serving differs)."""
+
+    _supervisor: Supervisor
+
+    @property
+    def registrations(self) -> int:
+        """Successful registrations so far (a kubelet restart adds one)."""
+        return self._supervisor.registrations
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop registering, end the plugin's streams, stop serving, remove its sockets.
+
+        In-flight unary calls get ``grace`` seconds. Never raises for an already stopped
+        plugin.
+        """
+        await self._supervisor.stop(grace)
+
+    async def wait_registered(self) -> None:
+        """Wait until the kubelet has accepted the current registration."""
+        await self._supervisor.wait_registered()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
