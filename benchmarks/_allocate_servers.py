@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _serverproc import commands, ready, wait_for_quit
 
 VENDOR, CLASS = "example.com", "bench"
 KIND = f"{VENDOR}/{CLASS}"
@@ -42,11 +43,6 @@ def devices(flip: bool = False) -> list[Any]:
         AdvertisedDevice(f"dev{i}", healthy=not (flip and i == 0), numa_node=i % 2)
         for i in range(ADVERTISED)
     ]
-
-
-def _ready() -> None:
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
 
 
 def _serve_floor(mode: str, socket: Path) -> None:
@@ -80,10 +76,8 @@ def _serve_floor(mode: str, socket: Path) -> None:
         api_pb2_grpc.add_DevicePluginServicer_to_server(Bare(), server)
     server.add_insecure_port(f"unix://{socket}")
     server.start()
-    _ready()
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
+    ready()
+    wait_for_quit()
     server.stop(0)
 
 
@@ -102,19 +96,11 @@ async def _serve_plugin(folder: Path) -> None:
         kubelet_socket=folder / "absent.sock",
     )
     await plugin.start()
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-
-    def read_stdin() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(commands.put_nowait, line.strip())
-        loop.call_soon_threadsafe(commands.put_nowait, "quit")
-
-    threading.Thread(target=read_stdin, daemon=True).start()
-    _ready()
+    queue = commands(asyncio.get_running_loop())
+    ready()
     flipped = False
     try:
-        while (command := await commands.get()) != "quit":
+        while (command := await queue.get()) != "quit":
             if command == "publish":
                 flipped = not flipped
                 new = devices(flip=flipped)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-import threading
 from pathlib import Path
+
+from _serverproc import commands, ready, wait_for_quit
 
 DRIVER = "cdi-gen.example.com"
 POOL = "bench-node"
@@ -44,11 +45,6 @@ def canned_response() -> bytes:
     return response.SerializeToString()
 
 
-def _ready() -> None:
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-
-
 def _serve_floor(folder: Path) -> None:
     import grpc
 
@@ -61,10 +57,8 @@ def _serve_floor(folder: Path) -> None:
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix://{folder / 'floor.sock'}")
     server.start()
-    _ready()
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
+    ready()
+    wait_for_quit()
     server.stop(0)
 
 
@@ -105,19 +99,11 @@ async def _serve_plugin(folder: Path) -> None:
         state_dir=folder / "state",
     )
     await plugin.start()
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def read_stdin() -> None:
-        for line in sys.stdin:
-            if line.strip() == "quit":
-                break
-        loop.call_soon_threadsafe(done.set)
-
-    threading.Thread(target=read_stdin, daemon=True).start()
-    _ready()
+    queue = commands(asyncio.get_running_loop())
+    ready()
     try:
-        await done.wait()
+        while await queue.get() != "quit":
+            pass
     finally:
         await plugin.stop(grace=0)
 

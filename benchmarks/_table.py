@@ -42,6 +42,16 @@ def best_ms(fn: Callable[[], object], repeat: int) -> float:
     return best * 1e3
 
 
+def timed(call: Callable[[], object], n: int) -> list[float]:
+    """The seconds each of ``n`` calls took, in order."""
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
 def percentile(samples: list[float], q: float) -> float:
     """The q-th percentile (0-100) of ``samples`` by linear interpolation."""
     if len(samples) == 1:

@@ -26,22 +26,20 @@ figure that tells servers apart even when the clients are the limit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import grpc
 from _allocate_servers import ADVERTISED, CLASS, KIND, VENDOR
-from _table import Row, percentile, print_table
+from _serverproc import ServerProcess
+from _table import Row, percentile, print_table, timed
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -76,67 +74,12 @@ def _write_spec(spec_dir: Path) -> None:
     (spec_dir / f"{VENDOR}-{CLASS}.json").write_text(json.dumps(doc))
 
 
-class _Server:
-    """One server process of ``_allocate_servers.py``; its stderr goes to a file."""
-
-    def __init__(self, mode: str, folder: Path, env: dict[str, str], name: str) -> None:
-        self.name = name
-        self._log = (folder / f"{name}.log").open("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "_allocate_servers.py"), mode, str(folder), name],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env=env,
-        )
-        self._stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
-        self._stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
-        if self.read() != "ready":
-            raise RuntimeError(f"{name} server did not start:\n{self.errors()}")
-
-    def errors(self) -> str:
-        self._log.seek(0)
-        return self._log.read()[-4000:]
-
-    def send(self, command: str) -> None:
-        self._stdin.write(command + "\n")
-        self._stdin.flush()
-
-    def read(self) -> str:
-        return self._stdout.readline().strip()
-
-    def cpu_seconds(self) -> float:
-        """CPU time the server process has used so far, all its threads together."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.send("quit")
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
-
-
 def _allocate_bytes(count: int) -> bytes:
     ids = [f"dev{i * 7 + 1}" for i in range(count)]
     request = api_pb2.AllocateRequest(
         container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
     )
     return request.SerializeToString()
-
-
-def _timed(call: Callable[[], object], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 async def _throughput(socket: Path, method: str, payload: bytes, n: int) -> tuple[float, int]:
@@ -161,7 +104,7 @@ async def _throughput(socket: Path, method: str, payload: bytes, n: int) -> tupl
             await c.close(None)
 
 
-def _lag(plugin: _Server, socket: Path, updates: int) -> list[float]:
+def _lag(plugin: ServerProcess, socket: Path, updates: int) -> list[float]:
     """From just before ``board.publish`` (in the plugin's process) to the full list decoded
     by a streaming client here; CLOCK_MONOTONIC is the same clock in both processes."""
     lag = []
@@ -205,11 +148,11 @@ def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[floa
             "eight": lambda: allocate(eight),
         }
         for call in calls.values():  # warm up connections and code paths
-            _timed(call, 200)
+            timed(call, 200)
         samples: dict[str, list[float]] = {key: [] for key in calls}
         for _ in range(rounds):
             for key, call in calls.items():
-                samples[key] += _timed(call, per_round)
+                samples[key] += timed(call, per_round)
         return samples
     finally:
         for c in channels:
@@ -217,7 +160,7 @@ def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[floa
 
 
 def _throughputs(
-    folder: Path, servers: dict[str, _Server], turns: int, per_client: int
+    folder: Path, servers: dict[str, ServerProcess], turns: int, per_client: int
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Median calls per wall second and per server CPU second of each server, in turns."""
     one = _allocate_bytes(1)
@@ -249,7 +192,7 @@ def _bench(quick: bool) -> list[Row]:
     experiments = grpc_experiments()
     bare_env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
     ours_env = {**bare_env, "GRPC_EXPERIMENTS": experiments}
-    servers: dict[str, _Server] = {}
+    servers: dict[str, ServerProcess] = {}
     try:
         _write_spec(folder / "cdi")
         for key, mode, name, env in (
@@ -259,7 +202,13 @@ def _bench(quick: bool) -> list[Row]:
             ("bare-x", "floor-protobuf", "floor-protobuf-x", ours_env),
             ("plugin", "plugin", "plugin", ours_env),
         ):
-            servers[key] = _Server(mode, folder, env, name)
+            servers[key] = ServerProcess(
+                name,
+                HERE / "_allocate_servers.py",
+                [mode, str(folder), name],
+                folder / f"{name}.log",
+                env,
+            )
         samples = _latencies(folder, rounds, per_round)
         rate, cap = _throughputs(folder, servers, turns, per_client)
         lag = _lag(servers["plugin"], folder / PLUGIN_SOCKET, updates)

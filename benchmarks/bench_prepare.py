@@ -26,20 +26,18 @@ noise from other processes hits all alike:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import grpc
 from _prepare_servers import DRIVER, POOL, PREPARE, canned_response
-from _table import Row, percentile, print_table
+from _serverproc import ServerProcess
+from _table import Row, percentile, print_table, timed
 
 from cdi_gen._proto.dra.v1 import api_pb2
 
@@ -49,38 +47,9 @@ REPEAT_TARGET = 1.25
 NEW_TARGET = 1.25
 
 
-class _Server:
-    """One server process of ``_prepare_servers.py``; its stderr goes to a file."""
-
-    def __init__(self, mode: str, folder: Path) -> None:
-        self.name = mode
-        self._log = (folder / f"{mode}.log").open("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "_prepare_servers.py"), mode, str(folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-        self._stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
-        self._stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
-        if self._stdout.readline().strip() != "ready":
-            raise RuntimeError(f"{mode} server did not start:\n{self.errors()}")
-
-    def errors(self) -> str:
-        self._log.seek(0)
-        return self._log.read()[-4000:]
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self._stdin.write("quit\n")
-            self._stdin.flush()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
+def _server(mode: str, folder: Path) -> ServerProcess:
+    script = HERE / "_prepare_servers.py"
+    return ServerProcess(mode, script, [mode, str(folder)], folder / f"{mode}.log")
 
 
 def _request(number: int) -> bytes:
@@ -103,15 +72,6 @@ def _durable_write(folder: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def _timed(call: Callable[[], object], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[float]]:
@@ -153,13 +113,13 @@ def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[floa
         }
         samples: dict[str, list[float]] = {"floor": [], "repeat": [], "write": [], "new": []}
         for call in calls.values():  # warm up connections and code paths
-            _timed(call, 200)
+            timed(call, 200)
         for _ in range(50):
             fresh()
         samples["new"].clear()
         for _ in range(rounds):
             for key, call in calls.items():
-                samples[key] += _timed(call, per_round)
+                samples[key] += timed(call, per_round)
             for _ in range(per_round // 4):
                 fresh()
         return samples
@@ -171,10 +131,10 @@ def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[floa
 def _bench(quick: bool) -> list[Row]:
     rounds, per_round = (5, 100) if quick else (20, 250)
     folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="cg"))
-    servers: list[_Server] = []
+    servers: list[ServerProcess] = []
     try:
-        servers.append(_Server("floor", folder))
-        servers.append(_Server("plugin", folder))
+        servers.append(_server("floor", folder))
+        servers.append(_server("plugin", folder))
         samples = _latencies(folder, rounds, per_round)
     except Exception:
         for server in servers:
