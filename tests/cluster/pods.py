@@ -154,6 +154,23 @@ class Pods:
         )
         return unschedulable_message(pod)
 
+    def wait_split(
+        self, names: list[str], running: int, timeout: float = 60
+    ) -> tuple[list[str], dict[str, str], dict[str, dict[str, Any] | None]]:
+        """Wait until ``running`` of the pods ``names`` run and every other one is reported
+        unschedulable; (the running, the others' unschedulable messages, every pod)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = {n: self.get(n) for n in names}
+            up = [n for n, p in state.items() if phase(p) == "Running"]
+            waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in up}
+            if len(up) == running and all(waiting.values()):
+                return up, waiting, state
+            assert time.monotonic() < deadline, (
+                f"pods: {[(n, status(p)) for n, p in state.items()]}"
+            )
+            time.sleep(0.2)
+
     def seen(self, name: str, timeout: float = 30, after: float = 0.0) -> Seen:
         """What the pod's container sees: the last block printed (at least ``after`` seconds
         from now, so that the block is current)."""

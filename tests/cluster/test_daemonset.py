@@ -9,6 +9,7 @@ is applied unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import urllib.error
@@ -91,19 +92,20 @@ def diagnostics(cluster: Cluster) -> str:
     return "\n".join(parts)
 
 
-@pytest.fixture
-def shipped_daemonset(
-    cluster: Cluster, agent_image: AgentImage, tmp_path: Path
+@contextlib.contextmanager
+def shipped_run(
+    cluster: Cluster, agent_image: AgentImage, tmp_path: Path, what: str
 ) -> Iterator[tuple[Path, int]]:
-    """Images imported; yields (overlay folder, metrics port); everything applied from
-    deploy/ is deleted at the end and the specs the agent wrote are removed."""
+    """Images imported; yields (overlay folder, metrics port); at the end everything applied
+    from deploy/ is deleted, the example pod first (with DRA, the running agent unprepares
+    its claim), and the specs the agent wrote are removed. ``what`` names the diagnostics."""
     cluster.import_image(agent_image.archive)
     cluster.import_image(build_archive(tmp_path / "busybox.tar", name=EXAMPLE_IMAGE))
     overlay = tmp_path / "overlay"
     port = free_port()
     # Added to the report of a failing test (the hook in conftest.py), read while the
     # DaemonSet still runs.
-    _TEST_LOGS.append(("DaemonSet and example pod (kubectl)", lambda: diagnostics(cluster)))
+    _TEST_LOGS.append((f"{what} and example pod (kubectl)", lambda: diagnostics(cluster)))
     try:
         yield overlay, port
     finally:
@@ -122,9 +124,18 @@ def shipped_daemonset(
         # devices); nothing else writes into the node's CDI folder during this test.
         for spec in cluster.cdi_run.glob("*"):
             spec.unlink()
-        assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
-        # As after the other scenarios: the next test starts with no example.com device.
-        _wait_nothing_allocatable(cluster)
+
+
+@pytest.fixture
+def shipped_daemonset(
+    cluster: Cluster, agent_image: AgentImage, tmp_path: Path
+) -> Iterator[tuple[Path, int]]:
+    """:func:`shipped_run` of the device-plugin DaemonSet."""
+    with shipped_run(cluster, agent_image, tmp_path, "DaemonSet") as run:
+        yield run
+    assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
+    # As after the other scenarios: the next test starts with no example.com device.
+    _wait_nothing_allocatable(cluster)
 
 
 def test_daemonset_as_shipped_serves_the_example_consumer(

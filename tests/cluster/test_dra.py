@@ -31,7 +31,7 @@ from .claims import (
 )
 from .cluster import FEATURE_GATES, NODE_NAME, Cluster
 from .conftest import DraAgentFactory
-from .pods import Pods, phase, status, unschedulable_message
+from .pods import Pods, phase, status
 from .test_seed_lab import hex_rdev
 
 CLASS = "fpga"
@@ -171,15 +171,7 @@ def test_two_devices_three_claims_third_pending(node: Node) -> None:
         claims.claim(f"{name}-claim", device_class)
         claims.pod_with_claim(name, f"{name}-claim")
 
-    deadline = time.monotonic() + 60
-    while True:
-        state = {n: pods.get(n) for n in names}
-        running = [n for n, p in state.items() if phase(p) == "Running"]
-        waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
-        if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
-            break
-        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
-        time.sleep(0.2)
+    running, waiting, state = pods.wait_split(names, running=2)
     ((pending, message),) = waiting.items()
     assert phase(state[pending]) == "Pending"
     assert "cannot allocate all claims" in message, message
@@ -380,15 +372,7 @@ def test_shared_device_slots_go_to_two_pods_and_no_more(node: Node) -> None:
     for name in names:
         claims.claim(f"{name}-claim", str(device_class["metadata"]["name"]))
         claims.pod_with_claim(name, f"{name}-claim")
-    deadline = time.monotonic() + 60
-    while True:
-        state = {n: pods.get(n) for n in names}
-        running = [n for n, p in state.items() if phase(p) == "Running"]
-        waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
-        if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
-            break
-        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
-        time.sleep(0.2)
+    running, _, _ = pods.wait_split(names, running=2)
     for name in running:
         assert pods.seen(name).devices == {str(device.path): hex_rdev(device)}
     got = {allocated_devices(claims.get_claim(f"{n}-claim"))[0]["device"] for n in running}

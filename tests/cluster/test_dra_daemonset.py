@@ -14,24 +14,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from containerd.image import build_archive
 from loopdev import LoopDevices
-from ports import free_port
 
 from .agent import DRIVER
 from .build import build
 from .claims import Claims, allocated_devices, device_attribute
 from .cluster import NODE_NAME, Cluster
-from .conftest import _TEST_LOGS
 from .daemonset import DEPLOY_DRA, loop_fpga_config, write_dra_overlay
 from .image import AgentImage
 from .test_daemonset import (
     EXAMPLE,
-    EXAMPLE_IMAGE,
     EXAMPLE_POD,
     agent_pods,
-    diagnostics,
     http_status,
+    shipped_run,
     wait_agent_ready,
 )
 
@@ -67,28 +63,11 @@ def test_dra_overlay_renders_with_the_release_kubectl() -> None:
 def shipped_dra_daemonset(
     cluster: Cluster, agent_image: AgentImage, claims: Claims, tmp_path: Path
 ) -> Iterator[tuple[Path, int]]:
-    """Images imported; yields (overlay folder, metrics port); everything applied is deleted
-    at the end, the example pod first (its claim is unprepared by the running agent)."""
-    cluster.import_image(agent_image.archive)
-    cluster.import_image(build_archive(tmp_path / "busybox.tar", name=EXAMPLE_IMAGE))
-    overlay = tmp_path / "overlay"
-    port = free_port()
-    _TEST_LOGS.append(("DRA DaemonSet and example pod (kubectl)", lambda: diagnostics(cluster)))
-    try:
-        yield overlay, port
-    finally:
-        _TEST_LOGS.clear()
-        cluster.kubectl(
-            "delete", "--wait", "--grace-period=1", "--ignore-not-found", "-f", str(EXAMPLE)
-        )
-        if overlay.exists():
-            cluster.kubectl(
-                "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
-            )
-        for spec in cluster.cdi_run.glob("*"):
-            spec.unlink()
-        claims.delete_slices(DRIVER)
-        assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
+    """:func:`shipped_run` of the DRA DaemonSet; its slices are deleted at the end too."""
+    with shipped_run(cluster, agent_image, tmp_path, "DRA DaemonSet") as run:
+        yield run
+    claims.delete_slices(DRIVER)
+    assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
 
 
 def test_dra_daemonset_as_shipped_serves_the_example_consumer(

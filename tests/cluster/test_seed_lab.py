@@ -4,14 +4,12 @@ device a deleted pod gave back."""
 
 from __future__ import annotations
 
-import time
-
 from loopdev import LoopDevice, LoopDevices
 
 from .agent import class_config
 from .cluster import Cluster
 from .conftest import AgentFactory, wait_capacity
-from .pods import Pods, phase, status, unschedulable_message
+from .pods import Pods, phase
 
 RESOURCE = "example.com/fpga"
 
@@ -33,15 +31,7 @@ def test_two_devices_three_pods(
     for name in names:
         pods.create(name, {RESOURCE: 1})
 
-    deadline = time.monotonic() + 60
-    while True:
-        state = {n: pods.get(n) for n in names}
-        running = [n for n, p in state.items() if phase(p) == "Running"]
-        waiting = {n: unschedulable_message(p) for n, p in state.items() if n not in running}
-        if len(running) == 2 and len(waiting) == 1 and all(waiting.values()):
-            break
-        assert time.monotonic() < deadline, f"pods: {[(n, status(p)) for n, p in state.items()]}"
-        time.sleep(0.2)
+    running, waiting, state = pods.wait_split(names, running=2)
     (pending, message) = next(iter(waiting.items()))
     assert phase(state[pending]) == "Pending"
     assert f"Insufficient {RESOURCE}" in message, message
