@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -460,7 +461,7 @@ class Agent:
 
         settings = self.settings
         if self.dra is not None and not await self._start_dra(1):
-            self.spawn(self._keep_starting_dra(), "start DRA driver")
+            self.spawn(self._keep_starting(self._start_dra), "start DRA driver")
         for runner in self.runners.values():
             if runner.config.api == "dra":
                 continue
@@ -494,7 +495,10 @@ class Agent:
                 runner.fail("plugin-start", "device plugin cannot be created: %s", exc)
                 continue
             if not await self._start_plugin(runner, 1):
-                self.spawn(self._keep_starting(runner), f"start {resource}")
+                self.spawn(
+                    self._keep_starting(functools.partial(self._start_plugin, runner)),
+                    f"start {resource}",
+                )
 
     async def _start_plugin(self, runner: _ClassRunner, attempt: int) -> bool:
         """One attempt to serve the class's plugin; False (logged, counted) if it failed."""
@@ -517,14 +521,15 @@ class Agent:
         runner.plugin_error = None
         return True
 
-    async def _keep_starting(self, runner: _ClassRunner) -> None:
-        """Retry a plugin that failed to start, with backoff, until it serves."""
+    async def _keep_starting(self, start: Callable[[int], Awaitable[bool]]) -> None:
+        """Retry ``start(attempt)`` (a plugin or the DRA driver whose first attempt failed)
+        with backoff until it returns True."""
         attempt = 1
         while True:
             delay = min(self.settings.retry_max_seconds, 0.5 * 2 ** min(attempt - 1, 8))
             await asyncio.sleep(delay)
             attempt += 1
-            if await self._start_plugin(runner, attempt):
+            if await start(attempt):
                 return
 
     async def _start_dra(self, attempt: int) -> bool:
@@ -545,14 +550,6 @@ class Agent:
             return False
         dra.error = None
         return True
-
-    async def _keep_starting_dra(self) -> None:
-        attempt = 1
-        while True:
-            await asyncio.sleep(min(self.settings.retry_max_seconds, 0.5 * 2 ** min(attempt, 8)))
-            attempt += 1
-            if await self._start_dra(attempt):
-                return
 
     @property
     def running(self) -> bool:
