@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.kubelet import checkpoint as module
 from cdi_gen.kubelet.checkpoint import (
     CHECKPOINT_KIND,
     Checkpoint,
@@ -157,7 +156,7 @@ def test_a_failed_write_changes_neither_file_nor_memory(
     def crash(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(module.os, "rename", crash)
+    monkeypatch.setattr(os, "rename", crash)
     with pytest.raises(CheckpointError, match="No space left"):
         cp.add("u2", CLAIM)
     with pytest.raises(CheckpointError):

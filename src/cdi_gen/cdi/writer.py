@@ -113,8 +113,11 @@ def _owned_hashes(dir_fd: int, filename: str) -> list[str]:
     return [h for h in hashes if isinstance(h, str)] if isinstance(hashes, list) else []
 
 
-def _atomic_replace(dir_fd: int, filename: str, data: bytes, hook: StepHook | None) -> None:
-    """Write ``data`` to ``filename`` in the folder through an ignored temporary name."""
+def _atomic_replace(
+    dir_fd: int, filename: str, data: bytes, hook: StepHook | None, mode: int = SPEC_MODE
+) -> None:
+    """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
+    file gets ``mode``."""
     tmp = f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
     fd = os.open(
@@ -132,7 +135,7 @@ def _atomic_replace(dir_fd: int, filename: str, data: bytes, hook: StepHook | No
                 view = view[os.write(fd, view) :]
             if hook:
                 hook("temp-written")
-            os.fchmod(fd, SPEC_MODE)  # explicit: the umask must not make specs unreadable
+            os.fchmod(fd, mode)  # explicit: the umask must not make specs unreadable
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -317,6 +320,15 @@ def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE) -> None:
+    """Atomically and durably make ``path`` hold ``data`` with ``mode``: temporary name,
+    fsync, rename, folder fsync, missing folders created; raises OSError. The one way every
+    file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint).
+    """
+    with _folder(path.parent, create=True) as dir_fd:
+        _atomic_replace(dir_fd, path.name, data, None, mode)
+
+
 def write_file(path: Path, data: bytes) -> None:
     """Atomically make ``path`` hold ``data`` (``render --output``): the same temporary name,
     fsync, rename and folder fsync as a spec, without an ownership record (the user named
@@ -326,8 +338,7 @@ def write_file(path: Path, data: bytes) -> None:
     if not path.name or path.name in (".", ".."):
         raise SpecWriteError(f"cannot write {str(path)!r}: not a file name")
     try:
-        with _folder(path.parent, create=True) as dir_fd:
-            _atomic_replace(dir_fd, path.name, data, None)
+        replace_file(path, data)
     except OSError as exc:
         raise SpecWriteError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from exc
 

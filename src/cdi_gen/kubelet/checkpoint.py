@@ -16,9 +16,6 @@ write. The operator moves it away to start with no prepared claims.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,10 +25,10 @@ from typing import Any
 
 import orjson
 
+from cdi_gen.cdi.writer import replace_file
 from cdi_gen.errors import CdiGenError, quote
 from cdi_gen.files import FileRefused, read_regular
 from cdi_gen.kubelet.claims import PreparedDevice
-from cdi_gen.modes import make_folder
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -49,7 +46,6 @@ CHECKPOINT_VERSION = 1
 #: thousands, far more than a node prepares at once.
 CHECKPOINT_MAX_BYTES = 16 << 20
 _MODE = 0o600
-_TEMP_SUFFIX = ".tmp"
 
 
 class CheckpointError(CdiGenError):
@@ -232,37 +228,6 @@ class Checkpoint:
 
     def _write(self, claims: Mapping[str, PreparedClaim]) -> None:
         try:
-            make_folder(self.path.parent)
-            _atomic_write(self.path, self.encode(claims))
+            replace_file(self.path, self.encode(claims), mode=_MODE)
         except OSError as exc:
             raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` through a temporary name, durable once it returns."""
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        tmp = f".{path.name}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
-        # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            _MODE,
-            dir_fd=folder,
-        )
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=folder)
-            raise
-        os.fsync(folder)  # the rename itself survives a crash only once the folder is synced
-    finally:
-        os.close(folder)
