@@ -267,16 +267,4 @@ def as_gone(device: DiscoveredDevice) -> DiscoveredDevice:
     """``device`` kept after its node disappeared (``whenGone``): unhealthy and gone."""
     if device.gone:
         return device
-    return DiscoveredDevice(
-        name=device.name,
-        class_name=device.class_name,
-        physical=device.physical,
-        nodes=device.nodes,
-        numa_node=device.numa_node,
-        healthy=False,
-        rules=device.rules,
-        edits=device.edits,
-        records=device.records,
-        gone=True,
-        attributes=device.attributes,
-    )
+    return dataclasses.replace(device, healthy=False, gone=True)
