@@ -70,16 +70,45 @@ def loop_fpga_config(kernel_names: Sequence[str]) -> dict[str, Any]:
     return config
 
 
-def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_port: int) -> Path:
-    """A kustomization folder at ``dest`` over deploy/kubernetes; returns ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    repository, tag = image_name.rsplit(":", 1)
-    configmap_patch = {
+def _configmap_patch(config: dict[str, Any]) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
         "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
     }
+
+
+def _write_overlay(
+    dest: Path,
+    base: Path,
+    image_name: str,
+    config: dict[str, Any],
+    patches: list[tuple[str, Any, dict[str, Any] | None]],
+) -> Path:
+    """A kustomization folder at ``dest`` over ``base``: the image, the config and
+    ``patches`` (file name, content, target or None); returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    repository, tag = image_name.rsplit(":", 1)
+    entries: list[dict[str, Any]] = []
+    for file, content, target in [("configmap-patch.yaml", _configmap_patch(config), None),
+                                  *patches]:  # fmt: skip
+        (dest / file).write_text(yaml.safe_dump(content, sort_keys=False))
+        entries.append({"path": file} if target is None else {"path": file, "target": target})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize refuses absolute paths; a relative one may leave the overlay's folder.
+        "resources": [os.path.relpath(base, dest)],
+        "images": [{"name": NAME, "newName": repository, "newTag": tag}],
+        "patches": entries,
+    }
+    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return dest
+
+
+def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_port: int) -> Path:
+    """A kustomization folder at ``dest`` over deploy/kubernetes; returns ``dest``."""
     container = "/spec/template/spec/containers/0"
     daemonset_patch = [
         # "test" ops make the patch fail loudly if the shipped DaemonSet's layout moves.
@@ -90,35 +119,16 @@ def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_p
         {"op": "test", "path": f"{container}/env/3/name", "value": "CDI_GEN_METRICS_ADDRESS"},
         {"op": "replace", "path": f"{container}/env/3/value", "value": f"0.0.0.0:{metrics_port}"},
     ]
-    (dest / "configmap-patch.yaml").write_text(yaml.safe_dump(configmap_patch, sort_keys=False))
-    (dest / "daemonset-patch.yaml").write_text(yaml.safe_dump(daemonset_patch, sort_keys=False))
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        # kustomize refuses absolute paths; a relative one may leave the overlay's folder.
-        "resources": [os.path.relpath(DEPLOY, dest)],
-        "images": [{"name": NAME, "newName": repository, "newTag": tag}],
-        "patches": [
-            {"path": "configmap-patch.yaml"},
-            {"path": "daemonset-patch.yaml", "target": {"kind": "DaemonSet", "name": NAME}},
-        ],
-    }
-    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    return dest
+    target = {"kind": "DaemonSet", "name": NAME}
+    return _write_overlay(
+        dest, DEPLOY, image_name, config, [("daemonset-patch.yaml", daemonset_patch, target)]
+    )
 
 
 def write_dra_overlay(
     dest: Path, image_name: str, config: dict[str, Any], metrics_port: int, api_port: int
 ) -> Path:
     """A kustomization folder at ``dest`` over deploy/kubernetes/dra; returns ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    repository, tag = image_name.rsplit(":", 1)
-    configmap_patch = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
-        "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
-    }
     # Env entries merge by name (the DRA patch put its own first, so no index is stable).
     env_patch = {
         "apiVersion": "apps/v1",
@@ -140,19 +150,13 @@ def write_dra_overlay(
         {"op": "test", "path": f"{container}/ports/0/name", "value": "metrics"},
         {"op": "replace", "path": f"{container}/ports/0/containerPort", "value": metrics_port},
     ]
-    (dest / "configmap-patch.yaml").write_text(yaml.safe_dump(configmap_patch, sort_keys=False))
-    (dest / "env-patch.yaml").write_text(yaml.safe_dump(env_patch, sort_keys=False))
-    (dest / "port-patch.yaml").write_text(yaml.safe_dump(port_patch, sort_keys=False))
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY_DRA, dest)],
-        "images": [{"name": NAME, "newName": repository, "newTag": tag}],
-        "patches": [
-            {"path": "configmap-patch.yaml"},
-            {"path": "env-patch.yaml"},
-            {"path": "port-patch.yaml", "target": {"kind": "DaemonSet", "name": NAME}},
+    return _write_overlay(
+        dest,
+        DEPLOY_DRA,
+        image_name,
+        config,
+        [
+            ("env-patch.yaml", env_patch, None),
+            ("port-patch.yaml", port_patch, {"kind": "DaemonSet", "name": NAME}),
         ],
-    }
-    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    return dest
+    )
