@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
-from cdi_gen.discovery.pool import DevicePool, pool_devices
+from cdi_gen.discovery.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
@@ -57,6 +57,8 @@ class DraDriver:
         self.name = settings.driver_name(config)
         self.node = settings.node()
         self.pool = DevicePool()
+        #: Per class: the pool entries last built, reused while their device is unchanged.
+        self._cache: dict[str, PoolCache] = {}
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.client: ApiClient | None = None
@@ -72,7 +74,8 @@ class DraDriver:
         discovered: Mapping[str, DiscoveredDevice],
     ) -> bool:
         """Put ``config``'s class into the pool as ``advertised``; whether the pool changed."""
-        devices = pool_devices(self.config.vendor, config, advertised, discovered)
+        cache = self._cache.setdefault(config.name, {})
+        devices = pool_devices(self.config.vendor, config, advertised, discovered, cache)
         return self.pool.publish(config.name, devices)
 
     async def withdrawn(self) -> None:

@@ -169,3 +169,23 @@ def test_api_must_be_known() -> None:
     with pytest.raises(ConfigError) as info:
         _config({**LOOP, "api": "grpc"})
     assert "classes[0].api" in str(info.value) and "'grpc'" in str(info.value)
+
+
+def test_the_cache_rebuilds_only_what_changed_and_gives_the_same_entries() -> None:
+    config = _config(LOOP)
+    cls = config.classes[0]
+    discovery = Discovery(config)
+    (change,) = discovery.replace([_loop(1), _loop(2)])
+    cache: dict[str, Any] = {}
+    by_name = {d.name: d for d in change.devices}
+    first = pool_devices("example.com", cls, change.after_write, by_name, cache)
+    assert first == pool_devices("example.com", cls, change.after_write, by_name)
+    (change,) = discovery.apply([dataclasses.replace(_loop(3), action="add")])
+    by_name = {d.name: d for d in change.devices}
+    second = pool_devices("example.com", cls, change.after_write, by_name, cache)
+    assert second == pool_devices("example.com", cls, change.after_write, by_name)
+    assert second[0] is first[0] and second[1] is first[1]  # unchanged: not built again
+    assert set(cache) == {"loop1", "loop2", "loop3"}
+    unhealthy = [dataclasses.replace(a, healthy=False) for a in change.after_write]
+    third = pool_devices("example.com", cls, unhealthy, by_name, cache)
+    assert [d.healthy for d in third] == [False] * 3

@@ -20,7 +20,7 @@ from cdi_gen.discovery.versioned import Versioned
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import dns_label, qualified_name
 
-__all__ = ["MAX_STRING_ATTRIBUTE", "DevicePool", "device_name", "pool_devices"]
+__all__ = ["MAX_STRING_ATTRIBUTE", "DevicePool", "PoolCache", "device_name", "pool_devices"]
 
 #: Longest string (or version) attribute value a ResourceSlice accepts, in characters.
 MAX_STRING_ATTRIBUTE = 64
@@ -67,47 +67,78 @@ def _udev_attributes(device: DiscoveredDevice) -> dict[str, AttributeValue]:
     return out
 
 
+#: What :func:`pool_devices` built for each device ID last time, and from what: a class of a
+#: thousand devices changes one device per event, and the other entries are kept.
+PoolCache = dict[str, tuple[AdvertisedDevice, DiscoveredDevice | None, int | None, PoolDevice]]
+
+
+def _pool_device(
+    vendor: str,
+    config: ClassConfig,
+    adv: AdvertisedDevice,
+    found: DiscoveredDevice | None,
+    slot: int | None,
+) -> PoolDevice:
+    attributes: dict[str, AttributeValue] = {"class": config.name}
+    cdi = qualified_name(vendor, config.name, adv.id)
+    if _fits(cdi):
+        attributes["cdiName"] = cdi
+    if found is not None:
+        attributes.update(_udev_attributes(found))
+        attributes.update((k, v) for k, v in found.attributes.items() if _fits(v))
+    if adv.numa_node is not None:
+        attributes["numaNode"] = adv.numa_node
+    if slot is not None:
+        attributes["slot"] = slot
+    return PoolDevice(
+        name=device_name(config.name, adv.id),
+        cdi_name=cdi,
+        class_name=config.name,
+        physical=adv.physical,
+        healthy=adv.healthy,
+        gone=adv.gone,
+        taint_when_gone=config.when_gone == "taint",
+        numa_node=adv.numa_node,
+        attributes=attributes,
+        slots=config.sharing.replicas,
+    )
+
+
 def pool_devices(
     vendor: str,
     config: ClassConfig,
     advertised: Iterable[AdvertisedDevice],
     discovered: Mapping[str, DiscoveredDevice],
+    cache: PoolCache | None = None,
 ) -> list[PoolDevice]:
     """The pool entries of one class: each advertised device (by ID, with its health) and
     what discovery knows of it (``discovered`` by device name; slots share the physical
-    device's records). Attributes that do not fit a ResourceSlice are left out."""
+    device's records). Attributes that do not fit a ResourceSlice are left out.
+
+    With ``cache`` (one per class, kept by the caller), a device whose advertised state and
+    discovered object (discovery hands out the same object while a device is unchanged) are
+    those of the last call is not built again; the cache then holds exactly this call's
+    devices."""
     out: list[PoolDevice] = []
-    slots = config.sharing.replicas
+    shared = config.sharing.replicas > 1
     seen: dict[str, int] = {}
+    fresh: PoolCache = {}
     for adv in advertised:
         found = discovered.get(adv.id)
-        attributes: dict[str, AttributeValue] = {"class": config.name}
-        cdi = qualified_name(vendor, config.name, adv.id)
-        if _fits(cdi):
-            attributes["cdiName"] = cdi
-        if found is not None:
-            attributes.update(_udev_attributes(found))
-            attributes.update((k, v) for k, v in found.attributes.items() if _fits(v))
-        if adv.numa_node is not None:
-            attributes["numaNode"] = adv.numa_node
-        if slots > 1:
-            index = seen.get(adv.physical, 0)
-            seen[adv.physical] = index + 1
-            attributes["slot"] = index
-        out.append(
-            PoolDevice(
-                name=device_name(config.name, adv.id),
-                cdi_name=cdi,
-                class_name=config.name,
-                physical=adv.physical,
-                healthy=adv.healthy,
-                gone=adv.gone,
-                taint_when_gone=config.when_gone == "taint",
-                numa_node=adv.numa_node,
-                attributes=attributes,
-                slots=slots,
-            )
-        )
+        slot = None
+        if shared:
+            slot = seen.get(adv.physical, 0)
+            seen[adv.physical] = slot + 1
+        last = None if cache is None else cache.get(adv.id)
+        if last is not None and last[0] == adv and last[1] is found and last[2] == slot:
+            device = last[3]
+        else:
+            device = _pool_device(vendor, config, adv, found, slot)
+        fresh[adv.id] = (adv, found, slot, device)
+        out.append(device)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return out
 
 
