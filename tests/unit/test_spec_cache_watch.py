@@ -414,6 +414,32 @@ def test_a_parent_renamed_and_made_again_is_followed(short_dir: Path, level: int
         cache.close()
 
 
+def test_two_folder_paths_leading_to_one_folder_part_ways(short_dir: Path) -> None:
+    # One watch serves both paths; moving one of them must not drop the other's.
+    write(short_dir / "v1" / "a.json", spec("loop1"))
+    write(short_dir / "v2" / "b.json", spec("loop2"))
+    first, second = short_dir / "etc", short_dir / "run"
+    first.symlink_to("v1")
+    second.symlink_to("v1")
+    cache = SpecCache([first, second])
+    try:
+        assert names(cache) == {f"{KIND}=loop1"}  # the same file twice: shadowed, no conflict
+        settle(cache)
+        swap_link(first, short_dir / "v2")
+        assert names(cache) == {f"{KIND}=loop1", f"{KIND}=loop2"}
+        settle(cache)
+        write(short_dir / "v1" / "c.json", spec("loop3"))  # still reached through the second
+        assert names(cache) == {f"{KIND}=loop1", f"{KIND}=loop2", f"{KIND}=loop3"}
+        swap_link(second, short_dir / "v2")  # both on v2: the same file twice again
+        assert names(cache) == {f"{KIND}=loop2"}
+        scans = settle(cache)
+        write(short_dir / "v1" / "d.json", spec("loop4"))  # on no path any more: no scan
+        assert names(cache) == {f"{KIND}=loop2"}
+        assert cache.scans == scans
+    finally:
+        cache.close()
+
+
 def test_a_linked_spec_files_target_folder_renamed_and_made_again_is_followed(
     cache: SpecCache, dirs: list[Path], short_dir: Path
 ) -> None:
@@ -431,12 +457,68 @@ def test_a_linked_spec_files_target_folder_renamed_and_made_again_is_followed(
 
 _PATH_OPS = st.lists(
     st.tuples(
-        st.sampled_from(["link", "dir", "remove", "write-old", "write"]),
+        st.sampled_from(["link", "chain", "swap-inner", "dir", "remove", "write-old", "write"]),
         st.integers(0, len(LEVELS) - 1),
         st.sampled_from(["loop1", "loop2", "loop3"]),
     ),
     max_size=10,
 )
+
+
+class PathChanges:
+    """Changes to the components of ``root/a/b/cdi``, each made as an operator would."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.folder = root.joinpath(*LEVELS)
+        self.fresh = iter(range(1000))
+        self.old: list[Path] = []  # folders (or links) moved off the path
+        self.inner: list[tuple[Path, tuple[str, ...]]] = []  # links inside a chain
+
+    def apply(self, op: str, level: int, device: str) -> None:
+        entry = self.root.joinpath(*LEVELS[: level + 1])
+        rest = LEVELS[level + 1 :]
+        n = next(self.fresh)
+        if not entry.parent.is_dir():
+            return
+        if op == "swap-inner" and self.inner:
+            # A link in the middle of a chain (entry -> m -> s): the entry is untouched.
+            link, below = self.inner[-1]
+            swap_link(link, tree(self.root / f"s{n}", below, device))
+        elif op in ("link", "chain", "dir"):
+            self.replace(entry, self.made(op, n, rest, device))
+        elif op == "remove" and (entry.exists() or entry.is_symlink()):
+            self.move_away(entry, n)
+        elif op == "write-old" and self.old and self.old[-1].is_dir():
+            write(self.old[-1] / "z.json", spec(device))  # a folder no longer on the path
+        elif op == "write" and self.folder.is_dir():
+            write(self.folder / "w.json", spec(device, "loop9"))
+
+    def made(self, op: str, n: int, rest: tuple[str, ...], device: str) -> Path:
+        made = tree(self.root / f"s{n}", rest, device)
+        if op == "dir":
+            return made
+        target = made
+        if op == "chain":
+            target = self.root / f"m{n}"
+            target.symlink_to(f"s{n}")
+            self.inner.append((target, rest))
+        link = self.root / f"l{n}"
+        link.symlink_to(target)
+        return link
+
+    def replace(self, entry: Path, made: Path) -> None:
+        # A link over a link (or nothing) is one atomic step; rename(2) puts nothing else
+        # over a link or a folder, so that one is moved away first.
+        present = entry.exists() or entry.is_symlink()
+        link_over_link = made.is_symlink() and entry.is_symlink()
+        if present and not link_over_link:
+            self.move_away(entry, next(self.fresh))
+        os.rename(made, entry)
+
+    def move_away(self, entry: Path, n: int) -> None:
+        self.old.append(self.root / f"o{n}")
+        os.rename(entry, self.old[-1])
 
 
 @settings(
@@ -446,47 +528,22 @@ _PATH_OPS = st.lists(
 def test_the_cache_agrees_with_a_fresh_scan_whatever_happens_to_the_path(
     short_dir: Path, ops: list[tuple[str, int, str]]
 ) -> None:
-    """Any component of the folder's path replaced (by a link or a folder, atomically) or
-    removed: after each change the cache answers what a fresh scan of the path answers."""
+    """Any component of the folder's path replaced (by a link, a chain of links or a folder),
+    removed, or a link inside a chain swapped: after each change the cache answers what a
+    fresh scan of the path answers."""
     import shutil
     import tempfile
 
-    root = Path(tempfile.mkdtemp(dir=short_dir))
+    changes = PathChanges(Path(tempfile.mkdtemp(dir=short_dir)))
     try:
-        folder = root.joinpath(*LEVELS)
-        write(folder / "a.json", spec("loop1"))
-        cache = SpecCache([folder])
+        write(changes.folder / "a.json", spec("loop1"))
+        cache = SpecCache([changes.folder])
         cache.registry()
-        fresh = iter(range(1000))
-        old: list[Path] = []
         for op, level, device in ops:
-            entry = root.joinpath(*LEVELS[: level + 1])
-            rest = LEVELS[level + 1 :]
-            if not entry.parent.is_dir():
-                continue
-            if op in ("link", "dir"):
-                n = next(fresh)
-                made = tree(root / f"s{n}", rest, device)
-                if op == "link":
-                    made = root / f"l{n}"
-                    made.symlink_to(root / f"s{n}")
-                # A link over a link (or nothing) is one atomic step; rename(2) puts nothing
-                # else over a link or a folder, so that one is moved away first.
-                present = entry.exists() or entry.is_symlink()
-                if present and not (op == "link" and entry.is_symlink()):
-                    old.append(root / f"o{n}")
-                    os.rename(entry, old[-1])
-                os.rename(made, entry)
-            elif op == "remove" and (entry.exists() or entry.is_symlink()):
-                old.append(root / f"o{next(fresh)}")
-                os.rename(entry, old[-1])
-            elif op == "write-old" and old and old[-1].is_dir():
-                write(old[-1] / "z.json", spec(device))  # a folder no longer on the path
-            elif op == "write" and folder.is_dir():
-                write(folder / "w.json", spec(device, "loop9"))
-            expected = load_registry([folder])
+            changes.apply(op, level, device)
+            expected = load_registry([changes.folder])
             got = cache.registry()
             assert got.devices.keys() == expected.devices.keys(), (op, level, device)
         cache.close()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(changes.root, ignore_errors=True)
