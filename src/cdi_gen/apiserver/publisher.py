@@ -379,6 +379,8 @@ class SlicePublisher:
         not ours appears in our pool. Any failure of the watch (no answer, an error, a line
         that is not an event) starts it again after a backoff; what happened meanwhile is
         found by listing again."""
+        from cdi_gen.apiserver.client import ApiServerError
+
         loop = asyncio.get_running_loop()
         delay = self._retry_initial
         while True:
@@ -409,6 +411,8 @@ class SlicePublisher:
                     self.driver,
                     delay,
                     _one_line(failed),
+                    # A failure the client did not name (a bug here) keeps its traceback.
+                    exc_info=None if isinstance(failed, ApiServerError) else failed,
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._retry_max)
