@@ -40,13 +40,14 @@ Obj = dict[str, Any]
 
 @dataclass
 class Answer:
-    """A canned answer: ``body`` with ``status``; sent chunked (no Content-Length) when
-    ``chunked``; used ``times`` times (None: every time)."""
+    """A canned answer: ``body`` with ``status`` and extra ``headers``; sent chunked (no
+    Content-Length) when ``chunked``; used ``times`` times (None: every time)."""
 
     status: int
     body: bytes
     chunked: bool = False
     times: int | None = None
+    headers: dict[str, str] | None = None
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, Obj]:
@@ -220,16 +221,25 @@ class FakeApiServer:
                 canned.times -= 1
                 if canned.times <= 0:
                     del self.answers[(method, path)]
-            await self._send(writer, canned.status, canned.body, chunked=canned.chunked)
+            await self._send(
+                writer, canned.status, canned.body, chunked=canned.chunked, headers=canned.headers
+            )
             return
         code, obj = self._handle(method, path, query, json.loads(body) if body else None)
         await self._send(writer, code, json.dumps(obj).encode())
         await self._notify()
 
     async def _send(
-        self, writer: asyncio.StreamWriter, code: int, body: bytes, *, chunked: bool = False
+        self,
+        writer: asyncio.StreamWriter,
+        code: int,
+        body: bytes,
+        *,
+        chunked: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         head = f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         if chunked:
             writer.write(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
             for start in range(0, len(body), 1 << 16):

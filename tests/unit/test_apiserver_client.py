@@ -9,6 +9,7 @@ format; the client talks to it as to the real one.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import threading
@@ -76,6 +77,18 @@ async def test_an_oversize_claim_is_refused_in_one_line(
         await client.get_claim("ns", "c")
     message = str(caught.value)
     assert "ResourceClaim ns/c" in message and "MiB" in message and "\n" not in message
+
+
+async def test_a_compressed_answer_is_refused_before_it_is_inflated(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    # A few KiB on the wire, over the bound once inflated: the bound must hold for what is
+    # decoded, and a server we asked for no compression has no reason to send any.
+    body = gzip.compress(json.dumps(_claim(MAX_ANSWER_BYTES + 1000)).encode())
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    api.answers[("GET", path)] = Answer(200, body, headers={"Content-Encoding": "gzip"})
+    with pytest.raises(ClaimError, match=r"ResourceClaim ns/c: .*compressed"):
+        await client.get_claim("ns", "c")
 
 
 async def test_a_claim_under_the_cap_is_read(api: FakeApiServer, client: ApiClient) -> None:
