@@ -161,6 +161,15 @@ async def test_an_oversize_kubeconfig_is_refused_without_reading_it(
         await ApiClient.open(path)
 
 
+async def test_a_kubeconfig_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    path = tmp_path / "kubeconfig"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(KubeConfigError, match="aliases expand"):
+        await ApiClient.open(path)
+
+
 async def test_a_fifo_kubeconfig_is_refused_without_blocking(tmp_path: Path) -> None:
     path = tmp_path / "kubeconfig"
     os.mkfifo(path)

@@ -36,6 +36,7 @@ from lightkube import ConfigError, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 
+from cdi_gen.cdi.codec import load_yaml
 from cdi_gen.errors import CdiGenError, ClaimError, quote
 from cdi_gen.errors import ConfigError as CdiConfigError
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
@@ -139,7 +140,8 @@ def _from_file(path: Path, what: str) -> KubeConfig:
         raise KubeConfigError(f"no API server configuration: {what}: no such file")
     data = _check_file(path, what)
     try:
-        loaded = yaml.safe_load(data)
+        # Bounded (nesting, alias expansion): a config bomb costs no more than its bytes.
+        loaded = load_yaml(data)
         if not isinstance(loaded, dict):
             raise ValueError(f"not a mapping but {quote(loaded)}")
         kubeconfig = KubeConfig.from_dict(loaded, fname=path)
