@@ -70,6 +70,8 @@ class FakeApiServer:
         self.nodes: dict[str, str] = {}
         #: Canned answers by (method, path): they win over the real handling (not watches).
         self.answers: dict[tuple[str, str], Answer] = {}
+        #: Called right after a slice list is answered (a change "between" list and watch).
+        self.after_list: Callable[[], None] | None = None
         #: Every request as (method, path, query).
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.watches_opened = 0
@@ -227,6 +229,8 @@ class FakeApiServer:
             return
         code, obj = self._handle(method, path, query, json.loads(body) if body else None)
         await self._send(writer, code, json.dumps(obj).encode())
+        if method == "GET" and path == SLICES and self.after_list is not None:
+            self.after_list()
         await self._notify()
 
     async def _send(

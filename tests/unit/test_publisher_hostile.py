@@ -127,6 +127,30 @@ async def test_sigterm_after_a_garbage_watch_line_is_a_cancellation(
             await task
 
 
+async def test_a_deletion_while_the_watch_is_down_is_repaired_when_it_opens_again(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    pool = pool_of("a")
+    publisher = SlicePublisher(client, DRIVER, NODE, pool, retry_initial=0.5, retry_max=1)
+    task = asyncio.create_task(publisher.run())
+    try:
+        assert await publisher.published(pool.version, 10)
+        await api.until(lambda: api.watches_opened == 1)
+
+        def kubelet_starts() -> None:
+            # Right after the publisher's list, while its watch is still down.
+            if api.watches_opened == 1 and api.slices:
+                api.remove(slice_name(NODE, DRIVER, 0))
+
+        api.after_list = kubelet_starts
+        api.send_raw(b"<html>502 Bad Gateway</html>")
+        await api.until(lambda: api.watches_opened == 2 and devices_on(api) == ["a"])
+    finally:
+        pool.close()
+        task.cancel()
+        await asyncio.wait([task])
+
+
 async def test_a_watch_failure_is_one_line_per_retry_step_without_traceback(
     api: FakeApiServer, client: ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
@@ -424,11 +424,17 @@ class ApiClient:
                 raise
 
     async def watch_slices(
-        self, driver: str, node: str, resource_version: str | None = None
+        self,
+        driver: str,
+        node: str,
+        resource_version: str | None = None,
+        *,
+        on_open: Callable[[], None] | None = None,
     ) -> AsyncIterator[tuple[str, Obj]]:
         """(event type, slice) for every change of ``driver``'s slices on ``node`` until the
         API server ends the watch (the iteration ends) or it fails (:class:`ApiServerError`,
-        also for a line that is not a well-formed event)."""
+        also for a line that is not a well-formed event). ``on_open`` is called once the API
+        server has accepted the watch: from then on no change is missed."""
         what = f"ResourceSlices of {driver} on {node}: watch"
         params = {
             **_selector(driver, node),
@@ -444,6 +450,8 @@ class ApiClient:
                 if response.is_error:
                     await response.aread()
                     raise ApiServerError(f"{what}: {_failure(response)}", response.status_code)
+                if on_open is not None:
+                    on_open()
                 async for line in response.aiter_lines():
                     if line.strip():
                         event = _event(line, what)

@@ -374,6 +374,13 @@ class SlicePublisher:
             return None
         return "was changed by another writer" if current is not None else "appeared"
 
+    def _relist(self) -> None:
+        """List and publish again: called when the watch (re)opens, since what changed while
+        no watch was open (the kubelet deleting the node's slices at its start) sent no
+        event, and when it breaks, so that such a change is repaired without waiting."""
+        self._need_list = True
+        self._dirty.set()
+
     async def _watch(self) -> None:
         """Publish again when our slices are deleted or changed by someone else, or a slice
         not ours appears in our pool. Any failure of the watch (no answer, an error, a line
@@ -386,7 +393,8 @@ class SlicePublisher:
         while True:
             started = loop.time()
             try:
-                async for kind, obj in self._client.watch_slices(self.driver, self.node):
+                events = self._client.watch_slices(self.driver, self.node, on_open=self._relist)
+                async for kind, obj in events:
                     why = self._foreign(kind, obj)
                     if why is not None:
                         log.info(
@@ -401,8 +409,7 @@ class SlicePublisher:
             # deleted slices unpublished for good.
             except Exception as exc:
                 failed = exc
-            self._need_list = True
-            self._dirty.set()
+            self._relist()
             if loop.time() - started >= self._retry_max:
                 delay = self._retry_initial  # it ran long enough to count as healthy
             if failed is not None:
