@@ -185,12 +185,21 @@ def _foreign_edit(api: FakeApiServer, edit: str) -> None:
         obj["metadata"].pop("ownerReferences")
     elif edit == "generation-lowered":
         spec["pool"]["generation"] = 0
+    elif edit == "generation-negative":
+        spec["pool"]["generation"] = -5
     api.write(obj)
 
 
 @pytest.mark.parametrize(
     "edit",
-    ["devices-removed", "device-renamed", "attribute-added", "owner-dropped", "generation-lowered"],
+    [
+        "devices-removed",
+        "device-renamed",
+        "attribute-added",
+        "owner-dropped",
+        "generation-lowered",
+        "generation-negative",
+    ],
 )
 async def test_our_slice_changed_by_another_writer_is_restored(
     api: FakeApiServer, client: ApiClient, edit: str

@@ -246,7 +246,8 @@ def _failure(response: httpx2.Response) -> str:
 
 def _slice_shape(obj: object, what: str) -> Obj:
     """``obj`` if it has what the publisher reads of a ResourceSlice: a name, a spec with a
-    pool and a non-negative integer generation; :class:`ApiServerError` naming the rule."""
+    pool and an integer generation, devices as objects; :class:`ApiServerError` naming the
+    rule."""
     if not isinstance(obj, dict):
         raise ApiServerError(f"{what}: a slice is not an object: {quote(obj)}")
     meta = obj.get("metadata")
@@ -258,10 +259,11 @@ def _slice_shape(obj: object, what: str) -> Obj:
     if not isinstance(pool, dict):
         raise ApiServerError(f"{what}: slice {quote(name)}: spec.pool is not an object")
     generation = pool.get("generation", 0)
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    # Any integer: the publisher's generations move past whatever another writer set.
+    if isinstance(generation, bool) or not isinstance(generation, int):
         raise ApiServerError(
             f"{what}: slice {quote(name)}: spec.pool.generation {quote(generation)} is not "
-            "a non-negative integer"
+            "an integer"
         )
     devices = spec.get("devices") if isinstance(spec, dict) else None
     if devices is not None and not (
