@@ -91,6 +91,35 @@ async def test_a_compressed_answer_is_refused_before_it_is_inflated(
         await client.get_claim("ns", "c")
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "rule"),
+    [
+        pytest.param(200, b"[" * 100_000 + b"]" * 100_000, "not JSON", id="nested-too-deep"),
+        pytest.param(200, b"<html>502 Bad Gateway</html>", "not JSON", id="html"),
+        pytest.param(200, b"[1, 2]", "not a JSON object", id="not-an-object"),
+        pytest.param(
+            500,
+            json.dumps(
+                {"kind": "Status", "reason": "Internal\nError", "message": "a\nf" + "x" * 5000}
+            ).encode(),
+            "HTTP 500",
+            id="error-with-newlines",
+        ),
+        pytest.param(502, b"<html>\n502 Bad Gateway\n</html>", "HTTP 502", id="error-html"),
+    ],
+)
+async def test_a_broken_claim_answer_is_one_line_naming_the_claim(
+    api: FakeApiServer, client: ApiClient, status: int, body: bytes, rule: str
+) -> None:
+    path = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    api.answers[("GET", path)] = Answer(status, body)
+    with pytest.raises(ClaimError) as caught:
+        await client.get_claim("ns", "c")
+    message = str(caught.value)
+    assert message.startswith("ResourceClaim ns/c: ") and rule in message, message
+    assert "\n" not in message and len(message) < 400, message
+
+
 async def test_a_claim_under_the_cap_is_read(api: FakeApiServer, client: ApiClient) -> None:
     api.claims[("ns", "c")] = _claim(MAX_ANSWER_BYTES // 2)
     claim = await client.get_claim("ns", "c")

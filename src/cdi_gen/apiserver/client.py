@@ -222,7 +222,7 @@ def _decode(data: bytes | str, what: str) -> Obj:
     """An answer's JSON object, or :class:`ApiServerError` quoting the start of it."""
     try:
         obj = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested beyond the parser's stack
         raise ApiServerError(f"{what}: the answer is not JSON: {quote(data)}") from None
     if not isinstance(obj, dict):
         raise ApiServerError(f"{what}: the answer is not a JSON object: {quote(obj)}")
@@ -234,13 +234,19 @@ def _failure(response: httpx2.Response) -> str:
     head = f"HTTP {response.status_code}"
     try:
         status = json.loads(response.content)
-    except ValueError:
+    except (ValueError, RecursionError):
         status = None
     if isinstance(status, dict) and isinstance(status.get("message"), str):
         reason = status.get("reason")
-        reason = f" {reason}" if isinstance(reason, str) and reason else ""
-        message: str = status["message"].splitlines()[0] if status["message"] else ""
-        return f"{head}{reason}: {quote(message, 200)[1:-1]}"
+        if not isinstance(reason, str) or not reason:
+            reason = ""
+        else:
+            reason = f" {reason}" if reason.isalnum() else f" {quote(reason)}"
+        message: str = status["message"]
+        # The API server's own messages read as they are; anything odd is quoted and cut.
+        if len(message) > 200 or not message.isprintable():
+            message = quote(message, 200)
+        return f"{head}{reason}: {message}"
     return f"{head}: {quote(response.content)}"
 
 
