@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
@@ -438,7 +438,7 @@ class ApiClient:
         resource_version: str | None = None,
         *,
         on_open: Callable[[], None] | None = None,
-    ) -> AsyncIterator[tuple[str, Obj]]:
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         """(event type, slice) for every change of ``driver``'s slices on ``node`` until the
         API server ends the watch (the iteration ends) or it fails (:class:`ApiServerError`,
         also for a line that is not a well-formed event). ``on_open`` is called once the API

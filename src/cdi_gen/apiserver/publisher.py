@@ -394,16 +394,17 @@ class SlicePublisher:
             started = loop.time()
             try:
                 events = self._client.watch_slices(self.driver, self.node, on_open=self._relist)
-                async for kind, obj in events:
-                    why = self._foreign(kind, obj)
-                    if why is not None:
-                        log.info(
-                            "ResourceSlice %s %s; publishing the pool again",
-                            obj["metadata"]["name"],
-                            why,
-                        )
-                        self._need_list = True
-                        self._dirty.set()
+                # Closed at once when cancelled, so the connection does not wait for the GC.
+                async with contextlib.aclosing(events):
+                    async for kind, obj in events:
+                        why = self._foreign(kind, obj)
+                        if why is not None:
+                            log.info(
+                                "ResourceSlice %s %s; publishing the pool again",
+                                obj["metadata"]["name"],
+                                why,
+                            )
+                            self._relist()
                 failed: Exception | None = None
             # Whatever broke, the watch must go on: a watcher that dies silently leaves
             # deleted slices unpublished for good.
