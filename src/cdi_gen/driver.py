@@ -106,7 +106,7 @@ class DraDriver:
 
         settings = self.settings
         if self.publisher is None:
-            client = self.client = ApiClient(settings.kubeconfig)
+            client = self.client = await ApiClient.open(settings.kubeconfig)
             self.publisher = SlicePublisher(client, self.name, self.node, self.pool)
             spawn(self._publish(self.publisher), f"slices {self.name}")
             self._export(self.publisher)

@@ -1,41 +1,68 @@
 """The API server as the DRA driver needs it: claims, the Node's UID, and this node's
-ResourceSlices — a thin async layer over lightkube's ``AsyncClient``.
+ResourceSlices — a thin async layer over an HTTP client that lightkube configures.
 
 Everything goes in and out as plain dicts (the slices :mod:`~cdi_gen.apiserver.slices`
-builds) or as the domain's values (:class:`~cdi_gen.model.ClaimView`); lightkube's typed
-models stay inside this module. Every failure is one line naming the object and why:
-:class:`ApiServerError` for a call, :class:`KubeConfigError` (exit 2) for a configuration
-that cannot be loaded, naming what was tried.
+builds) or as the domain's values (:class:`~cdi_gen.model.ClaimView`). Every failure is one
+line naming the object and why: :class:`ApiServerError` for a call, :class:`KubeConfigError`
+(exit 2) for a configuration that cannot be loaded, naming what was tried.
 
-lightkube rather than the official client: it is asyncio-native (the agent runs on one
-loop; the official client is synchronous first, its asyncio variant a separate package),
-typed, and costs a fraction of the memory (figures in the commit that brought it).
+The API server's answers are input like any other: each is read up to a bound
+(:data:`MAX_ANSWER_BYTES` an object or a watch line, :data:`LIST_PAGE` objects a list page)
+and refused beyond it, decoded as JSON and checked for the shape the driver relies on, so a
+proxy's HTML page, a truncated line or an object of gigabytes is one refusal that says so,
+never a traceback or an agent grown by the size of the answer. The kubeconfig and the files it
+names are read with the same bound as other configs (:data:`~cdi_gen.files.CONFIG_MAX_BYTES`),
+and :meth:`ApiClient.open` reads them off the event loop.
+
+lightkube supplies the configuration: kubeconfig and in-cluster models, TLS, and every
+authentication scheme (tokens, token files re-read on 401, client certificates, exec
+plugins). The calls themselves are plain REST on lightkube's HTTP client, so that every
+answer passes through the one bounded, checked path above.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote as url_quote
 
 import httpx2
-from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+import yaml
+from lightkube import ConfigError, KubeConfig
+from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
-from lightkube.operators import BinaryOperator, SequenceOperator
-from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
-from lightkube.types import OnErrorAction, OnErrorResult
 
-from cdi_gen.errors import CdiGenError, ClaimError
+from cdi_gen.cdi.codec import load_yaml
+from cdi_gen.errors import CdiGenError, ClaimError, quote
 from cdi_gen.errors import ConfigError as CdiConfigError
+from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.model import AllocatedDevice, ClaimView
 
-__all__ = ["ApiClient", "ApiServerError", "KubeConfigError", "load_config"]
+__all__ = [
+    "LIST_PAGE",
+    "MAX_ANSWER_BYTES",
+    "ApiClient",
+    "ApiServerError",
+    "KubeConfigError",
+    "load_config",
+]
 
 Obj = dict[str, Any]
-#: What a call can fail with: an answer that is an error, or no answer.
-_CALL_ERRORS = (ApiError, httpx2.HTTPError, OSError)
+
+#: Largest answer read for one object, and longest watch line (one event). The API server
+#: refuses a request body over 3 MiB, so no object it stores is larger; the rest is room for
+#: what it adds (status, managed fields).
+MAX_ANSWER_BYTES = 4 << 20
+#: Slices asked for per list call: a page stays within ``LIST_PAGE`` objects' bound.
+LIST_PAGE = 4
+#: Seconds the API server keeps a watch open before ending it (we then watch again); the read
+#: timeout of a watch is a little longer, so a server that went silent is noticed.
+WATCH_SECONDS = 300
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 class KubeConfigError(CdiConfigError):
@@ -50,21 +77,26 @@ class ApiServerError(CdiGenError):
         self.status = status
 
 
+class AnswerRefused(httpx2.HTTPError):
+    """An answer the client does not read: over its bound, or encoded as we did not ask."""
+
+
+def _human(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
+
+
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, ApiError):
-        status = exc.status
-        return f"HTTP {status.code} {status.reason or ''}: {status.message or ''}".strip()
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
 
 
-def _status(exc: BaseException) -> int | None:
-    return exc.status.code if isinstance(exc, ApiError) else None
+# -- configuration ---------------------------------------------------------------------
 
 
 def load_config(kubeconfig: Path | None) -> KubeConfig:
     """An explicit kubeconfig; else the in-cluster service account; else ``$KUBECONFIG`` or
-    ``~/.kube/config``. Raises :class:`KubeConfigError` naming what was tried."""
+    ``~/.kube/config``. Raises :class:`KubeConfigError` naming what was tried. Reads files:
+    call it off the event loop."""
     if kubeconfig is not None:
         return _from_file(kubeconfig, f"--kubeconfig {str(kubeconfig)!r}")
     account = Path(SERVICE_ACCOUNT)
@@ -72,10 +104,13 @@ def load_config(kubeconfig: Path | None) -> KubeConfig:
         os.environ
     )
     if in_cluster and (account / "token").is_file():
+        what = f"in-cluster config from {account}"
+        for name in ("token", "namespace", "ca.crt"):
+            _check_file(account / name, what)
         try:
             return KubeConfig.from_service_account(account)
-        except (ConfigError, OSError, KeyError) as exc:
-            raise KubeConfigError(f"in-cluster config from {account}: {_why(exc)}") from None
+        except (ConfigError, OSError, KeyError, ValueError) as exc:
+            raise KubeConfigError(f"{what}: {_why(exc)}") from None
     env = os.environ.get("KUBERNETES_SERVICE_HOST")
     tried = (
         f"not in a cluster ({account}/token missing)"
@@ -89,126 +124,353 @@ def load_config(kubeconfig: Path | None) -> KubeConfig:
     return _from_file(path, f"{tried}; $KUBECONFIG unset; {str(path)!r}")
 
 
-def _from_file(path: Path, what: str) -> KubeConfig:
-    if not path.is_file():
-        raise KubeConfigError(f"no API server configuration: {what}: no such file")
+def _check_file(path: str | Path, what: str) -> bytes:
+    """A file the configuration needs, read within the config bound (lightkube and OpenSSL
+    read it again by name; this refuses a FIFO, a device or a huge file first)."""
     try:
-        config = KubeConfig.from_file(path)
-        config.get()  # the current context exists and names a cluster
+        return read_regular(path, CONFIG_MAX_BYTES)
+    except FileNotFoundError:
+        raise KubeConfigError(f"{what}: {str(path)!r}: no such file") from None
+    except FileRefused as exc:
+        raise KubeConfigError(f"{what}: {str(path)!r}: {exc}") from None
+
+
+def _from_file(path: Path, what: str) -> KubeConfig:
+    if not path.exists():
+        raise KubeConfigError(f"no API server configuration: {what}: no such file")
+    data = _check_file(path, what)
+    try:
+        # Bounded (nesting, alias expansion): a config bomb costs no more than its bytes.
+        loaded = load_yaml(data)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"not a mapping but {quote(loaded)}")
+        kubeconfig = KubeConfig.from_dict(loaded, fname=path)
+        config = kubeconfig.get()
+        if config is None:
+            raise ValueError("no current context")
     except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KubeConfigError(f"{what}: not a usable kubeconfig: {_why(exc)}") from None
-    return config
+    except yaml.YAMLError as exc:
+        raise KubeConfigError(f"{what}: not YAML: {_why(exc)}") from None
+    user = config.user
+    named = [config.cluster.certificate_auth]
+    if user is not None:
+        named += [user.client_cert, user.client_key, user.token_file]
+    for name in named:
+        if name:
+            _check_file(Path(config.abs_file(name)), what)
+    return kubeconfig
 
 
-def _selector(driver: str, node: str) -> dict[str, str | BinaryOperator | SequenceOperator]:
-    return {"spec.nodeName": node, "spec.driver": driver}
+# -- answers ---------------------------------------------------------------------------
 
 
-def _slice(obj: Obj) -> ResourceSlice:
-    slice_ = ResourceSlice.from_dict(obj)
-    assert isinstance(slice_, ResourceSlice)
-    return slice_
+class _Bounded(httpx2.AsyncByteStream):
+    """A response body that fails once it passes ``limit`` bytes in all (``per_line``
+    False) or in one line (a watch: it never ends, its events must each fit)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, *, per_line: bool) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._per_line = per_line
+
+    def _refuse(self) -> AnswerRefused:
+        unit = "a line of the answer" if self._per_line else "the answer"
+        return AnswerRefused(f"{unit} is over {_human(self._limit)}, refused")
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        run = 0
+        async for chunk in self._inner:
+            if self._per_line and b"\n" in chunk:
+                first, *middle, last = chunk.split(b"\n")
+                if run + len(first) > self._limit or any(len(m) > self._limit for m in middle):
+                    raise self._refuse()
+                run = len(last)
+            else:
+                run += len(chunk)
+            if run > self._limit:
+                raise self._refuse()
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
-def _retry_watch(exc: Exception, count: int) -> OnErrorResult:
-    # The caller restarts a failed watch itself (with its own backoff and a relist).
-    return OnErrorResult(OnErrorAction.RAISE)
+def _is_watch(request: httpx2.Request) -> bool:
+    return request.url.params.get("watch") in ("true", "1")
+
+
+async def _bound_answer(response: httpx2.Response) -> None:
+    """Every answer is read within its bound; a compressed one (we ask for none) is refused,
+    since its size would only show after decompression."""
+    watch = _is_watch(response.request)
+    limit = MAX_ANSWER_BYTES
+    if not watch and "limit" in response.request.url.params:
+        limit = LIST_PAGE * MAX_ANSWER_BYTES
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise AnswerRefused(f"the answer is compressed ({quote(encoding)}) though not asked for")
+    length = response.headers.get("content-length", "")
+    if not watch and length.isdigit() and int(length) > limit:
+        raise AnswerRefused(f"the answer is over {_human(limit)} ({_human(int(length))}), refused")
+    stream = response.stream
+    assert isinstance(stream, httpx2.AsyncByteStream)
+    response.stream = _Bounded(stream, limit, per_line=watch)
+
+
+def _decode(data: bytes | str, what: str) -> Obj:
+    """An answer's JSON object, or :class:`ApiServerError` quoting the start of it."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: nested beyond the parser's stack
+        raise ApiServerError(f"{what}: the answer is not JSON: {quote(data)}") from None
+    if not isinstance(obj, dict):
+        raise ApiServerError(f"{what}: the answer is not a JSON object: {quote(obj)}")
+    return obj
+
+
+def _failure(response: httpx2.Response) -> str:
+    """An error answer in one line: its Status message when it has one."""
+    head = f"HTTP {response.status_code}"
+    try:
+        status = json.loads(response.content)
+    except (ValueError, RecursionError):
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        reason = status.get("reason")
+        if not isinstance(reason, str) or not reason:
+            reason = ""
+        else:
+            reason = f" {reason}" if reason.isalnum() else f" {quote(reason)}"
+        message: str = status["message"]
+        # The API server's own messages read as they are; anything odd is quoted and cut.
+        if len(message) > 200 or not message.isprintable():
+            message = quote(message, 200)
+        return f"{head}{reason}: {message}"
+    return f"{head}: {quote(response.content)}"
+
+
+def _slice_shape(obj: object, what: str) -> Obj:
+    """``obj`` if it has what the publisher reads of a ResourceSlice: a name, a spec with a
+    pool and an integer generation, devices as objects; :class:`ApiServerError` naming the
+    rule."""
+    if not isinstance(obj, dict):
+        raise ApiServerError(f"{what}: a slice is not an object: {quote(obj)}")
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ApiServerError(f"{what}: a slice has no metadata.name: {quote(obj)}")
+    spec = obj.get("spec")
+    pool = spec.get("pool") if isinstance(spec, dict) else None
+    if not isinstance(pool, dict):
+        raise ApiServerError(f"{what}: slice {quote(name)}: spec.pool is not an object")
+    generation = pool.get("generation", 0)
+    # Any integer: the publisher's generations move past whatever another writer set.
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise ApiServerError(
+            f"{what}: slice {quote(name)}: spec.pool.generation {quote(generation)} is not "
+            "an integer"
+        )
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    if devices is not None and not (
+        isinstance(devices, list) and all(isinstance(d, dict) for d in devices)
+    ):
+        raise ApiServerError(f"{what}: slice {quote(name)}: spec.devices is not a list of objects")
+    return obj
+
+
+def _event(line: str, what: str) -> tuple[str, Obj] | None:
+    """One watch line as (type, slice); None for a bookmark."""
+    event = _decode(line, what)
+    kind, obj = event.get("type"), event.get("object")
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        raise ApiServerError(f"{what}: not a watch event: {quote(line)}")
+    if kind == "ERROR":
+        code = obj.get("code")
+        message = obj.get("message")
+        raise ApiServerError(
+            f"{what}: error event: {quote(message if isinstance(message, str) else obj)}",
+            code if isinstance(code, int) else None,
+        )
+    if kind == "BOOKMARK":
+        return None
+    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        raise ApiServerError(f"{what}: unknown watch event type {quote(kind)}")
+    return kind, _slice_shape(obj, what)
 
 
 class ApiClient:
-    """The API server calls of the DRA driver. Construct on the loop that will use it."""
+    """The API server calls of the DRA driver. Construct it with :meth:`open` on the loop
+    that will use it (the constructor reads files)."""
 
     def __init__(self, kubeconfig: Path | None = None, *, timeout: float = 10.0) -> None:
-        config = load_config(kubeconfig)
+        config = load_config(kubeconfig).get()
+        assert config is not None  # load_config checked it
         try:
-            self._client = AsyncClient(
-                config, timeout=httpx2.Timeout(timeout), lazy=False, field_manager="cdi-gen"
+            self._http = client_adapter.AsyncClient(
+                config, client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
             )
         except (ConfigError, OSError, ValueError) as exc:
             raise KubeConfigError(f"API server client: {_why(exc)}") from None
-        self.server: str = str(self._client.config.cluster.server)
+        # Uncompressed, so the bound counts what is decoded (see _bound_answer).
+        self._http.headers["Accept-Encoding"] = "identity"
+        self._http.event_hooks = {"response": [_bound_answer]}
+        self._watch_timeout = httpx2.Timeout(timeout, read=WATCH_SECONDS + 30)
+        self.server: str = str(config.cluster.server)
+
+    # The timeout is the client's for every call, not a bound on opening it.
+    @classmethod
+    async def open(
+        cls,
+        kubeconfig: Path | None = None,
+        *,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> ApiClient:
+        """A client, its configuration read in a worker thread: a slow or large file does
+        not hold up the loop (and /healthz with it)."""
+        return await asyncio.to_thread(cls, kubeconfig, timeout=timeout)
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Obj | None = None,
+    ) -> Obj:
+        """One call; its answer's JSON object, or :class:`ApiServerError` in one line."""
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                params=params,
+                content=None if body is None else json.dumps(body).encode(),
+                headers=None if body is None else {"Content-Type": "application/json"},
+            )
+        except (httpx2.HTTPError, OSError) as exc:
+            raise ApiServerError(f"{what}: {_why(exc)}") from None
+        if response.is_error:
+            raise ApiServerError(f"{what}: {_failure(response)}", response.status_code)
+        return _decode(response.content, what)
 
     async def get_claim(self, namespace: str, name: str) -> ClaimView:
         """The claim as NodePrepareResources needs it; :class:`ClaimError` naming it when it
         is missing or the API server fails."""
+        what = f"ResourceClaim {namespace}/{name}"
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{url_quote(namespace, safe='')}"
+            f"/resourceclaims/{url_quote(name, safe='')}"
+        )
         try:
-            claim = await self._client.get(ResourceClaim, name, namespace=namespace)
-        except _CALL_ERRORS as exc:
-            if _status(exc) == 404:
-                raise ClaimError(f"ResourceClaim {namespace}/{name}: not found") from None
-            raise ClaimError(f"ResourceClaim {namespace}/{name}: {_why(exc)}") from None
-        return claim_view(claim.to_dict())
+            obj = await self._call("GET", path, what)
+        except ApiServerError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"{what}: not found") from None
+            raise ClaimError(str(exc)) from None
+        return claim_view(obj)
 
     async def node_uid(self, node: str) -> str:
         """The UID of Node ``node`` (the owner of its slices)."""
-        try:
-            obj = await self._client.get(Node, node)
-        except _CALL_ERRORS as exc:
-            raise ApiServerError(f"Node {node}: {_why(exc)}", _status(exc)) from None
-        assert obj.metadata is not None and obj.metadata.uid is not None
-        return obj.metadata.uid
+        what = f"Node {node}"
+        obj = await self._call("GET", f"/api/v1/nodes/{url_quote(node, safe='')}", what)
+        uid = (
+            (obj.get("metadata") or {}).get("uid")
+            if isinstance(obj.get("metadata"), dict)
+            else None
+        )
+        if not isinstance(uid, str) or not uid:
+            raise ApiServerError(f"{what}: the answer has no metadata.uid: {quote(obj)}", 200)
+        return uid
 
     async def list_slices(self, driver: str, node: str) -> list[Obj]:
-        """Every ResourceSlice of ``driver`` on ``node``."""
-        try:
-            return [
-                s.to_dict()
-                async for s in self._client.list(ResourceSlice, fields=_selector(driver, node))
-            ]
-        except _CALL_ERRORS as exc:
-            raise ApiServerError(
-                f"ResourceSlices of {driver} on {node}: list: {_why(exc)}", _status(exc)
-            ) from None
+        """Every ResourceSlice of ``driver`` on ``node``, read in pages of :data:`LIST_PAGE`."""
+        what = f"ResourceSlices of {driver} on {node}: list"
+        params = {**_selector(driver, node), "limit": str(LIST_PAGE)}
+        items: list[Obj] = []
+        while True:
+            page = await self._call("GET", SLICES_PATH, what, params=params)
+            found = page.get("items")
+            if found is None:
+                found = []
+            if not isinstance(found, list):
+                raise ApiServerError(f"{what}: items is not a list: {quote(found)}")
+            items += [_slice_shape(item, what) for item in found]
+            meta = page.get("metadata")
+            more = meta.get("continue") if isinstance(meta, dict) else None
+            if not more:
+                return items
+            if not isinstance(more, str):
+                raise ApiServerError(f"{what}: metadata.continue {quote(more)} is not a string")
+            params["continue"] = more
 
     async def create_slice(self, obj: Obj) -> Obj:
-        try:
-            created = await self._client.create(_slice(obj))
-        except _CALL_ERRORS as exc:
-            raise ApiServerError(f"{_name(obj)}: create: {_why(exc)}", _status(exc)) from None
-        result: Obj = created.to_dict()
-        return result
+        what = f"{_name(obj)}: create"
+        params = {"fieldManager": "cdi-gen"}
+        return _slice_shape(
+            await self._call("POST", SLICES_PATH, what, params=params, body=obj), what
+        )
 
     async def replace_slice(self, obj: Obj) -> Obj:
         """PUT ``obj``; with ``metadata.resourceVersion`` set it fails with 409 when the slice
         changed meanwhile."""
-        try:
-            replaced = await self._client.replace(_slice(obj))
-        except _CALL_ERRORS as exc:
-            raise ApiServerError(f"{_name(obj)}: replace: {_why(exc)}", _status(exc)) from None
-        result: Obj = replaced.to_dict()
-        return result
+        what = f"{_name(obj)}: replace"
+        path = f"{SLICES_PATH}/{url_quote(obj['metadata']['name'], safe='')}"
+        params = {"fieldManager": "cdi-gen"}
+        return _slice_shape(await self._call("PUT", path, what, params=params, body=obj), what)
 
     async def delete_slice(self, name: str) -> None:
         """Delete a slice; one that is already gone is fine."""
+        what = f"ResourceSlice {name}: delete"
         try:
-            await self._client.delete(ResourceSlice, name)
-        except _CALL_ERRORS as exc:
-            if _status(exc) != 404:
-                raise ApiServerError(
-                    f"ResourceSlice {name}: delete: {_why(exc)}", _status(exc)
-                ) from None
+            await self._call("DELETE", f"{SLICES_PATH}/{url_quote(name, safe='')}", what)
+        except ApiServerError as exc:
+            if exc.status != 404:
+                raise
 
     async def watch_slices(
-        self, driver: str, node: str, resource_version: str | None = None
-    ) -> AsyncIterator[tuple[str, Obj]]:
+        self,
+        driver: str,
+        node: str,
+        resource_version: str | None = None,
+        *,
+        on_open: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[tuple[str, Obj], None]:
         """(event type, slice) for every change of ``driver``'s slices on ``node`` until the
-        connection fails (:class:`ApiServerError`)."""
-        events = self._client.watch(
-            ResourceSlice,
-            fields=_selector(driver, node),
-            resource_version=resource_version,
-            on_error=_retry_watch,
-        )
+        API server ends the watch (the iteration ends) or it fails (:class:`ApiServerError`,
+        also for a line that is not a well-formed event). ``on_open`` is called once the API
+        server has accepted the watch: from then on no change is missed."""
+        what = f"ResourceSlices of {driver} on {node}: watch"
+        params = {
+            **_selector(driver, node),
+            "watch": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        if resource_version is not None:
+            params["resourceVersion"] = resource_version
         try:
-            async for kind, obj in events:
-                yield kind, obj.to_dict()
-        except _CALL_ERRORS as exc:
-            raise ApiServerError(
-                f"ResourceSlices of {driver} on {node}: watch: {_why(exc)}", _status(exc)
-            ) from None
+            async with self._http.stream(
+                "GET", SLICES_PATH, params=params, timeout=self._watch_timeout
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise ApiServerError(f"{what}: {_failure(response)}", response.status_code)
+                if on_open is not None:
+                    on_open()
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event = _event(line, what)
+                        if event is not None:
+                            yield event
+        except (httpx2.HTTPError, OSError) as exc:
+            raise ApiServerError(f"{what}: {_why(exc)}") from None
+
+
+def _selector(driver: str, node: str) -> dict[str, str]:
+    return {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
 
 
 def _name(obj: Obj) -> str:

@@ -3,14 +3,21 @@
 :class:`SlicePublisher` follows :class:`~cdi_gen.discovery.pool.DevicePool`: on every pool
 version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and, when they
 differ from what it last wrote, bumps the pool generation and creates, replaces and deletes
-slices to match. At start (and after any failure or foreign deletion) it lists this driver's
+slices to match. At start (and after any failure or foreign change) it lists this driver's
 slices on this node: slices with our names are adopted, others deleted, and the generation
-continues above the highest one found, so the scheduler never prefers a stale slice.
+continues above the highest one found, so the scheduler never prefers a stale slice. A
+generation stays within the API's int64: when another writer has set one so high that the
+next would not fit, the pool's slices are deleted and published again from generation 1 (a
+new generation line; the scheduler takes the highest generation, so no old slice may remain).
 
-It never stops the agent: a failing API server is retried with backoff (one log line per
-outage, one when it answers again). A watch notices when our slices are deleted behind our
-back — the kubelet deletes every slice of the node when it starts, and a driver's slices when
-its socket goes — and publishes them again.
+It never stops the agent: a failing API server is retried with backoff (one log line per retry
+step naming the cause, one when it answers again). A watch notices when our slices are deleted
+or changed behind our back — the kubelet deletes every slice of the node when it starts, and a
+driver's slices when its socket goes; another writer may edit them — and publishes the pool
+again; the echo of our own writes (the resourceVersion or the content we wrote) is not taken
+for a change. Any failure of the watch, including a line that is not a well-formed event,
+starts it again with backoff; cancellation always ends the publisher, whatever the watch died
+of.
 
 :meth:`SlicePublisher.published` lets the agent wait until a pool version is in the API: a
 device leaves the slices before its CDI spec entry is removed.
@@ -39,6 +46,9 @@ __all__ = ["SlicePublisher"]
 
 log = logging.getLogger(__name__)
 
+#: The highest pool generation: the API stores it as an int64.
+MAX_GENERATION = (1 << 63) - 1
+
 #: Feature gates whose fields the API server drops when they are off, by our name for them.
 GATES = {
     "taints": "DRADeviceTaints (device taints dropped: unhealthy and gone devices stay "
@@ -49,15 +59,22 @@ GATES = {
 
 
 def _devices(obj: Slice) -> list[dict[str, Any]]:
-    return list((obj.get("spec") or {}).get("devices") or [])
+    # Slices from the API server may come from another writer: skip what is not a device.
+    devices = (obj.get("spec") or {}).get("devices") or []
+    return [d for d in devices if isinstance(d, dict)]
+
+
+def _taints(device: dict[str, Any]) -> list[dict[str, Any]]:
+    taints = device.get("taints") or []
+    return [t for t in taints if isinstance(t, dict)] if isinstance(taints, list) else []
 
 
 def _dropped(sent: Slice, got: Slice) -> set[str]:
     """Which gated fields ``sent`` had and ``got`` (the API server's answer) lacks."""
     out: set[str] = set()
-    sent_devices, got_devices = _devices(sent), {d["name"]: d for d in _devices(got)}
+    sent_devices, got_devices = _devices(sent), {d.get("name"): d for d in _devices(got)}
     for device in sent_devices:
-        back = got_devices.get(device["name"], {})
+        back = got_devices.get(device.get("name"), {})
         if device.get("taints") and not back.get("taints"):
             out.add("taints")
         if device.get("consumesCounters") and not back.get("consumesCounters"):
@@ -73,8 +90,8 @@ def _comparable(obj: Slice) -> tuple[Any, Any]:
     """What decides whether a slice must be written: its owner and its spec, without the
     taints' ``timeAdded`` that the API server fills in."""
     spec = copy.deepcopy(obj.get("spec") or {})
-    for device in spec.get("devices") or ():
-        for taint in device.get("taints") or ():
+    for device in _devices({"spec": spec}):
+        for taint in _taints(device):
             taint.pop("timeAdded", None)
     for key in ("devices", "sharedCounters"):
         if not spec.get(key):
@@ -89,13 +106,13 @@ def _keep_taint_times(obj: Slice, current: Slice | None) -> None:
     if current is None:
         return
     times = {
-        (d["name"], t["key"], t["effect"]): t["timeAdded"]
+        (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
         for d in _devices(current)
-        for t in d.get("taints") or ()
+        for t in _taints(d)
         if t.get("timeAdded")
     }
     for device in _devices(obj):
-        for taint in device.get("taints") or ():
+        for taint in _taints(device):
             when = times.get((device["name"], taint["key"], taint["effect"]))
             if when is not None:
                 taint["timeAdded"] = when
@@ -123,6 +140,10 @@ class SlicePublisher:
         #: Our slices in the API as last seen (name -> object), and what we last sent.
         self._current: dict[str, Slice] = {}
         self._sent: dict[str, tuple[Any, Any]] = {}
+        #: What the API server answered to our last write of each slice, and what is being
+        #: written now: the watch's echo of our own writes is told apart by them.
+        self._returned: dict[str, tuple[Any, Any]] = {}
+        self._writing: dict[str, tuple[Any, Any]] = {}
         self._deleting: set[str] = set()
         self._generation = 0
         self._node_uid: str | None = None
@@ -181,12 +202,13 @@ class SlicePublisher:
                     await self._sync(tuple(self._pool.devices.values()))
                 except ApiServerError as exc:
                     self._need_list = True
-                    if not failing:
-                        log.warning(
-                            "publishing ResourceSlices of %s failed, retrying with backoff: %s",
-                            self.driver,
-                            exc,
-                        )
+                    # One line per retry step, naming the cause each time.
+                    log.warning(
+                        "publishing ResourceSlices of %s failed, retrying in %.3gs: %s",
+                        self.driver,
+                        delay,
+                        exc,
+                    )
                     failing = True
                     await self._wait_change(target, delay)
                     delay = min(delay * 2, self._retry_max)
@@ -197,9 +219,7 @@ class SlicePublisher:
                 self._mark_published(target)
                 await self._wait_change(target, None)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await _stop(watcher)
             self._published_changed.set()
 
     async def _wait_change(self, version: int, limit: float | None) -> None:
@@ -229,7 +249,16 @@ class SlicePublisher:
                 log.warning("slices published without their Node as owner: %s", exc)
         items = await self._client.list_slices(self.driver, self.node)
         self._current = {s["metadata"]["name"]: s for s in items}
-        self._sent = {name: _comparable(s) for name, s in self._current.items()}
+        # A slice still as the API server returned it after our last write keeps what we
+        # sent as its reference: the server may have dropped gated fields, and comparing
+        # with its version would rewrite the slice after every list, forever.
+        self._sent = {
+            name: self._sent[name]
+            if name in self._sent and self._returned.get(name) == _comparable(s)
+            else _comparable(s)
+            for name, s in self._current.items()
+        }
+        self._returned = {n: c for n, c in self._returned.items() if n in self._current}
         found = [int(s["spec"]["pool"].get("generation") or 0) for s in items]
         self._generation = max([self._generation, *found])
         self._need_list = False
@@ -243,19 +272,15 @@ class SlicePublisher:
             self._sent.get(s["metadata"]["name"]) == _comparable(s) for s in desired
         ):
             return
+        if self._generation >= MAX_GENERATION:
+            await self._new_generation_line()
         self._generation += 1
         desired = self._build(devices, self._generation)
         for obj in desired:
             await self._write(obj)
         extra = set(self._current) - {s["metadata"]["name"] for s in desired}
         for name in sorted(extra):
-            self._deleting.add(name)
-            try:
-                await self._client.delete_slice(name)
-            finally:
-                self._deleting.discard(name)
-            self._current.pop(name, None)
-            self._sent.pop(name, None)
+            await self._delete(name)
         self.publications += 1
         log.info(
             "published %d devices in %d ResourceSlices of %s, generation %d",
@@ -264,6 +289,32 @@ class SlicePublisher:
             self.driver,
             self._generation,
         )
+
+    async def _new_generation_line(self) -> None:
+        """Start the pool's generations again at 1: the next one would not fit the API's
+        int64 (another writer set it near the end). The scheduler takes the highest
+        generation of a pool, so every slice of the old line must be gone before the first
+        of the new one appears."""
+        log.warning(
+            "ResourceSlices of %s: pool generation %d is at the int64 limit; deleting the "
+            "pool's %d slices to publish it again from generation 1",
+            self.driver,
+            self._generation,
+            len(self._current),
+        )
+        for name in sorted(self._current):
+            await self._delete(name)
+        self._generation = 0
+
+    async def _delete(self, name: str) -> None:
+        self._deleting.add(name)
+        try:
+            await self._client.delete_slice(name)
+        finally:
+            self._deleting.discard(name)
+        self._current.pop(name, None)
+        self._sent.pop(name, None)
+        self._returned.pop(name, None)
 
     def _build(self, devices: tuple[Any, ...], generation: int) -> list[Slice]:
         return build_slices(self.driver, self.node, devices, generation, node_uid=self._node_uid)
@@ -274,6 +325,7 @@ class SlicePublisher:
         name = obj["metadata"]["name"]
         current = self._current.get(name)
         _keep_taint_times(obj, current)
+        self._writing[name] = _comparable(obj)
         try:
             if current is None:
                 result = await self._client.create_slice(obj)
@@ -284,9 +336,12 @@ class SlicePublisher:
             # 409 (someone changed or created it) or 404 (deleted meanwhile): list again.
             self._need_list = True
             raise
+        finally:
+            del self._writing[name]
         obj["metadata"].pop("resourceVersion", None)
         self._current[name] = result
         self._sent[name] = _comparable(obj)
+        self._returned[name] = _comparable(result)
         for field in sorted(_dropped(obj, result) - self.dropped):
             self.dropped.add(field)
             log.warning(
@@ -295,27 +350,95 @@ class SlicePublisher:
                 GATES[field],
             )
 
+    def _foreign(self, kind: str, obj: Slice) -> str | None:
+        """Why a watch event means someone else changed our slices (None: it does not)."""
+        name = obj["metadata"]["name"]
+        current = self._current.get(name)
+        if name in self._deleting:
+            return None
+        if kind == "DELETED":
+            uid = obj["metadata"].get("uid")
+            # Not ours, or an earlier slice of that name already replaced: nothing lost.
+            if current is None or (uid and uid != current["metadata"].get("uid")):
+                return None
+            return "was deleted"
+        if (
+            current is not None
+            and obj["metadata"].get("resourceVersion") == current["metadata"].get("resourceVersion")
+        ) or _comparable(obj) in (
+            self._sent.get(name),
+            self._returned.get(name),
+            self._writing.get(name),
+        ):
+            # The echo of our own write, or someone else's label or annotation: same content.
+            return None
+        return "was changed by another writer" if current is not None else "appeared"
+
+    def _relist(self) -> None:
+        """List and publish again: called when the watch (re)opens, since what changed while
+        no watch was open (the kubelet deleting the node's slices at its start) sent no
+        event, and when it breaks, so that such a change is repaired without waiting."""
+        self._need_list = True
+        self._dirty.set()
+
     async def _watch(self) -> None:
-        """Republish when one of our slices is deleted by someone else."""
+        """Publish again when our slices are deleted or changed by someone else, or a slice
+        not ours appears in our pool. Any failure of the watch (no answer, an error, a line
+        that is not an event) starts it again after a backoff; what happened meanwhile is
+        found by listing again."""
         from cdi_gen.apiserver.client import ApiServerError
 
+        loop = asyncio.get_running_loop()
         delay = self._retry_initial
-        first = True
         while True:
-            if not first:
-                # The watch broke: whatever happened meanwhile is found by listing again.
-                self._need_list = True
-                self._dirty.set()
-            first = False
+            started = loop.time()
             try:
-                async for kind, obj in self._client.watch_slices(self.driver, self.node):
-                    delay = self._retry_initial
-                    name = obj["metadata"]["name"]
-                    if kind == "DELETED" and name in self._current and name not in self._deleting:
-                        log.info("ResourceSlice %s was deleted; publishing it again", name)
-                        self._need_list = True
-                        self._dirty.set()
-            except ApiServerError as exc:
-                log.debug("watching ResourceSlices failed: %s", exc)
+                events = self._client.watch_slices(self.driver, self.node, on_open=self._relist)
+                # Closed at once when cancelled, so the connection does not wait for the GC.
+                async with contextlib.aclosing(events):
+                    async for kind, obj in events:
+                        why = self._foreign(kind, obj)
+                        if why is not None:
+                            log.info(
+                                "ResourceSlice %s %s; publishing the pool again",
+                                obj["metadata"]["name"],
+                                why,
+                            )
+                            self._relist()
+                failed: Exception | None = None
+            # Whatever broke, the watch must go on: a watcher that dies silently leaves
+            # deleted slices unpublished for good.
+            except Exception as exc:
+                failed = exc
+            self._relist()
+            if loop.time() - started >= self._retry_max:
+                delay = self._retry_initial  # it ran long enough to count as healthy
+            if failed is not None:
+                log.warning(
+                    "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
+                    self.driver,
+                    delay,
+                    _one_line(failed),
+                    # A failure the client did not name (a bug here) keeps its traceback.
+                    exc_info=None if isinstance(failed, ApiServerError) else failed,
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._retry_max)
+
+
+def _one_line(exc: BaseException) -> str:
+    from cdi_gen.errors import quote
+
+    text = str(exc)
+    if "\n" in text or len(text) > 300:
+        text = quote(text, 200)
+    return text or type(exc).__name__
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it without raising what it died of: in a shutdown the
+    caller's own cancellation must be what propagates, never an old error of the task."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s had ended with an error: %s", task.get_name(), _one_line(exc))
