@@ -5,6 +5,7 @@ checkpoint across driver restarts, kubelet restarts, and the device health strea
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -372,3 +373,23 @@ async def test_a_corrupt_checkpoint_stops_the_start_and_is_kept(node: Node) -> N
         await plugin.start()
     assert path.read_bytes() == b'{"kind": "something else"}'
     assert not plugin.registration_socket.exists()
+
+
+async def test_a_huge_registration_error_is_logged_quoted_and_cut(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = "no\n2026-12-01 00:00:00 ERROR cdi_gen forged\n" + "x" * (2 << 20)
+    kubelet = FakeDraKubelet(node.root / "registry", refuse=error)
+    with caplog.at_level(logging.DEBUG, "cdi_gen"):
+        async with kubelet, node.plugin():
+            await until(lambda: node.outcomes)
+    ok, outcome = node.outcomes[0]
+    assert not ok
+    assert outcome.isprintable(), outcome[:200]
+    assert len(outcome) < 300, len(outcome)
+    assert "'no\\n2026-12-01" in outcome
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("cdi_gen")]
+    assert any("'no\\n2026-12-01" in line for line in lines), lines
+    for line in lines:
+        assert "\n" not in line, line[:200]
+        assert len(line) < 1000, line[:200]
