@@ -2,24 +2,26 @@
 plugin-watcher registration, NodePrepare/UnprepareResources in both versions, the
 checkpoint across driver restarts, kubelet restarts, and the device health stream; and a
 hostile side: a stalled API server, claim references that are not Kubernetes names, a
-kubelet's huge error."""
+checkpoint someone else wrote, a kubelet's huge error."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.kubelet import draplugin
-from cdi_gen.kubelet.checkpoint import CheckpointError, checkpoint_path
+from cdi_gen.kubelet.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
 from cdi_gen.kubelet.draplugin import DraPlugin
 from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
@@ -110,6 +112,7 @@ class Node:
             self.pool,
             self.claims,
             pool_name=POOL,
+            cdi_kinds=["example.com/fpga"],
             registry_dir=self.root / "registry",
             plugins_dir=self.root / "plugins",
             state_dir=self.root / "state",
@@ -403,8 +406,10 @@ async def test_a_corrupt_checkpoint_stops_the_start_and_is_kept(node: Node) -> N
     path.parent.mkdir()
     path.write_bytes(b'{"kind": "something else"}')
     plugin = node.plugin()
-    with pytest.raises(CheckpointError, match="not a cdi-gen DRA checkpoint"):
+    with pytest.raises(CheckpointError, match="not a cdi-gen DRA checkpoint") as refused:
         await plugin.start()
+    assert "left as it is" in str(refused.value)
+    assert "not left" not in str(refused.value)
     assert path.read_bytes() == b'{"kind": "something else"}'
     assert not plugin.registration_socket.exists()
 
@@ -489,6 +494,45 @@ async def test_claim_references_are_checked_before_anything_is_read(node: Node) 
         assert response.claims[uid].devices == []
     reasons = sorted(reason for _, reason in node.prepared)
     assert reasons == sorted(["invalid-name"] * 7 + ["invalid-uid"] * 2)
+
+
+def plant_checkpoint(node: Node, cdi_id: str, mode: int = 0o600) -> Path:
+    path = checkpoint_path(node.root / "state", DRIVER)
+    path.parent.mkdir(exist_ok=True)
+    device = {"requestNames": ["fpga"], "pool": POOL, "device": "fpga-0", "cdiDeviceIds": [cdi_id]}
+    claims = {"uid-1": {"namespace": "default", "name": "c1", "devices": [device]}}
+    doc = {"kind": CHECKPOINT_KIND, "version": 1, "driver": DRIVER, "claims": claims}
+    path.write_bytes(orjson.dumps(doc))
+    path.chmod(mode)
+    return path
+
+
+async def test_a_checkpoint_others_could_write_stops_the_start_and_is_kept(node: Node) -> None:
+    path = plant_checkpoint(node, "evil.example/host=root", mode=0o666)
+    content = path.read_bytes()
+    plugin = node.plugin()
+    with pytest.raises(CheckpointError, match=r"writable by group or others \(mode 0666\)"):
+        await plugin.start()
+    assert path.read_bytes() == content
+    os.chown(path, 65534, -1)
+    path.chmod(0o600)
+    with pytest.raises(CheckpointError, match="owned by uid 65534"):
+        await plugin.start()
+    assert not plugin.registration_socket.exists()
+
+
+async def test_a_recorded_id_that_is_not_ours_is_never_answered(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    plant_checkpoint(node, "evil.example/host=root")
+    node.claims.add("c1", "uid-1", ours("fpga-0"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        response = await connection.prepare([("default", "c1", "uid-1")])
+    [dev] = response.claims["uid-1"].devices
+    assert list(dev.cdi_device_ids) == ["example.com/fpga=0"]  # read and checked anew
+    assert node.claims.reads == 1
+    assert any("'evil.example/host=root'" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_huge_registration_error_is_logged_quoted_and_cut(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -113,8 +113,10 @@ class DraPlugin(SupervisedPlugin):
     """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
 
     ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on server
-    threads). The registration socket is ``<registry_dir>/<driver>-reg.sock``, the service
-    socket ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
+    threads); ``cdi_kinds`` are the CDI kinds (``vendor/class``) of the pool's devices, the
+    only ones a recorded claim may name. The registration socket is
+    ``<registry_dir>/<driver>-reg.sock``, the service socket
+    ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
     ``<state_dir>/dra-<driver>.json``. ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
     is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
@@ -131,6 +133,7 @@ class DraPlugin(SupervisedPlugin):
         claims: ClaimReader,
         *,
         pool_name: str,
+        cdi_kinds: Collection[str],
         registry_dir: Path,
         plugins_dir: Path,
         state_dir: Path,
@@ -150,7 +153,9 @@ class DraPlugin(SupervisedPlugin):
         self.registration_socket = Path(registry_dir) / f"{driver}-reg.sock"
         check_socket_path(self.socket_path)
         check_socket_path(self.registration_socket)
-        self.checkpoint = Checkpoint(checkpoint_path(state_dir, driver), driver)
+        self.checkpoint = Checkpoint(
+            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
+        )
         self._on_prepare = on_prepare
         self._service = _Service(self)
         self.server = UnixServer(
