@@ -169,7 +169,8 @@ def prepare_claim(
     one snapshot of the pool (name -> device). Each of this driver's allocation results
     becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
     claim, the device and the rule when the claim is not the one asked for, is not
-    allocated, has no device of this driver, or names a device this node cannot give.
+    allocated, has more results than the API allows, has no device of this driver, or names
+    a device this node cannot give.
     """
     label = claim_label(claim.namespace, claim.name, uid)
     if not uid:

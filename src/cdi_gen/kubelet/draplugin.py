@@ -374,6 +374,8 @@ class _Service:
             ]
         try:
             reads: list[ClaimView | Exception] = list(self.plugin.read_claims(refs, timeout))
+            if len(reads) != len(refs):
+                raise RuntimeError(f"the claim reader answered {len(reads)} of {len(refs)} claims")
         except Exception as exc:
             # Answered per claim below as an internal error, with its traceback logged.
             reads = [exc] * len(refs)
