@@ -18,13 +18,17 @@ import orjson
 import pytest
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from cdi_gen.apiserver.claims import ClaimReader
+from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.kubelet import draplugin
 from cdi_gen.kubelet.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
+from cdi_gen.kubelet.claims import ClaimReader as KubeletClaimReader
 from cdi_gen.kubelet.draplugin import DraPlugin
 from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from tests.fakes.claimserver import ClaimServer, claim_body
 from tests.fakes.drakubelet import DraConnection, FakeDraKubelet
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,11 +110,11 @@ class Node:
         self.outcomes: list[tuple[bool, str]] = []
         self.prepared: list[tuple[str, str]] = []
 
-    def plugin(self, **kwargs: object) -> DraPlugin:
+    def plugin(self, reader: KubeletClaimReader | None = None, **kwargs: object) -> DraPlugin:
         return DraPlugin(
             DRIVER,
             self.pool,
-            self.claims,
+            self.claims if reader is None else reader,
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
             registry_dir=self.root / "registry",
@@ -494,6 +498,52 @@ async def test_claim_references_are_checked_before_anything_is_read(node: Node) 
         assert response.claims[uid].devices == []
     reasons = sorted(reason for _, reason in node.prepared)
     assert reasons == sorted(["invalid-name"] * 7 + ["invalid-uid"] * 2)
+
+
+async def test_whatever_the_api_server_answers_each_claim_gets_one_line(node: Node) -> None:
+    """The agent's own claim reader and API client against an API server stand-in: answers
+    that are not claims and references that are not names are each that claim's refusal,
+    naming it and the rule, never 'internal error'; a bad reference is never sent."""
+    result = {"request": "fpga", "driver": DRIVER, "pool": POOL, "device": "fpga-0"}
+    no_device = {k: v for k, v in result.items() if k != "device"}
+    bodies = {
+        "good": claim_body("default", "good", "u-good", result),
+        "html": b"<html>502 Bad Gateway</html>",
+        "pod": orjson.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "pod"}}),
+        "nodev": claim_body("default", "nodev", "u-nodev", no_device),
+    }
+    expected = {
+        "u-good": "",
+        "u-html": "ResourceClaim default/html: the API server's answer is not a ResourceClaim",
+        "u-pod": "`spec`",
+        "u-nodev": "`device`",
+        "u-star": "namespace '*'",
+        "u-ctl": "name 'c\\x1b[2J'",
+    }
+    with ClaimServer.running(node.root) as server:
+        for name, body in bodies.items():
+            server.bodies["default", name] = body
+        client = ApiClient(server.kubeconfig)
+        reader = ClaimReader(client, asyncio.get_running_loop())
+        try:
+            async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(reader):
+                connection = await kubelet.next_registration()
+                response = await connection.prepare(
+                    [("default", name, f"u-{name}") for name in bodies]
+                    + [("*", "c", "u-star"), ("default", "c\x1b[2J", "u-ctl")]
+                )
+        finally:
+            await client.close()
+    assert set(response.claims) == set(expected)
+    for uid, part in expected.items():
+        error = response.claims[uid].error
+        assert part in error, (uid, error)
+        assert "internal error" not in error
+        assert error.isprintable(), error
+    assert [d.device_name for d in response.claims["u-good"].devices] == ["fpga-0"]
+    assert sorted(server.requests) == sorted(
+        f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}" for name in bodies
+    )
 
 
 def plant_checkpoint(node: Node, cdi_id: str, mode: int = 0o600) -> Path:
