@@ -457,12 +457,12 @@ async def test_a_read_ends_within_the_callers_deadline(node: Node) -> None:
         connection = await kubelet.next_registration()
         first = await connection.prepare([("default", "c1", "uid-1")])
         response = await connection.prepare(
-            [("default", "slow", "u-slow"), ("default", "c1", "uid-1")], within=2
+            [("default", "slow", "u-slow"), ("default", "c1", "uid-1")], within=5
         )
     assert response.claims["uid-1"] == first.claims["uid-1"]
     assert "claim default/slow: no answer within" in response.claims["u-slow"].error
     assert node.claims.reads == 2  # c1 once, at first: the second time from the checkpoint
-    assert 0 < node.claims.timeouts[-1] < 2
+    assert 0 < node.claims.timeouts[-1] < 5
 
 
 BAD_REFERENCES = [
