@@ -56,9 +56,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
 CHECKPOINT_VERSION = 1
-#: Largest checkpoint read, and written: a claim with one device takes ~250 bytes and one
-#: with the most (32) and the longest names ~40 KiB, so this holds hundreds of the largest
-#: claims and tens of thousands of common ones, far more than a node prepares at once.
+#: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
+#: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
+#: the largest claims and tens of thousands of common ones, more than a node prepares.
 CHECKPOINT_MAX_BYTES = 16 << 20
 _MODE = 0o600
 #: Mode bits that let someone other than the owner change the file.
