@@ -65,14 +65,16 @@ def _serve_floor(folder: Path) -> None:
 class _Claims:
     """Claims made up on the fly, as an API server that knows every ``c-N`` would answer."""
 
-    def read_claim(self, namespace: str, name: str) -> object:
+    def read_claims(self, refs: list[tuple[str, str]], timeout: float) -> list[object]:
         from cdi_gen.model import AllocatedDevice, ClaimView
 
-        number = int(name.removeprefix("c-"))
-        device = f"fpga-{number % POOL_DEVICES}"
-        return ClaimView(
-            namespace, name, f"u-{number}", (AllocatedDevice("fpga", DRIVER, POOL, device),)
-        )
+        claims: list[object] = []
+        for namespace, name in refs:
+            number = int(name.removeprefix("c-"))
+            device = f"fpga-{number % POOL_DEVICES}"
+            result = AllocatedDevice("fpga", DRIVER, POOL, device)
+            claims.append(ClaimView(namespace, name, f"u-{number}", (result,)))
+        return claims
 
 
 async def _serve_plugin(folder: Path) -> None:
@@ -94,6 +96,7 @@ async def _serve_plugin(folder: Path) -> None:
         pool,
         _Claims(),  # type: ignore[arg-type]
         pool_name=POOL,
+        cdi_kinds=["example.com/fpga"],
         registry_dir=folder / "registry",
         plugins_dir=folder / "plugins",
         state_dir=folder / "state",

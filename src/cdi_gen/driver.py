@@ -124,6 +124,9 @@ class DraDriver:
                 self.pool,
                 reader,
                 pool_name=self.node,
+                cdi_kinds=[
+                    f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
+                ],
                 registry_dir=settings.plugins_registry_dir,
                 plugins_dir=settings.kubelet_plugins_dir,
                 state_dir=settings.state_dir,

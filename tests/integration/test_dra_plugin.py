@@ -1,23 +1,34 @@
 """The DRA driver's kubelet side against a kubelet stand-in, over real gRPC on unix sockets:
 plugin-watcher registration, NodePrepare/UnprepareResources in both versions, the
-checkpoint across driver restarts, kubelet restarts, and the device health stream."""
+checkpoint across driver restarts, kubelet restarts, and the device health stream; and a
+hostile side: a stalled API server, claim references that are not Kubernetes names, a
+checkpoint someone else wrote, a kubelet's huge error."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from cdi_gen.apiserver.claims import ClaimReader
+from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.kubelet import draplugin
-from cdi_gen.kubelet.checkpoint import CheckpointError, checkpoint_path
+from cdi_gen.kubelet.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
+from cdi_gen.kubelet.claims import ClaimReader as KubeletClaimReader
 from cdi_gen.kubelet.draplugin import DraPlugin
+from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from tests.fakes.claimserver import ClaimServer, claim_body
 from tests.fakes.drakubelet import DraConnection, FakeDraKubelet
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,23 +49,49 @@ def device(name: str, *, healthy: bool = True, gone: bool = False) -> PoolDevice
 
 
 class Claims:
-    """An in-memory ClaimReader; counts reads (called on the server's threads)."""
+    """An in-memory ClaimReader; counts reads (called on the server's threads).
+
+    A read of a claim named in ``stalled`` waits, like a read from a stalled API server,
+    until ``release`` is set or the timeout it is given runs out.
+    """
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], ClaimView] = {}
         self.reads = 0
+        self.stalled: set[str] = set()
+        self.release = threading.Event()
+        #: Reads waiting on a stalled claim now, and the timeout of every read.
+        self.waiting = 0
+        self.timeouts: list[float] = []
         self._lock = threading.Lock()
 
     def add(self, name: str, uid: str, *results: AllocatedDevice | None) -> None:
         allocated = None if results == (None,) else tuple(r for r in results if r is not None)
         self.claims["default", name] = ClaimView("default", name, uid, allocated)
 
-    def read_claim(self, namespace: str, name: str) -> ClaimView:
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
         with self._lock:
-            self.reads += 1
+            self.reads += len(refs)
+            self.timeouts.append(timeout)
+        answered = True
+        if any(name in self.stalled for _, name in refs):
+            with self._lock:
+                self.waiting += 1
+            try:
+                answered = self.release.wait(timeout)
+            finally:
+                with self._lock:
+                    self.waiting -= 1
+        return [self._one(ns, name, answered, timeout) for ns, name in refs]
+
+    def _one(self, namespace: str, name: str, answered: bool, timeout: float) -> Any:
+        if name in self.stalled and not answered:
+            return ClaimError(f"claim {namespace}/{name}: no answer within {timeout:g} s")
         found = self.claims.get((namespace, name))
         if found is None:
-            raise ClaimError(f"claim {namespace}/{name}: not found")
+            return ClaimError(f"claim {namespace}/{name}: not found")
         return found
 
 
@@ -73,12 +110,13 @@ class Node:
         self.outcomes: list[tuple[bool, str]] = []
         self.prepared: list[tuple[str, str]] = []
 
-    def plugin(self, **kwargs: object) -> DraPlugin:
+    def plugin(self, reader: KubeletClaimReader | None = None, **kwargs: object) -> DraPlugin:
         return DraPlugin(
             DRIVER,
             self.pool,
-            self.claims,
+            self.claims if reader is None else reader,
             pool_name=POOL,
+            cdi_kinds=["example.com/fpga"],
             registry_dir=self.root / "registry",
             plugins_dir=self.root / "plugins",
             state_dir=self.root / "state",
@@ -94,7 +132,11 @@ class Node:
 @pytest.fixture
 async def node(short_dir: Path) -> AsyncIterator[Node]:
     (short_dir / "registry").mkdir()
-    yield Node(short_dir)
+    node = Node(short_dir)
+    try:
+        yield node
+    finally:
+        node.claims.release.set()  # no server thread stays behind a stalled read
 
 
 async def until(condition: object, within: float = 5.0) -> None:
@@ -368,7 +410,196 @@ async def test_a_corrupt_checkpoint_stops_the_start_and_is_kept(node: Node) -> N
     path.parent.mkdir()
     path.write_bytes(b'{"kind": "something else"}')
     plugin = node.plugin()
-    with pytest.raises(CheckpointError, match="not a cdi-gen DRA checkpoint"):
+    with pytest.raises(CheckpointError, match="not a cdi-gen DRA checkpoint") as refused:
         await plugin.start()
+    assert "left as it is" in str(refused.value)
+    assert "not left" not in str(refused.value)
     assert path.read_bytes() == b'{"kind": "something else"}'
     assert not plugin.registration_socket.exists()
+
+
+# -- a hostile side -------------------------------------------------------------------------
+
+
+async def test_a_stalled_api_server_leaves_threads_for_prepared_claims(node: Node) -> None:
+    """As many calls as the server has threads wait for a stalled API server; a claim
+    prepared earlier is still answered at once, and the calls over the cap are told why."""
+    node.claims.add("c1", "uid-1", ours("fpga-0"))
+    node.claims.stalled = {f"slow-{i}" for i in range(WORKERS)}
+    claim = ("default", "c1", "uid-1")
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        first = await connection.prepare([claim])
+        assert first.claims["uid-1"].error == ""
+        stuck = [
+            asyncio.ensure_future(
+                connection.prepare([("default", f"slow-{i}", f"u-slow-{i}")], within=60)
+            )
+            for i in range(WORKERS)
+        ]
+        await until(lambda: node.claims.waiting >= draplugin.MAX_READING_CALLS)
+        again = await connection.prepare([claim], within=5)
+        assert again == first
+        node.claims.release.set()
+        answers = await asyncio.gather(*stuck)
+    errors = [a.claims[f"u-slow-{i}"].error for i, a in enumerate(answers)]
+    busy = [e for e in errors if "already wait for the API server" in e]
+    assert len(busy) == WORKERS - draplugin.MAX_READING_CALLS, errors
+    assert all("not found" in e for e in errors if e not in busy), errors
+
+
+async def test_a_read_ends_within_the_callers_deadline(node: Node) -> None:
+    """A call with a claim on a stalled API server and one prepared earlier is answered
+    before the caller gives up: the prepared claim with its devices, the other with why."""
+    node.claims.add("c1", "uid-1", ours("fpga-0"))
+    node.claims.stalled = {"slow"}
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        first = await connection.prepare([("default", "c1", "uid-1")])
+        response = await connection.prepare(
+            [("default", "slow", "u-slow"), ("default", "c1", "uid-1")], within=5
+        )
+    assert response.claims["uid-1"] == first.claims["uid-1"]
+    assert "claim default/slow: no answer within" in response.claims["u-slow"].error
+    assert node.claims.reads == 2  # c1 once, at first: the second time from the checkpoint
+    assert 0 < node.claims.timeouts[-1] < 5
+
+
+BAD_REFERENCES = [
+    # namespace, name, uid, what the error names
+    ("../../../../../api/v1/nodes", "..", "u-1", "namespace '../../../../../api/v1/nodes'"),
+    ("*", "c1", "u-2", "namespace '*'"),
+    ("", "c1", "u-3", "namespace ''"),
+    ("default", "..", "u-4", "name '..'"),
+    ("default", "c1/../../secrets/token", "u-5", "name 'c1/../../secrets/token'"),
+    ("default", "c1\n2026-12-01 forged line", "u-6", "name 'c1\\n2026-12-01 forged line'"),
+    ("default", "c" * 300, "u-7", "(300 long)"),
+    ("default", "c1", "u-8\x1b[31m", "uid 'u-8\\x1b[31m'"),
+    ("default", "c1", "u" * 200, "(200 long)"),
+]
+
+
+async def test_claim_references_are_checked_before_anything_is_read(node: Node) -> None:
+    node.claims.add("c1", "u-ok", ours("fpga-0"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        response = await connection.prepare(
+            [(ns, name, uid) for ns, name, uid, _ in BAD_REFERENCES]
+        )
+    assert node.claims.reads == 0  # nothing reached the API server
+    assert set(response.claims) == {uid for _, _, uid, _ in BAD_REFERENCES}
+    for _, _, uid, part in BAD_REFERENCES:
+        error = response.claims[uid].error
+        assert part in error, error
+        assert "DNS label" in error or "DNS subdomain" in error or "claim UID" in error, error
+        assert "internal error" not in error
+        assert error.isprintable(), error
+        assert len(error) < 600, error
+        assert response.claims[uid].devices == []
+    reasons = sorted(reason for _, reason in node.prepared)
+    assert reasons == sorted(["invalid-name"] * 7 + ["invalid-uid"] * 2)
+
+
+async def test_whatever_the_api_server_answers_each_claim_gets_one_line(node: Node) -> None:
+    """The agent's own claim reader and API client against an API server stand-in: answers
+    that are not claims and references that are not names are each that claim's refusal,
+    naming it and the rule, never 'internal error'; a bad reference is never sent."""
+    result = {"request": "fpga", "driver": DRIVER, "pool": POOL, "device": "fpga-0"}
+    no_device = {k: v for k, v in result.items() if k != "device"}
+    bodies = {
+        "good": claim_body("default", "good", "u-good", result),
+        "html": b"<html>502 Bad Gateway</html>",
+        "pod": orjson.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "pod"}}),
+        "nodev": claim_body("default", "nodev", "u-nodev", no_device),
+    }
+    expected = {
+        "u-good": "",
+        "u-html": "ResourceClaim default/html: the API server's answer is not a ResourceClaim",
+        "u-pod": "`spec`",
+        "u-nodev": "`device`",
+        "u-star": "namespace '*'",
+        "u-ctl": "name 'c\\x1b[2J'",
+    }
+    with ClaimServer.running(node.root) as server:
+        for name, body in bodies.items():
+            server.bodies["default", name] = body
+        client = ApiClient(server.kubeconfig)
+        reader = ClaimReader(client, asyncio.get_running_loop())
+        try:
+            async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(reader):
+                connection = await kubelet.next_registration()
+                response = await connection.prepare(
+                    [("default", name, f"u-{name}") for name in bodies]
+                    + [("*", "c", "u-star"), ("default", "c\x1b[2J", "u-ctl")]
+                )
+        finally:
+            await client.close()
+    assert set(response.claims) == set(expected)
+    for uid, part in expected.items():
+        error = response.claims[uid].error
+        assert part in error, (uid, error)
+        assert "internal error" not in error
+        assert error.isprintable(), error
+    assert [d.device_name for d in response.claims["u-good"].devices] == ["fpga-0"]
+    assert sorted(server.requests) == sorted(
+        f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}" for name in bodies
+    )
+
+
+def plant_checkpoint(node: Node, cdi_id: str, mode: int = 0o600) -> Path:
+    path = checkpoint_path(node.root / "state", DRIVER)
+    path.parent.mkdir(exist_ok=True)
+    device = {"requestNames": ["fpga"], "pool": POOL, "device": "fpga-0", "cdiDeviceIds": [cdi_id]}
+    claims = {"uid-1": {"namespace": "default", "name": "c1", "devices": [device]}}
+    doc = {"kind": CHECKPOINT_KIND, "version": 1, "driver": DRIVER, "claims": claims}
+    path.write_bytes(orjson.dumps(doc))
+    path.chmod(mode)
+    return path
+
+
+async def test_a_checkpoint_others_could_write_stops_the_start_and_is_kept(node: Node) -> None:
+    path = plant_checkpoint(node, "evil.example/host=root", mode=0o666)
+    content = path.read_bytes()
+    plugin = node.plugin()
+    with pytest.raises(CheckpointError, match=r"writable by group or others \(mode 0666\)"):
+        await plugin.start()
+    assert path.read_bytes() == content
+    os.chown(path, 65534, -1)
+    path.chmod(0o600)
+    with pytest.raises(CheckpointError, match="owned by uid 65534"):
+        await plugin.start()
+    assert not plugin.registration_socket.exists()
+
+
+async def test_a_recorded_id_that_is_not_ours_is_never_answered(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    plant_checkpoint(node, "evil.example/host=root")
+    node.claims.add("c1", "uid-1", ours("fpga-0"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        response = await connection.prepare([("default", "c1", "uid-1")])
+    [dev] = response.claims["uid-1"].devices
+    assert list(dev.cdi_device_ids) == ["example.com/fpga=0"]  # read and checked anew
+    assert node.claims.reads == 1
+    assert any("'evil.example/host=root'" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_huge_registration_error_is_logged_quoted_and_cut(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = "no\n2026-12-01 00:00:00 ERROR cdi_gen forged\n" + "x" * (2 << 20)
+    kubelet = FakeDraKubelet(node.root / "registry", refuse=error)
+    with caplog.at_level(logging.DEBUG, "cdi_gen"):
+        async with kubelet, node.plugin():
+            await until(lambda: node.outcomes)
+    ok, outcome = node.outcomes[0]
+    assert not ok
+    assert outcome.isprintable(), outcome[:200]
+    assert len(outcome) < 300, len(outcome)
+    assert "'no\\n2026-12-01" in outcome
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("cdi_gen")]
+    assert any("'no\\n2026-12-01" in line for line in lines), lines
+    for line in lines:
+        assert "\n" not in line, line[:200]
+        assert len(line) < 1000, line[:200]

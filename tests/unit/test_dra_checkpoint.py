@@ -1,8 +1,10 @@
-"""The DRA checkpoint: round trips, refusals of files that are not ours (left untouched),
-and atomic replacement."""
+"""The DRA checkpoint: round trips, refusals of files that are not ours or that someone else
+could have written (left untouched), recorded claims that are not our devices (dropped),
+what is written can be read back, and atomic replacement."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,26 +15,45 @@ from hypothesis import strategies as st
 
 from cdi_gen.kubelet.checkpoint import (
     CHECKPOINT_KIND,
+    CHECKPOINT_MAX_BYTES,
     Checkpoint,
     CheckpointError,
     PreparedClaim,
     checkpoint_path,
 )
-from cdi_gen.kubelet.claims import PreparedDevice
+from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
 
 DRIVER = "cdi-gen.example.com"
+POOL = "node"
+KINDS = ("example.com/fpga", "example.com/gpu")
 CLAIM = PreparedClaim(
     "ns",
     "c",
     (
-        PreparedDevice(("a",), "node", "fpga-0", ("example.com/fpga=0",)),
-        PreparedDevice(("b", "c"), "node", "fpga-1", ("example.com/fpga=1",), "share"),
+        PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=0",)),
+        PreparedDevice(("b", "c"), POOL, "fpga-1", ("example.com/fpga=1",), "share"),
     ),
 )
 
 
-def fresh(tmp_path: Path) -> Checkpoint:
-    return Checkpoint(checkpoint_path(tmp_path / "state", DRIVER), DRIVER)
+def fresh(tmp_path: Path, max_bytes: int = CHECKPOINT_MAX_BYTES) -> Checkpoint:
+    path = checkpoint_path(tmp_path / "state", DRIVER)
+    return Checkpoint(path, DRIVER, pool=POOL, kinds=KINDS, max_bytes=max_bytes)
+
+
+def write(cp: Checkpoint, claims: dict[str, object], mode: int = 0o600) -> bytes:
+    """A checkpoint file of ours holding ``claims`` (wire form)."""
+    cp.path.parent.mkdir(exist_ok=True)
+    doc = {"kind": CHECKPOINT_KIND, "version": 1, "driver": DRIVER, "claims": claims}
+    content = orjson.dumps(doc)
+    cp.path.write_bytes(content)
+    cp.path.chmod(mode)
+    return content
+
+
+def wire(*cdi_ids: str, pool: str = POOL, devices: int = 1) -> dict[str, object]:
+    one = {"requestNames": ["r"], "pool": pool, "device": "fpga-0", "cdiDeviceIds": list(cdi_ids)}
+    return {"namespace": "ns", "name": "c", "devices": [one] * devices}
 
 
 def test_missing_file_means_no_claims(tmp_path: Path) -> None:
@@ -61,12 +82,15 @@ def test_round_trip_and_removal(tmp_path: Path) -> None:
 
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
+cdi_names = st.builds(
+    "{}={}".format, st.sampled_from(KINDS), st.from_regex(r"[a-z0-9]{1,10}", fullmatch=True)
+)
 devices = st.builds(
     PreparedDevice,
     st.tuples(names),
+    st.just(POOL),
     names,
-    names,
-    st.lists(names, max_size=3).map(tuple),
+    st.lists(cdi_names, max_size=3).map(tuple),
     st.none() | names,
 )
 claims = st.dictionaries(
@@ -83,7 +107,7 @@ def test_any_claims_survive_the_file(
     cp.load()
     for uid, claim in data.items():
         cp.add(uid, claim)
-    again = Checkpoint(cp.path, DRIVER)
+    again = Checkpoint(cp.path, DRIVER, pool=POOL, kinds=KINDS)
     again.load()
     assert dict(again.claims) == data
 
@@ -126,9 +150,104 @@ def test_a_file_that_is_not_ours_is_refused_and_kept(
     text = str(refused.value)
     assert text.startswith(str(cp.path)), text
     assert message in text
+    assert "left as it is" in text
+    assert "not left" not in text  # it is left as it is, and says so
     assert "move it away" in text
     assert "\n" not in text
     assert cp.path.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "message"),
+    [
+        (0o666, None, "writable by group or others (mode 0666)"),
+        (0o620, None, "writable by group or others (mode 0620)"),
+        (0o602, None, "writable by group or others (mode 0602)"),
+        (0o600, 65534, "owned by uid 65534, not by this agent's user"),
+        (0o644, 65534, "owned by uid 65534"),
+    ],
+)
+def test_a_file_someone_else_could_have_written_is_refused_and_kept(
+    tmp_path: Path, mode: int, owner: int | None, message: str
+) -> None:
+    cp = fresh(tmp_path)
+    content = write(cp, {"u1": wire("evil.example/host=root")}, mode)
+    if owner is not None:
+        os.chown(cp.path, owner, -1)
+    with pytest.raises(CheckpointError) as refused:
+        cp.load()
+    text = str(refused.value)
+    assert text.startswith(str(cp.path)), text
+    assert message in text, text
+    assert "left as it is" in text
+    assert "\n" not in text
+    assert cp.path.read_bytes() == content
+    assert cp.path.stat().st_mode & 0o777 == mode
+    assert cp.claims == {}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (wire("evil.example/host=root"), "'evil.example/host=root', not of this driver's kinds"),
+        (wire("example.com/fpga=0", "example.com/other=1"), "'example.com/other=1'"),
+        (wire("../../etc/passwd"), "invalid"),
+        (wire("example.com/fpga=0", pool="node-b"), "pool 'node-b', not in this node's pool"),
+        (
+            wire("example.com/fpga=0", devices=MAX_ALLOCATION_RESULTS + 1),
+            f"records {MAX_ALLOCATION_RESULTS + 1} devices; a claim has at most",
+        ),
+    ],
+)
+def test_a_recorded_claim_that_is_not_our_devices_is_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, entry: dict[str, object], message: str
+) -> None:
+    cp = fresh(tmp_path)
+    good = wire("example.com/fpga=0", "example.com/gpu=1")
+    write(cp, {"u-good": good, "u-bad": entry})
+    with caplog.at_level(logging.WARNING, "cdi_gen.kubelet.checkpoint"):
+        cp.load()
+    assert set(cp.claims) == {"u-good"}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "'u-bad'" in line
+    assert "dropped" in line
+    assert message in line, line
+    assert "\n" not in line
+
+
+def test_what_is_written_can_be_read_back(tmp_path: Path) -> None:
+    """Claims are added until the next one would make the file larger than the read cap:
+    that one is refused and the file still loads, with every claim it accepted."""
+    cp = fresh(tmp_path, max_bytes=4096)
+    cp.load()
+    accepted = []
+    with pytest.raises(CheckpointError) as refused:
+        for n in range(1000):
+            cp.add(f"u{n}", CLAIM)
+            accepted.append(f"u{n}")
+    text = str(refused.value)
+    assert "over the 4096 bytes it can read back; not recorded" in text
+    assert f"u{len(accepted)}" not in cp.claims
+    assert cp.path.stat().st_size <= 4096
+    again = fresh(tmp_path, max_bytes=4096)
+    again.load()
+    assert sorted(again.claims) == sorted(accepted)
+
+
+def test_the_largest_claims_fit_by_the_hundred(tmp_path: Path) -> None:
+    """A claim of the most devices the API allows, with names at their limits, is small
+    enough that the read cap holds hundreds of them."""
+    longest = PreparedDevice(
+        ("r" * 63 + "/" + "s" * 63,),
+        "p" * 253,
+        "d" * 63,
+        (f"{'v' * 253}/{'c' * 63}={'n' * 63}",),
+        "0" * 36,
+    )
+    claim = PreparedClaim("n" * 63, "m" * 253, (longest,) * MAX_ALLOCATION_RESULTS)
+    cp = fresh(tmp_path)
+    one = len(cp.encode({"u" * 128: claim})) - len(cp.encode({}))
+    assert CHECKPOINT_MAX_BYTES // one >= 300, one
 
 
 def test_a_link_or_a_fifo_is_refused(tmp_path: Path) -> None:

@@ -1,10 +1,18 @@
-"""What NodePrepareResources answers for one claim: every rule, each naming the claim."""
+"""What NodePrepareResources answers for one claim: every rule, each naming the claim, and
+the kubelet's claim references checked as Kubernetes names before anything is read."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdi_gen.kubelet.claims import ClaimRefused, PreparedDevice, Refusal, prepare_claim
+from cdi_gen.kubelet.claims import (
+    MAX_ALLOCATION_RESULTS,
+    ClaimRefused,
+    PreparedDevice,
+    Refusal,
+    check_reference,
+    prepare_claim,
+)
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 
 DRIVER, POOL = "cdi-gen.example.com", "node-a"
@@ -106,3 +114,71 @@ def test_a_hostile_value_is_quoted_and_cut() -> None:
     with pytest.raises(ClaimRefused) as refused:
         prepare(view)
     assert len(str(refused.value)) < 400
+
+
+@pytest.mark.parametrize("count", [MAX_ALLOCATION_RESULTS + 1, 10_000])
+def test_a_claim_over_the_apis_results_limit_is_refused(count: int) -> None:
+    view = claim(*[AllocatedDevice(f"r{i}", DRIVER, POOL, "fpga-0") for i in range(count)])
+    with pytest.raises(ClaimRefused) as refused:
+        prepare(view)
+    assert refused.value.reason is Refusal.TOO_MANY_RESULTS
+    message = str(refused.value)
+    assert message.startswith("claim ns/c (uid 'u1')"), message
+    assert f"{count} results; the API allows at most {MAX_ALLOCATION_RESULTS}" in message
+
+
+def test_a_claim_at_the_apis_results_limit_is_prepared() -> None:
+    results = [AllocatedDevice(f"r{i}", DRIVER, POOL, "fpga-0") for i in range(32)]
+    assert len(prepare(claim(*results))) == MAX_ALLOCATION_RESULTS
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid", "reason", "parts"),
+    [
+        (
+            "../../../../../api/v1/nodes",
+            "..",
+            "u1",
+            Refusal.INVALID_NAME,
+            ["namespace '../../../../../api/v1/nodes'", "DNS label"],
+        ),
+        ("*", "c", "u1", Refusal.INVALID_NAME, ["namespace '*'", "DNS label"]),
+        ("", "c", "u1", Refusal.INVALID_NAME, ["namespace ''"]),
+        ("Default", "c", "u1", Refusal.INVALID_NAME, ["namespace 'Default'"]),
+        ("a" * 64, "c", "u1", Refusal.INVALID_NAME, ["namespace 'aaaa", "1-63"]),
+        ("ns", "..", "u1", Refusal.INVALID_NAME, ["name '..'", "DNS subdomain"]),
+        ("ns", "a/b", "u1", Refusal.INVALID_NAME, ["name 'a/b'"]),
+        ("ns", "", "u1", Refusal.INVALID_NAME, ["name ''"]),
+        ("ns", "c\n2026 forged", "u1", Refusal.INVALID_NAME, ["name 'c\\n2026 forged'"]),
+        ("ns", "c\x00", "u1", Refusal.INVALID_NAME, ["name 'c\\x00'"]),
+        ("ns", "x" * 254, "u1", Refusal.INVALID_NAME, ["(254 long)", "1-253"]),
+        ("ns", "c", "", Refusal.NO_UID, ["no claim UID"]),
+        ("ns", "c", "u\n1", Refusal.INVALID_UID, ["uid 'u\\n1'", "1-128"]),
+        ("ns", "c", "u" * 129, Refusal.INVALID_UID, ["(129 long)"]),
+        ("ns", "c", "../u", Refusal.INVALID_UID, ["uid '../u'"]),
+    ],
+)
+def test_a_reference_that_is_not_a_kubernetes_one_is_refused(
+    namespace: str, name: str, uid: str, reason: Refusal, parts: list[str]
+) -> None:
+    with pytest.raises(ClaimRefused) as refused:
+        check_reference(namespace, name, uid)
+    assert refused.value.reason is reason
+    message = str(refused.value)
+    assert message.startswith("claim "), message
+    for part in parts:
+        assert part in message, message
+    assert message.isprintable(), message
+    assert len(message) < 500, message
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid"),
+    [
+        ("default", "c", "5c8a1e2b-0d2f-4c35-9a51-2d2b9e2f6f1a"),
+        ("a" * 63, ".".join(["b" * 63] * 4)[:253].rstrip("."), "u"),
+        ("kube-system", "gpu-claim.v2", "U_1.x"),
+    ],
+)
+def test_kubernetes_references_pass(namespace: str, name: str, uid: str) -> None:
+    check_reference(namespace, name, uid)

@@ -1,13 +1,21 @@
 """Claims read for the kubelet's gRPC threads: the one bridge from a synchronous caller to
-the API client, which lives on the agent's asyncio loop."""
+the API client, which lives on the agent's asyncio loop.
+
+Whatever the API server answers becomes, per claim, the claim or one
+:class:`~cdi_gen.errors.ClaimError` naming it and why: an answer that is not a ResourceClaim
+(not JSON, another kind, a result without a device) as much as a refusal or no answer in
+time, so that a hostile or broken server costs that claim's error, never a traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cdi_gen.errors import ClaimError
+from cdi_gen.errors import ClaimError, quote
 from cdi_gen.model import ClaimView
 
 if TYPE_CHECKING:
@@ -15,11 +23,17 @@ if TYPE_CHECKING:
 
 __all__ = ["ClaimReader"]
 
+log = logging.getLogger(__name__)
+
+#: Longest part of a decoding error quoted in a claim's error.
+_WHY_LIMIT = 200
+
 
 class ClaimReader:
-    """``read_claim`` for a thread other than the loop's: runs :meth:`ApiClient.get_claim`
-    on ``loop`` and waits at most ``timeout`` seconds, so a stalled API server costs one
-    claim's error, never a stuck NodePrepareResources."""
+    """:meth:`read_claims` for a thread other than the loop's: runs
+    :meth:`ApiClient.get_claim` on ``loop`` for every claim at once and waits at most
+    ``timeout`` seconds (or less, when the caller has less), so a stalled API server costs
+    each claim its error, never a stuck NodePrepareResources."""
 
     def __init__(
         self, client: ApiClient, loop: asyncio.AbstractEventLoop, *, timeout: float = 10.0
@@ -28,24 +42,62 @@ class ClaimReader:
         self._loop = loop
         self._timeout = timeout
 
-    def read_claim(self, namespace: str, name: str) -> ClaimView:
-        """The claim, or :class:`ClaimError` naming it and why (not found, API error, no
-        answer in time, agent stopping). Never call it from the loop's own thread."""
-        try:
-            future = asyncio.run_coroutine_threadsafe(
-                self._client.get_claim(namespace, name), self._loop
-            )
-        except RuntimeError as exc:  # the loop is closed: the agent is stopping
-            raise ClaimError(f"ResourceClaim {namespace}/{name}: {exc}") from None
-        try:
-            return future.result(self._timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise ClaimError(
-                f"ResourceClaim {namespace}/{name}: the API server did not answer within "
-                f"{self._timeout:g} s"
-            ) from None
-        except concurrent.futures.CancelledError:
-            raise ClaimError(
-                f"ResourceClaim {namespace}/{name}: cancelled (agent stopping)"
-            ) from None
+    def read_claim(self, namespace: str, name: str, timeout: float | None = None) -> ClaimView:
+        """One claim, or :class:`ClaimError` naming it and why (see :meth:`read_claims`)."""
+        [found] = self.read_claims(
+            [(namespace, name)], self._timeout if timeout is None else timeout
+        )
+        if isinstance(found, ClaimError):
+            raise found
+        return found
+
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
+        """Each claim of ``refs`` (namespace, name), in order, or the :class:`ClaimError`
+        naming it and why: not found, API error, an answer that is not a claim, no answer
+        within ``timeout`` seconds (at most the reader's own), agent stopping. Never call it
+        from the loop's own thread."""
+        wait = max(0.0, min(timeout, self._timeout))
+        pending: list[concurrent.futures.Future[ClaimView] | ClaimError] = []
+        for namespace, name in refs:
+            call = self._client.get_claim(namespace, name)
+            try:
+                pending.append(asyncio.run_coroutine_threadsafe(call, self._loop))
+            except RuntimeError as exc:  # the loop is closed: the agent is stopping
+                call.close()
+                pending.append(ClaimError(f"ResourceClaim {namespace}/{name}: {exc}"))
+        futures = [f for f in pending if isinstance(f, concurrent.futures.Future)]
+        concurrent.futures.wait(futures, wait)
+        return [
+            future if isinstance(future, ClaimError) else _outcome(namespace, name, future, wait)
+            for (namespace, name), future in zip(refs, pending, strict=True)
+        ]
+
+
+def _outcome(
+    namespace: str,
+    name: str,
+    future: concurrent.futures.Future[ClaimView],
+    waited: float,
+) -> ClaimView | ClaimError:
+    what = f"ResourceClaim {namespace}/{name}"
+    if not future.done():
+        future.cancel()  # cancels the call on the loop too
+        return ClaimError(f"{what}: the API server did not answer within {waited:g} s")
+    if future.cancelled():
+        return ClaimError(f"{what}: cancelled (agent stopping)")
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if isinstance(exc, ClaimError):
+        return exc
+    log.debug("%s: the API server's answer cannot be read", what, exc_info=exc)
+    why = f"{type(exc).__name__}: {quote(str(exc), _WHY_LIMIT)}"
+    if isinstance(exc, ValueError | TypeError | KeyError):
+        # lightkube decodes the answer against the resource/v1 schema: invalid JSON, another
+        # kind's fields, a result without its device all end here.
+        return ClaimError(
+            f"{what}: the API server's answer is not a ResourceClaim of resource.k8s.io/v1 ({why})"
+        )
+    return ClaimError(f"{what}: cannot be read ({why})")

@@ -41,6 +41,7 @@ from cdi_gen.errors import CdiGenError, ClaimError, quote
 from cdi_gen.errors import ConfigError as CdiConfigError
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.model import AllocatedDevice, ClaimView
+from cdi_gen.names import is_dns_label, is_dns_subdomain
 
 __all__ = [
     "LIST_PAGE",
@@ -359,7 +360,15 @@ class ApiClient:
 
     async def get_claim(self, namespace: str, name: str) -> ClaimView:
         """The claim as NodePrepareResources needs it; :class:`ClaimError` naming it when it
-        is missing or the API server fails."""
+        is missing or the API server fails, and before any request when ``namespace`` is not
+        a DNS label or ``name`` not a DNS subdomain (both become the URL's path, where
+        ``..`` would reach other objects with the agent's credentials: URL quoting keeps a
+        bare ``..``)."""
+        if not is_dns_label(namespace) or not is_dns_subdomain(name):
+            raise ClaimError(
+                f"ResourceClaim {quote(f'{namespace}/{name}')}: not read: the namespace must "
+                "be a DNS label and the name a DNS subdomain (a-z 0-9 - and, in a name, .)"
+            )
         what = f"ResourceClaim {namespace}/{name}"
         path = (
             f"/apis/resource.k8s.io/v1/namespaces/{url_quote(namespace, safe='')}"
@@ -477,25 +486,53 @@ def _name(obj: Obj) -> str:
     return f"ResourceSlice {obj.get('metadata', {}).get('name', '?')}"
 
 
-def claim_view(obj: Obj) -> ClaimView:
-    """A ResourceClaim (as a dict) reduced to what NodePrepareResources needs."""
-    meta = obj.get("metadata") or {}
-    allocation = (obj.get("status") or {}).get("allocation")
+def claim_view(obj: object) -> ClaimView:
+    """A ResourceClaim (as a dict) reduced to what NodePrepareResources needs.
+
+    Raises :class:`ClaimError` naming the claim and the field when ``obj`` is not shaped
+    as one: a field of the wrong type, a result without ``request``, ``driver``, ``pool``
+    or ``device``.
+    """
+    meta = _field(obj, "metadata", dict, "a ResourceClaim", {})
+    shown = f"{meta.get('namespace')}/{meta.get('name')}"
+    ref = f"ResourceClaim {quote(shown)}"
+    namespace = _field(meta, "namespace", str, ref, "")
+    name = _field(meta, "name", str, ref, "")
+    uid = _field(meta, "uid", str, ref, "")
+    status = _field(obj, "status", dict, ref, {})
+    allocation = _field(status, "allocation", dict, ref, None)
     results: tuple[AllocatedDevice, ...] | None = None
     if allocation is not None:
+        devices = _field(allocation, "devices", dict, ref, {})
+        entries = _field(devices, "results", list, ref, [])
         results = tuple(
-            AllocatedDevice(
-                request=r["request"],
-                driver=r["driver"],
-                pool=r["pool"],
-                device=r["device"],
-                share_id=r.get("shareID"),
-            )
-            for r in ((allocation.get("devices") or {}).get("results") or ())
+            _result(entry, f"{ref}: status.allocation.devices.results[{i}]")
+            for i, entry in enumerate(entries)
         )
-    return ClaimView(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        results=results,
-    )
+    return ClaimView(namespace=namespace, name=name, uid=uid, results=results)
+
+
+_KINDS: dict[type[Any], str] = {dict: "an object", list: "a list", str: "a string"}
+
+
+def _field(doc: object, key: str, kind: type[Any], where: str, default: Any) -> Any:
+    """``doc[key]`` if it is a ``kind`` (``default`` when absent or null)."""
+    if not isinstance(doc, dict):
+        raise ClaimError(f"{where}: want an object, got {quote(doc)}")
+    value = doc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        want = _KINDS.get(kind, kind.__name__)
+        raise ClaimError(f"{where}: {key}: want {want}, got {quote(value)}")
+    return value
+
+
+def _result(entry: object, where: str) -> AllocatedDevice:
+    fields = {}
+    for key in ("request", "driver", "pool", "device"):
+        value = _field(entry, key, str, where, None)
+        if value is None:
+            raise ClaimError(f"{where}: has no {key!r}; every allocation result names one")
+        fields[key] = value
+    return AllocatedDevice(**fields, share_id=_field(entry, "shareID", str, where, None))

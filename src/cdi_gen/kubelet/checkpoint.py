@@ -8,16 +8,27 @@ kubelet gets its answer, and removed when it is unprepared. The file is replaced
 after the last change, never a mix.
 
 The file says what it is (``kind``), which format (``version``) and whose it is
-(``driver``). A file that is not that (corrupt, foreign, another driver's, a newer format)
-is refused with one line naming the file and why, and left as it is: overwriting it would
-forget claims the kubelet still counts on, and cdi-gen never replaces a file it did not
-write. The operator moves it away to start with no prepared claims.
+(``driver``). A file that is not that (corrupt, foreign, another driver's, a newer format),
+or that someone else could have written (not owned by our effective user, or writable by
+group or others), is refused with one line naming the file and why, and left as it is:
+overwriting it would forget claims the kubelet still counts on, and cdi-gen never replaces a
+file it did not write. The operator moves it away to start with no prepared claims. Within a
+file of ours, a claim is answered again only if every recorded device is in our pool and
+every CDI name is of one of our kinds (``vendor/class``); the others are dropped with a line
+each (and left out when the file is next written).
+
+What is written is what can be read back: a change that would make the file larger than the
+read cap is refused (that claim gets an error, the file stays as it was), and one claim
+records at most the API's limit of allocation results, so the cap holds hundreds of claims.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -26,9 +37,10 @@ from typing import Any
 import orjson
 
 from cdi_gen.cdi.writer import replace_file
-from cdi_gen.errors import CdiGenError, quote
+from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileRefused, read_regular
-from cdi_gen.kubelet.claims import PreparedDevice
+from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
+from cdi_gen.names import parse_qualified_name
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -40,12 +52,18 @@ __all__ = [
     "checkpoint_path",
 ]
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
 CHECKPOINT_VERSION = 1
-#: Largest checkpoint read: a claim with one device takes ~250 bytes, so this holds tens of
-#: thousands, far more than a node prepares at once.
+#: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
+#: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
+#: the largest claims and tens of thousands of common ones, more than a node prepares.
 CHECKPOINT_MAX_BYTES = 16 << 20
 _MODE = 0o600
+#: Mode bits that let someone other than the owner change the file.
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+_LEFT = "left as it is, not read; move it away to start with no prepared claims"
 
 
 class CheckpointError(CdiGenError):
@@ -128,14 +146,27 @@ def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
 class Checkpoint:
     """The prepared claims of one driver, in memory and in its file; safe across threads.
 
+    ``pool`` is the driver's pool and ``kinds`` the CDI kinds (``vendor/class``) of its
+    devices: what a recorded claim may name. ``max_bytes`` caps the file, read and written.
     :meth:`load` reads the file (none yet: no claims); :meth:`add` and :meth:`remove`
     change the file first and memory only once the file holds the change, so a claim is
     never answered as prepared unless it is on disk. Raises :class:`CheckpointError`.
     """
 
-    def __init__(self, path: Path, driver: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        driver: str,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        max_bytes: int = CHECKPOINT_MAX_BYTES,
+    ) -> None:
         self.path = Path(path)
         self.driver = driver
+        self.pool = pool
+        self.kinds = frozenset(kinds)
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._claims: Mapping[str, PreparedClaim] = MappingProxyType({})
 
@@ -150,46 +181,113 @@ class Checkpoint:
     def load(self) -> None:
         """Read the file; a missing file means no prepared claims."""
         try:
-            raw = read_regular(self.path, CHECKPOINT_MAX_BYTES, follow_symlinks=False)
+            raw = self._read()
         except FileNotFoundError:
             claims: dict[str, PreparedClaim] = {}
         except (FileRefused, OSError) as exc:
-            raise CheckpointError(f"{self.path}: cannot read the DRA checkpoint: {exc}") from exc
+            raise CheckpointError(
+                f"{self.path}: cannot read the DRA checkpoint: {exc}; {_LEFT}"
+            ) from exc
         else:
-            claims = self._parse(raw)
+            claims = self._ours(self._parse(raw))
         with self._lock:
             self._claims = MappingProxyType(claims)
 
+    def _read(self) -> bytes:
+        """The file's bytes, if it is ours alone: owned by our effective user and writable
+        by nobody else (anyone who can write it could make us answer any CDI name)."""
+        before = os.lstat(self.path)
+        if stat.S_ISREG(before.st_mode):  # anything else: read_regular says what it is
+            self._check_owner(before)
+        raw = read_regular(self.path, self.max_bytes, follow_symlinks=False)
+        after = os.lstat(self.path)
+        if _identity(after) != _identity(before):
+            raise FileRefused("replaced or changed while it was read")
+        return raw
+
+    def _check_owner(self, st: os.stat_result) -> None:
+        euid = os.geteuid()
+        if st.st_uid != euid:
+            raise CheckpointError(
+                f"{self.path}: owned by uid {st.st_uid}, not by this agent's user (uid "
+                f"{euid}), so someone else may have written it; {_LEFT}"
+            )
+        if st.st_mode & _OTHERS_WRITE:
+            raise CheckpointError(
+                f"{self.path}: writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}), so someone else may have written it; "
+                f"{_LEFT}"
+            )
+
+    def _ours(self, claims: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+        """The recorded claims whose every device is of our pool and kinds; the others are
+        dropped (a prepare of one reads it from the API server anew and checks it)."""
+        kept = {}
+        for uid, claim in claims.items():
+            problem = self._foreign(claim)
+            if problem is None:
+                kept[uid] = claim
+            else:
+                log.warning(
+                    "%s: prepared claim %s (uid %s) dropped: %s",
+                    self.path,
+                    quote(f"{claim.namespace}/{claim.name}"),
+                    quote(uid),
+                    problem,
+                )
+        return kept
+
+    def _foreign(self, claim: PreparedClaim) -> str | None:
+        """Why ``claim`` is not one this driver recorded, or None."""
+        if len(claim.devices) > MAX_ALLOCATION_RESULTS:
+            return (
+                f"it records {len(claim.devices)} devices; a claim has at most "
+                f"{MAX_ALLOCATION_RESULTS}"
+            )
+        for device in claim.devices:
+            if device.pool != self.pool:
+                return (
+                    f"device {quote(device.device)} is in pool {quote(device.pool)}, not in "
+                    f"this node's pool {quote(self.pool)}"
+                )
+            for cdi_id in device.cdi_device_ids:
+                try:
+                    vendor, cls, _ = parse_qualified_name(cdi_id)
+                except InvalidNameError as exc:
+                    return f"device {quote(device.device)}: {exc}"
+                if f"{vendor}/{cls}" not in self.kinds:
+                    return (
+                        f"device {quote(device.device)} has CDI name {quote(cdi_id)}, not of "
+                        f"this driver's kinds {quote(sorted(self.kinds))}"
+                    )
+        return None
+
     def _parse(self, raw: bytes) -> dict[str, PreparedClaim]:
-        refuse = (
-            f"{self.path}: not left as it is, not read; move it away to start with no "
-            "prepared claims"
-        )
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise CheckpointError(f"{self.path}: not JSON ({exc}); {refuse}") from None
+            raise CheckpointError(f"{self.path}: not JSON ({exc}); {_LEFT}") from None
         if not isinstance(doc, dict) or doc.get("kind") != CHECKPOINT_KIND:
             kind = doc.get("kind") if isinstance(doc, dict) else None
             raise CheckpointError(
                 f"{self.path}: not a cdi-gen DRA checkpoint (kind {quote(kind)}, want "
-                f"{CHECKPOINT_KIND!r}); {refuse}"
+                f"{CHECKPOINT_KIND!r}); {_LEFT}"
             )
         version = doc.get("version")
         if version != CHECKPOINT_VERSION:
             raise CheckpointError(
                 f"{self.path}: checkpoint version {quote(version)}, this cdi-gen reads "
-                f"{CHECKPOINT_VERSION}; {refuse}"
+                f"{CHECKPOINT_VERSION}; {_LEFT}"
             )
         if doc.get("driver") != self.driver:
             raise CheckpointError(
                 f"{self.path}: checkpoint of driver {quote(doc.get('driver'))}, not "
-                f"{self.driver!r}; {refuse}"
+                f"{self.driver!r}; {_LEFT}"
             )
         try:
             return _parse_claims(doc.get("claims"))
         except ValueError as exc:
-            raise CheckpointError(f"{self.path}: {exc}; {refuse}") from None
+            raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
 
     def add(self, uid: str, claim: PreparedClaim) -> None:
         """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
@@ -227,7 +325,22 @@ class Checkpoint:
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
     def _write(self, claims: Mapping[str, PreparedClaim]) -> None:
+        data = self.encode(claims)
+        if len(data) > self.max_bytes:
+            # Written, it could not be read back at the next start: DRA would stay down and
+            # every prepared claim be lost. This change fails instead; the file stays as is.
+            raise CheckpointError(
+                f"{self.path}: recording this change would make the DRA checkpoint "
+                f"{len(data)} bytes, over the {self.max_bytes} bytes it can read back; "
+                "not recorded"
+            )
         try:
-            replace_file(self.path, self.encode(claims), mode=_MODE)
+            replace_file(self.path, data, mode=_MODE)
         except OSError as exc:
             raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    # A rename or a write changes ctime: equal identities mean the bytes read are the file
+    # whose owner and mode were checked.
+    return st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size

@@ -5,43 +5,68 @@ a :class:`ClaimReader` (the agent's, over the API server) and :func:`prepare_cla
 from that :class:`~cdi_gen.model.ClaimView` and a snapshot of the node's device pool, which
 devices the claim gets or why it cannot have them. Only this driver's allocation results
 count: a claim may hold devices of other drivers, which their own drivers prepare.
+
+The kubelet's namespace, name and UID are input too: :func:`check_reference` refuses them
+unless they are Kubernetes names (and a UID of sane shape) before anything is read, since
+they become a path on the API server.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from cdi_gen.errors import ClaimError, quote
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from cdi_gen.names import is_dns_label, is_dns_subdomain
 
 __all__ = [
+    "MAX_ALLOCATION_RESULTS",
+    "MAX_UID_LEN",
     "ClaimReader",
     "ClaimRefused",
     "PreparedDevice",
     "Refusal",
+    "check_reference",
     "claim_label",
     "prepare_claim",
 ]
 
+#: The API's limit on ``status.allocation.devices.results`` of one claim (resource/v1
+#: ``AllocationResultsMaxSize``). A claim over it is not one the API server stores; refusing
+#: it bounds what one prepared claim records in the checkpoint.
+MAX_ALLOCATION_RESULTS = 32
+#: Longest claim UID accepted from the kubelet: the API server makes UUIDs (36 characters).
+MAX_UID_LEN = 128
+_UID_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
 
 class ClaimReader(Protocol):
-    """Reads a ResourceClaim for NodePrepareResources.
+    """Reads ResourceClaims for NodePrepareResources.
 
-    Called on the gRPC server's threads, never on the event loop; blocking is allowed (and
-    bounded by the implementation). Raises :class:`~cdi_gen.errors.ClaimError` naming the
-    claim when it cannot be read (not found, API server unreachable or refusing).
+    Called on the gRPC server's threads, never on the event loop. ``read_claims`` reads
+    every ``(namespace, name)`` of ``refs`` at once and returns, in their order, each claim
+    or the :class:`~cdi_gen.errors.ClaimError` naming it and why it cannot be read (not
+    found, API server unreachable or refusing, an answer that is not a claim, no answer
+    within ``timeout`` seconds). It returns within ``timeout`` (plus a little): the caller
+    passes what is left of its own caller's deadline.
     """
 
-    def read_claim(self, namespace: str, name: str) -> ClaimView: ...
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]: ...
 
 
 class Refusal(enum.StrEnum):
     """Why a claim is not prepared; also the ``reason`` of the prepare metrics hook."""
 
+    INVALID_NAME = "invalid-name"
+    INVALID_UID = "invalid-uid"
     NO_UID = "no-uid"
+    TOO_MANY_RESULTS = "too-many-results"
     UID_MISMATCH = "uid-mismatch"
     NOT_ALLOCATED = "not-allocated"
     NO_DEVICES = "no-devices"
@@ -75,6 +100,37 @@ def claim_label(namespace: str, name: str, uid: str) -> str:
     ref = f"{namespace}/{name}"
     shown = ref if ref.isprintable() and len(ref) <= 2 * 63 + 1 else quote(ref)
     return f"claim {shown} (uid {quote(uid)})"
+
+
+def check_reference(namespace: str, name: str, uid: str) -> None:
+    """Refuse (:class:`ClaimRefused`) a claim reference that is not a Kubernetes one.
+
+    ``namespace`` must be a DNS label and ``name`` a DNS subdomain, as the API server
+    requires of a ResourceClaim; both become a URL path, where ``..``, ``/`` or ``*`` would
+    reach other objects with the agent's credentials. ``uid`` keys the checkpoint: 1-128
+    characters of ``A-Z a-z 0-9 - _ .``, alphanumeric at both ends.
+    """
+    label = claim_label(namespace, name, uid)
+    if not uid:
+        raise ClaimRefused(Refusal.NO_UID, f"{label}: the request carries no claim UID")
+    if len(uid) > MAX_UID_LEN or _UID_RE.fullmatch(uid) is None:
+        raise ClaimRefused(
+            Refusal.INVALID_UID,
+            f"{label}: uid {quote(uid)} is not a claim UID: want 1-{MAX_UID_LEN} characters "
+            "of A-Z a-z 0-9 - _ . starting and ending alphanumeric",
+        )
+    if not is_dns_label(namespace):
+        raise ClaimRefused(
+            Refusal.INVALID_NAME,
+            f"{label}: namespace {quote(namespace)} is not a Kubernetes namespace name: want "
+            "a DNS label (1-63 characters of a-z 0-9 -, starting and ending alphanumeric)",
+        )
+    if not is_dns_subdomain(name):
+        raise ClaimRefused(
+            Refusal.INVALID_NAME,
+            f"{label}: name {quote(name)} is not a ResourceClaim name: want a DNS subdomain "
+            "(1-253 characters of a-z 0-9 - ., labels starting and ending alphanumeric)",
+        )
 
 
 def _check_device(
@@ -113,7 +169,8 @@ def prepare_claim(
     one snapshot of the pool (name -> device). Each of this driver's allocation results
     becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
     claim, the device and the rule when the claim is not the one asked for, is not
-    allocated, has no device of this driver, or names a device this node cannot give.
+    allocated, has more results than the API allows, has no device of this driver, or names
+    a device this node cannot give.
     """
     label = claim_label(claim.namespace, claim.name, uid)
     if not uid:
@@ -126,6 +183,12 @@ def prepare_claim(
         )
     if claim.results is None:
         raise ClaimRefused(Refusal.NOT_ALLOCATED, f"{label}: not allocated")
+    if len(claim.results) > MAX_ALLOCATION_RESULTS:
+        raise ClaimRefused(
+            Refusal.TOO_MANY_RESULTS,
+            f"{label}: its allocation has {len(claim.results)} results; the API allows at "
+            f"most {MAX_ALLOCATION_RESULTS} per claim",
+        )
     ours = [r for r in claim.results if r.driver == driver]
     if not ours:
         raise ClaimRefused(

@@ -8,9 +8,11 @@ kubelet's DRA node service in both versions kubelets speak (``dra.v1`` from Kube
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps both sockets served and the driver
 registered across kubelet restarts.
 
-Preparing a claim: a claim already in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint`
-under that UID is answered from it (the kubelet may ask again, also after our restart, and
-the claim may be gone from the API server by then); otherwise it is read through the
+Preparing a claim: its namespace, name and UID are checked first
+(:func:`~cdi_gen.kubelet.claims.check_reference`: they become an API path). A claim already
+in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint` under that UID is answered from it
+(the kubelet may ask again, also after our restart, and the claim may be gone from the API
+server by then); otherwise it is read through the
 :class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
 :class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
 recorded, and answered with the devices' CDI names: the spec entries the agent keeps on disk
@@ -18,7 +20,11 @@ for every pool device, so nothing per claim is written besides the checkpoint. E
 a request gets an entry; a claim that cannot be prepared gets its error, never the whole call.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler
-lets an exception out.
+lets an exception out. A slow API server must not take them all: the claims of a call are
+read together, within what is left of the caller's deadline, and at most
+:data:`MAX_READING_CALLS` calls wait for the API server at once (a call beyond that gets an
+error for the claims it would read, which the kubelet retries), so the claims answered from
+the checkpoint are answered at once whatever the API server does.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,14 +50,15 @@ from cdi_gen.kubelet.claims import (
     ClaimReader,
     ClaimRefused,
     PreparedDevice,
+    check_reference,
     claim_label,
     prepare_claim,
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
-from cdi_gen.kubelet.transport import UnixServer, check_socket_path
-from cdi_gen.model import PoolDevice
+from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
+from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.modes import make_folder
 from cdi_gen.names import is_dns_subdomain
 
@@ -58,6 +66,8 @@ __all__ = [
     "HEALTH_RESEND_SECONDS",
     "HEALTH_TIMEOUT_SECONDS",
     "MAX_HEALTH_STREAMS",
+    "MAX_READING_CALLS",
+    "READ_TIMEOUT_SECONDS",
     "DraPlugin",
     "PrepareHook",
 ]
@@ -76,12 +86,22 @@ MAX_HEALTH_STREAMS = 4
 HEALTH_RESEND_SECONDS = 10.0
 #: Sent as each device's health_check_timeout_seconds: three resends may be missed.
 HEALTH_TIMEOUT_SECONDS = 30
+#: NodePrepareResources calls that may wait for the API server at once. Each holds a server
+#: thread while it waits; the health streams hold at most MAX_HEALTH_STREAMS more, so at
+#: least 4 threads always remain for answers from the checkpoint and for unprepare calls.
+MAX_READING_CALLS = WORKERS - MAX_HEALTH_STREAMS - 4
+#: Longest wait for the API server in one call, when the caller's deadline allows more.
+READ_TIMEOUT_SECONDS = 10.0
+#: What is kept of the caller's deadline for recording and answering after the reads: a
+#: tenth of it, at most this (an answer after the deadline is lost, prepared or not).
+ANSWER_MARGIN_SECONDS = 0.5
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
 
 #: ``on_prepare(outcome, reason)`` per claim: outcome ``"ok"`` or ``"error"``; reason ``""``,
 #: a :class:`~cdi_gen.kubelet.claims.Refusal` value, ``"claim-read"`` (the claim could not be
-#: read), ``"checkpoint"`` or ``"internal"``. Called on server threads.
+#: read, or was not: too many calls already wait for the API server), ``"checkpoint"`` or
+#: ``"internal"``. Called on server threads.
 PrepareHook = Callable[[str, str], None]
 
 
@@ -93,8 +113,10 @@ class DraPlugin(SupervisedPlugin):
     """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
 
     ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on server
-    threads). The registration socket is ``<registry_dir>/<driver>-reg.sock``, the service
-    socket ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
+    threads); ``cdi_kinds`` are the CDI kinds (``vendor/class``) of the pool's devices, the
+    only ones a recorded claim may name. The registration socket is
+    ``<registry_dir>/<driver>-reg.sock``, the service socket
+    ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
     ``<state_dir>/dra-<driver>.json``. ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
     is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
@@ -111,6 +133,7 @@ class DraPlugin(SupervisedPlugin):
         claims: ClaimReader,
         *,
         pool_name: str,
+        cdi_kinds: Collection[str],
         registry_dir: Path,
         plugins_dir: Path,
         state_dir: Path,
@@ -130,7 +153,9 @@ class DraPlugin(SupervisedPlugin):
         self.registration_socket = Path(registry_dir) / f"{driver}-reg.sock"
         check_socket_path(self.socket_path)
         check_socket_path(self.registration_socket)
-        self.checkpoint = Checkpoint(checkpoint_path(state_dir, driver), driver)
+        self.checkpoint = Checkpoint(
+            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
+        )
         self._on_prepare = on_prepare
         self._service = _Service(self)
         self.server = UnixServer(
@@ -179,26 +204,45 @@ class DraPlugin(SupervisedPlugin):
 
     # -- answers (called on server threads) -------------------------------------------------
 
-    def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
-        """The devices of one claim, prepared now or earlier.
+    def prepared(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...] | None:
+        """The devices of a claim prepared earlier, None when it must be read first.
 
-        Raises :class:`~cdi_gen.errors.ClaimError` (a
-        :class:`~cdi_gen.kubelet.claims.ClaimRefused` when a rule fails) or
+        Raises :class:`~cdi_gen.kubelet.claims.ClaimRefused` when the reference is not a
+        claim's (checked before anything else: the next step puts it in an API path).
+        """
+        check_reference(namespace, name, uid)
+        known = self.checkpoint.get(uid)
+        if known is None:
+            return None
+        label = claim_label(namespace, name, uid)
+        log.info("prepared %s again from the checkpoint: %s", label, _describe(known.devices))
+        return known.devices
+
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
+        """Each claim of ``refs`` or why it cannot be read, within ``timeout`` seconds."""
+        return self.claims.read_claims(refs, timeout)
+
+    def prepare(
+        self, namespace: str, name: str, uid: str, claim: ClaimView | Exception
+    ) -> tuple[PreparedDevice, ...]:
+        """Prepare a claim not prepared yet from what reading it gave: check it, record it,
+        return its devices.
+
+        Raises ``claim`` when reading failed (a :class:`~cdi_gen.errors.ClaimError` naming
+        it), a :class:`~cdi_gen.kubelet.claims.ClaimRefused` when a rule fails or a
         :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when it cannot be recorded.
         """
-        label = claim_label(namespace, name, uid)
-        known = self.checkpoint.get(uid) if uid else None
-        if known is not None:
-            log.info("prepared %s again from the checkpoint: %s", label, _describe(known.devices))
-            return known.devices
-        view = self.claims.read_claim(namespace, name)
+        if isinstance(claim, Exception):
+            raise claim
         devices = tuple(
             prepare_claim(
-                uid, view, driver=self.driver, pool_name=self.pool_name, devices=self.pool.devices
+                uid, claim, driver=self.driver, pool_name=self.pool_name, devices=self.pool.devices
             )
         )
         self.checkpoint.add(uid, PreparedClaim(namespace, name, devices))
-        log.info("prepared %s: %s", label, _describe(devices))
+        log.info("prepared %s: %s", claim_label(namespace, name, uid), _describe(devices))
         return devices
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -233,6 +277,8 @@ class _Service:
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
         self.streams = StreamGate(MAX_HEALTH_STREAMS)
+        #: Calls waiting for the API server (see MAX_READING_CALLS); never waited on.
+        self._reading = threading.BoundedSemaphore(MAX_READING_CALLS)
         self._lock = threading.Lock()
         #: Device name -> (health, message, when that pair was first seen), for
         #: last_updated_time: the time the driver determined the status, not the send time.
@@ -272,23 +318,102 @@ class _Service:
         share_ids = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
         def handler(request: Any, context: grpc.ServicerContext) -> Any:
+            plugin = self.plugin
             response = pb.NodePrepareResourcesResponse()
-            for claim in request.claims:
-                answer = response.claims[claim.uid]
-                error = self._prepare_one(claim, answer, share_ids)
-                if error:
-                    del answer.devices[:]
-                    answer.error = clip(error)
+            # Everything answerable without the API server first, so that it never waits
+            # behind a read.
+            unread = [
+                claim
+                for claim in request.claims
+                if not self._answer(
+                    claim,
+                    response.claims[claim.uid],
+                    share_ids,
+                    partial(plugin.prepared, claim.namespace, claim.name, claim.uid),
+                )
+            ]
+            if not unread:
+                return response
+            for claim, read in zip(unread, self._read(unread, context), strict=True):
+                self._answer(
+                    claim,
+                    response.claims[claim.uid],
+                    share_ids,
+                    partial(plugin.prepare, claim.namespace, claim.name, claim.uid, read),
+                )
             return response
 
         return handler
 
-    def _prepare_one(self, claim: Any, answer: Any, share_ids: bool) -> str:
-        """Fill ``answer`` for one claim; return the error text ("" when prepared)."""
+    def _read(
+        self, claims: Sequence[Any], context: grpc.ServicerContext
+    ) -> list[ClaimView | Exception]:
+        """Each claim as the API server has it, or why not, within the caller's deadline."""
+        refs = [(c.namespace, c.name) for c in claims]
+        left = context.time_remaining()
+        timeout = READ_TIMEOUT_SECONDS
+        if left is not None:
+            timeout = min(timeout, left - min(ANSWER_MARGIN_SECONDS, left / 10))
+        if timeout <= 0:
+            return [
+                ClaimError(f"ResourceClaim {ns}/{name}: not read, the caller's deadline has passed")
+                for ns, name in refs
+            ]
+        if not self._reading.acquire(blocking=False):
+            log.warning(
+                "%d claims not read: %d NodePrepareResources calls already wait for the API server",
+                len(refs),
+                MAX_READING_CALLS,
+            )
+            return [
+                ClaimError(
+                    f"ResourceClaim {ns}/{name}: not read, {MAX_READING_CALLS} calls of driver "
+                    f"{self.plugin.driver} already wait for the API server; try again"
+                )
+                for ns, name in refs
+            ]
+        try:
+            reads: list[ClaimView | Exception] = list(self.plugin.read_claims(refs, timeout))
+            if len(reads) != len(refs):
+                raise RuntimeError(f"the claim reader answered {len(reads)} of {len(refs)} claims")
+        except Exception as exc:
+            # Answered per claim below as an internal error, with its traceback logged.
+            reads = [exc] * len(refs)
+        finally:
+            self._reading.release()
+        return reads
+
+    def _answer(
+        self,
+        claim: Any,
+        answer: Any,
+        share_ids: bool,
+        work: Callable[[], tuple[PreparedDevice, ...] | None],
+    ) -> bool:
+        """Fill ``answer`` for one claim from ``work``; False when it has no answer yet."""
+        error = self._prepare_one(claim, answer, share_ids, work)
+        if error is None:
+            return False
+        if error:
+            del answer.devices[:]
+            answer.error = clip(error)
+        return True
+
+    def _prepare_one(
+        self,
+        claim: Any,
+        answer: Any,
+        share_ids: bool,
+        work: Callable[[], tuple[PreparedDevice, ...] | None],
+    ) -> str | None:
+        """Fill ``answer`` for one claim; return the error text ("" when prepared, None
+        when ``work`` had no answer)."""
         plugin = self.plugin
         label = claim_label(claim.namespace, claim.name, claim.uid)
         try:
-            devices = plugin.prepare(claim.namespace, claim.name, claim.uid)
+            devices = work()
+            if devices is None:
+                return None
         except ClaimRefused as refused:
             plugin.call_prepare_hook("error", str(refused.reason))
             log.info("prepare refused: %s", clip(str(refused)))

@@ -15,6 +15,10 @@ a new GetInfo means a kubelet started registering us anew (a restarted kubelet d
 one that saw our socket re-created) and the NotifyRegistrationStatus after it is a new
 registration. ``register()`` therefore returns the first notification it has not reported
 yet, waiting (bounded) for one.
+
+The kubelet's error text is input like any other: it is kept quoted (control characters
+escaped) and cut (:func:`~cdi_gen.errors.quote`), so a megabyte of it with newlines becomes
+neither a huge log line nor forged log lines.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import grpc
 
 from cdi_gen._proto.pluginregistration.v1 import api_pb2
+from cdi_gen.errors import quote
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
@@ -52,7 +57,8 @@ _SERVICE = "pluginregistration.Registration"
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """One NotifyRegistrationStatus: after which GetInfo, and what the kubelet said."""
+    """One NotifyRegistrationStatus: after which GetInfo, and what the kubelet said
+    (``error`` quoted and cut, "" when it gave none)."""
 
     info_call: int
     registered: bool
@@ -111,8 +117,9 @@ class RegistrationService:
         return self.info()
 
     def notify(self, request: api_pb2.RegistrationStatus, context: grpc.ServicerContext) -> Any:
+        error = quote(request.error) if request.error else ""
         with self._lock:
-            notice = Notice(self.info_calls, request.plugin_registered, request.error)
+            notice = Notice(self.info_calls, request.plugin_registered, error)
             self.notices.append(notice)
             del self.notices[:-16]  # the registrar reads only the newest
             self.notified += 1
