@@ -51,13 +51,16 @@ async def test_a_claim_is_read(served: tuple[ClaimServer, ClaimReader]) -> None:
 
 
 NOT_CLAIMS = [
-    (b"{not json", "not a ResourceClaim"),
-    (b"<html>502 Bad Gateway</html>", "not a ResourceClaim"),
-    (b"[1, 2]", "not a ResourceClaim"),
-    (orjson.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "c"}}), "`spec`"),
+    (b"{not json", "not JSON"),
+    (b"<html>502 Bad Gateway</html>", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (
+        orjson.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "c"}}),
+        "not a ResourceClaim",
+    ),
     (
         claim_body("ns", "c", "u1", {k: v for k, v in RESULT.items() if k != "device"}),
-        "`device`",
+        "has no 'device'",
     ),
     (claim_body("ns", "c", "u1", {**RESULT, "pool": 7}), "pool"),
 ]

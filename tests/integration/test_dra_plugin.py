@@ -514,9 +514,9 @@ async def test_whatever_the_api_server_answers_each_claim_gets_one_line(node: No
     }
     expected = {
         "u-good": "",
-        "u-html": "ResourceClaim default/html: the API server's answer is not a ResourceClaim",
-        "u-pod": "`spec`",
-        "u-nodev": "`device`",
+        "u-html": "ResourceClaim default/html: the answer is not JSON: '<html>502 Bad Gateway",
+        "u-pod": "ResourceClaim default/pod: the answer is not a ResourceClaim: kind 'Pod'",
+        "u-nodev": "ResourceClaim default/nodev: status.allocation.devices.results[0]: has no 'device'",
         "u-star": "namespace '*'",
         "u-ctl": "name 'c\\x1b[2J'",
     }

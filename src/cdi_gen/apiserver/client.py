@@ -224,7 +224,8 @@ def _decode(data: bytes | str, what: str) -> Obj:
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):  # RecursionError: nested beyond the parser's stack
-        raise ApiServerError(f"{what}: the answer is not JSON: {quote(data)}") from None
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        raise ApiServerError(f"{what}: the answer is not JSON: {quote(text)}") from None
     if not isinstance(obj, dict):
         raise ApiServerError(f"{what}: the answer is not a JSON object: {quote(obj)}")
     return obj
@@ -380,6 +381,9 @@ class ApiClient:
             if exc.status == 404:
                 raise ClaimError(f"{what}: not found") from None
             raise ClaimError(str(exc)) from None
+        kind = obj.get("kind")
+        if kind is not None and kind != "ResourceClaim":
+            raise ClaimError(f"{what}: the answer is not a ResourceClaim: kind {quote(kind)}")
         return claim_view(obj)
 
     async def node_uid(self, node: str) -> str:
@@ -494,8 +498,12 @@ def claim_view(obj: object) -> ClaimView:
     or ``device``.
     """
     meta = _field(obj, "metadata", dict, "a ResourceClaim", {})
-    shown = f"{meta.get('namespace')}/{meta.get('name')}"
-    ref = f"ResourceClaim {quote(shown)}"
+    namespace, name = meta.get("namespace"), meta.get("name")
+    shown = f"{namespace}/{name}"
+    # Names the API server gave as Kubernetes names read as they are; anything else is quoted.
+    plain = isinstance(namespace, str) and isinstance(name, str)
+    plain = plain and is_dns_label(str(namespace)) and is_dns_subdomain(str(name))
+    ref = f"ResourceClaim {shown if plain else quote(shown)}"
     namespace = _field(meta, "namespace", str, ref, "")
     name = _field(meta, "name", str, ref, "")
     uid = _field(meta, "uid", str, ref, "")
