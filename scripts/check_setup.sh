@@ -62,7 +62,10 @@ PYTHON=/usr/bin/python3 scripts/setup.sh lint
 .venv/bin/python -m pytest -q -p no:cacheprovider -x tests/unit
 INSIDE
 # A private mount namespace: the kernel's file systems mounted for the chroot vanish with it.
+# The root is bound onto itself so that inside, / is a mount point as on a machine (unshare
+# --mount, as the suite runs it, changes the propagation of /).
 unshare --mount --propagation private -- sh -c '
+    mount --bind "$1" "$1" &&
     mount -t proc proc "$1/proc" && mount -t sysfs sysfs "$1/sys" && mount --rbind /dev "$1/dev" &&
     shift && exec chroot "$@"
 ' sh "$root" "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \

@@ -19,6 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# As the suite's conftests arrange it: tests/ (ports), tests/e2e (containerd, cdicheck).
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 #: Programs the suite starts (the runtimes, the node's mount and network tools, udev, Go, the

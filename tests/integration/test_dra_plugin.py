@@ -516,7 +516,8 @@ async def test_whatever_the_api_server_answers_each_claim_gets_one_line(node: No
         "u-good": "",
         "u-html": "ResourceClaim default/html: the answer is not JSON: '<html>502 Bad Gateway",
         "u-pod": "ResourceClaim default/pod: the answer is not a ResourceClaim: kind 'Pod'",
-        "u-nodev": "ResourceClaim default/nodev: status.allocation.devices.results[0]: has no 'device'",
+        "u-nodev": "ResourceClaim default/nodev: status.allocation.devices.results[0]: "
+        "has no 'device'",
         "u-star": "namespace '*'",
         "u-ctl": "name 'c\\x1b[2J'",
     }
