@@ -189,3 +189,41 @@ async def test_refusals_are_retried_no_faster_than_the_floor_and_logged_per_doub
         "a reason",
         "registering test with the kubelet failed (attempt 8, next in 0.1s): refused",
     ]
+
+
+class NoKubelet(MarkerRegistrar):
+    """No kubelet ever comes; counts how often the supervisor looked for one."""
+
+    looked = 0
+
+    def kubelet_id(self) -> FileId | None:
+        self.looked += 1
+        return None
+
+
+async def test_a_socket_wiped_before_any_kubelet_came_is_served_again(short_dir: Path) -> None:
+    """No kubelet yet, and the plugin folder is wiped: the socket is served again (and the
+    serving hook says when it could not be), not only once a kubelet shows up."""
+    path = short_dir / "plugin" / "a.sock"
+    path.parent.mkdir()
+    changes: list[tuple[bool, str]] = []
+    registrar = NoKubelet(short_dir / "none")
+    supervisor = Supervisor("test", [echo_server(path)], registrar, watch_interval=0.02)
+    supervisor.on_serving = lambda serving, why: changes.append((serving, why))
+    await supervisor.start()
+    try:
+        assert changes == [(True, "")]
+        await until(lambda: registrar.looked >= 2)  # waiting for a kubelet
+        path.parent.rename(short_dir / "moved")
+        path.parent.write_text("in the way")
+        await until(lambda: len(changes) == 2)
+        assert changes[1][0] is False and "cannot serve on" in changes[1][1]
+        path.parent.unlink()
+        path.parent.mkdir()
+        await until(lambda: len(changes) == 3)
+        assert changes[2] == (True, "")
+        assert await call(path) == b"ping"
+        assert registrar.calls == 0
+    finally:
+        await supervisor.stop()
+    assert changes[-1] == (False, "stopped")

@@ -212,10 +212,16 @@ class Supervisor:
         ``interrupted`` (a socket or the kubelet was replaced while registration was in
         flight).
         """
-        if fresh_servers or self._gone():
-            await self._restart_servers()
         registrar = self.registrar
-        await self._poll(lambda: registrar.kubelet_id() is not None)
+        while True:
+            if fresh_servers or self._gone():
+                await self._restart_servers()
+                fresh_servers = False
+            # A socket wiped before any kubelet came is served again now, not once one
+            # comes (the plugin watcher cannot even find a registration socket that is gone).
+            await self._poll(lambda: registrar.kubelet_id() is not None or self._gone())
+            if not self._gone():
+                break
         kubelet_id = registrar.kubelet_id()
         register = asyncio.ensure_future(registrar.register())
         watch = asyncio.ensure_future(
