@@ -2,16 +2,18 @@
 
 The real :class:`~cdi_gen.agent.Agent` with a DRA class on recorded devices, its real
 :class:`~cdi_gen.driver.DraDriver` (the real lightkube client, publisher and kubelet plugin
-on real unix sockets) and a :class:`~tests.fakes.kubeapi.FakeApiServer` that records every
-slice ever written. A device is offered in a ResourceSlice only while the kubelet plugin
-serves: the scheduler allocates what a slice lists, and a driver that does not serve cannot
-prepare it.
+on real unix sockets) and the stand-in :class:`~tests.fakes.apiserver.FakeApiServer`, whose
+every accepted slice write is recorded here. A device is offered in a ResourceSlice only
+while the kubelet plugin serves: the scheduler allocates what a slice lists, and a driver
+that does not serve cannot prepare it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,8 +24,8 @@ import pytest
 from cdi_gen.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
+from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
-from tests.fakes.kubeapi import FakeApiServer, Obj, devices_of
 from tests.fakes.source import PipeSource
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,6 +56,10 @@ def _previous_run_slice() -> Obj:
     }
 
 
+def _devices_of(obj: Obj) -> list[Obj]:
+    return list((obj.get("spec") or {}).get("devices") or [])
+
+
 def _offered(api: FakeApiServer) -> set[str]:
     """The devices our slices list now, if they are all of one generation above the seed's
     (the scheduler ignores a pool's older generations)."""
@@ -61,11 +67,27 @@ def _offered(api: FakeApiServer) -> set[str]:
     generations = {s["spec"]["pool"]["generation"] for s in ours}
     if len(generations) != 1 or generations.pop() <= 3:
         return {"<none or stale>"}
-    return {d["name"] for s in ours for d in devices_of(s)}
+    return {d["name"] for s in ours for d in _devices_of(s)}
 
 
-def _ever_offered(api: FakeApiServer) -> set[str]:
-    return {d["name"] for verb, obj in api.writes if verb != "delete" for d in devices_of(obj)}
+def _api(api: FakeApiServer) -> list[Obj]:
+    """The node and the slice an earlier run left in ``api``; then every slice the API
+    server accepts from now on, in order (what was ever published, not only what is)."""
+    api.nodes[NODE] = str(uuid.uuid4())
+    api.write(_previous_run_slice())
+    written: list[Obj] = []
+    write = api.write
+
+    def record(obj: Obj) -> Obj:
+        written.append(copy.deepcopy(obj))
+        return write(obj)
+
+    api.write = record  # type: ignore[method-assign]
+    return written
+
+
+def _ever_offered(written: list[Obj]) -> set[str]:
+    return {d["name"] for obj in written for d in _devices_of(obj)}
 
 
 @asynccontextmanager
@@ -79,7 +101,7 @@ async def _agent(
         "plugins_registry_dir": short_dir / "reg",
         "kubelet_plugins_dir": short_dir / "plugins",
         "state_dir": short_dir / "state",
-        "kubeconfig": api.kubeconfig(short_dir / "kubeconfig"),
+        "kubeconfig": api.kubeconfig(short_dir),
         "node_name": NODE,
         "metrics_address": "127.0.0.1:0",
         "retry_max_seconds": 1.0,
@@ -142,13 +164,13 @@ async def test_no_device_is_offered_until_the_plugin_serves(
     is moved away the plugin serves and the devices are published."""
     allow = refuse(short_dir)
     async with FakeApiServer() as api:
-        api.seed(_previous_run_slice())
+        written = _api(api)
         async with _agent(short_dir, api) as (agent, _):
             await api.until(lambda: _offered(api) == set())
             status, body = await _readyz(agent)
             assert status == 503
             assert f"DRA driver {DRIVER} (not serving: " in body and why in body, body
-            assert _ever_offered(api) == set(), api.writes
+            assert _ever_offered(written) == set(), written
 
             allow()  # the next start attempt serves
             await api.until(lambda: _offered(api) == DEVICES)
@@ -162,7 +184,7 @@ async def test_a_socket_path_over_the_unix_limit_offers_no_device(
     second one too) names the cause in the log and in /readyz."""
     plugins = short_dir / ("p" * 100)
     async with FakeApiServer() as api:
-        api.seed(_previous_run_slice())
+        written = _api(api)
         async with _agent(short_dir, api, kubelet_plugins_dir=plugins) as (agent, _):
             await api.until(lambda: _offered(api) == set())
             attempts = agent.metrics.failures.labels(DRIVER, "plugin-start")
@@ -170,7 +192,7 @@ async def test_a_socket_path_over_the_unix_limit_offers_no_device(
             status, body = await _readyz(agent)
             assert status == 503
             assert "not serving: unix socket path" in body and "longer than 107 bytes" in body
-            assert _ever_offered(api) == set(), api.writes
+            assert _ever_offered(written) == set(), written
     failed = [r.getMessage() for r in caplog.records if "failed to start" in r.getMessage()]
     assert len(failed) >= 2
     assert all("longer than 107 bytes" in line for line in failed), failed
@@ -180,7 +202,7 @@ async def test_devices_are_withdrawn_while_the_plugin_cannot_serve(short_dir: Pa
     """Serving and registered, then the plugin's folder becomes a file (the sockets cannot
     be served again): the devices leave the slices until it serves again."""
     async with FakeApiServer() as api, FakeDraKubelet(short_dir / "reg") as kubelet:
-        api.seed(_previous_run_slice())
+        _api(api)
         async with _agent(short_dir, api) as (agent, _):
             await kubelet.next_registration(within=10)
             await api.until(lambda: _offered(api) == DEVICES)

@@ -1,0 +1,381 @@
+"""A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one.
+
+It serves what the DRA driver calls — the Node, ResourceClaims, and ResourceSlices (list with
+``limit``/``continue``, watch as chunked JSON lines, create, replace with resourceVersion
+conflicts, delete) — and refuses what the real API server refuses where the tests need it (a
+``pool.generation`` outside int64 is a 400, as the real JSON decoder answers).
+
+The test plays "another writer" with :meth:`FakeApiServer.write` and :meth:`FakeApiServer.remove`
+(watchers see the events), and a hostile or broken server with :meth:`FakeApiServer.send_raw`
+(any bytes as one watch line) and :attr:`FakeApiServer.answers` (any status and body for a
+path). Tests wait on :meth:`FakeApiServer.until`, never on time.
+
+Use it as ``async with FakeApiServer() as api:``; ``api.kubeconfig(folder)`` writes a
+kubeconfig that points at it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/"
+NODES = "/api/v1/nodes/"
+INT64_MAX = (1 << 63) - 1
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Answer:
+    """A canned answer: ``body`` with ``status`` and extra ``headers``; sent chunked (no
+    Content-Length) when ``chunked``; used ``times`` times (None: every time)."""
+
+    status: int
+    body: bytes
+    chunked: bool = False
+    times: int | None = None
+    headers: dict[str, str] | None = None
+
+
+def _status(code: int, reason: str, message: str) -> tuple[int, Obj]:
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
+
+
+class FakeApiServer:
+    """One fake API server; state is plain dicts the test may read."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, Obj] = {}
+        self.claims: dict[tuple[str, str], Obj] = {}
+        self.nodes: dict[str, str] = {}
+        #: Canned answers by (method, path): they win over the real handling (not watches).
+        self.answers: dict[tuple[str, str], Answer] = {}
+        #: Every request as (method, path, query).
+        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.watches_opened = 0
+        self.watches_closed = 0
+        self._rv = itertools.count(1)
+        self._watchers: list[asyncio.Queue[bytes | None]] = []
+        self._changed = asyncio.Condition()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self.port = 0
+
+    async def __aenter__(self) -> FakeApiServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for queue in self._watchers:
+            queue.put_nowait(None)
+        assert self._server is not None
+        self._server.close()
+        # Closing the connections ends their handlers (a cancelled handler is logged by
+        # asyncio's stream machinery as an error).
+        for writer in self._handlers.values():
+            writer.transport.abort()
+        await asyncio.gather(*self._handlers, *self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, folder: Path) -> Path:
+        """A kubeconfig for this server (a token user: lightkube wants one)."""
+        path = folder / "kubeconfig"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                    "current-context": "c",
+                }
+            )
+        )
+        return path
+
+    # -- the test's side ---------------------------------------------------------------
+
+    async def until(self, check: Callable[[], bool], within: float = 10.0) -> None:
+        """Wait until ``check()`` holds; it is evaluated after every request and change."""
+
+        async def wait() -> None:
+            async with self._changed:
+                await self._changed.wait_for(check)
+
+        await asyncio.wait_for(wait(), within)
+
+    def _notify(self) -> Awaitable[None]:
+        async def notify() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        return notify()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def send_raw(self, line: bytes) -> None:
+        """``line`` (plus a newline) to every open watch, as it is."""
+        for queue in self._watchers:
+            queue.put_nowait(line + b"\n")
+
+    def write(self, obj: Obj) -> Obj:
+        """Create or replace a slice as another writer would; watchers see the event."""
+        obj = json.loads(json.dumps(obj))
+        name = obj["metadata"]["name"]
+        old = self.slices.get(name)
+        meta = obj["metadata"]
+        meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._rv))
+        self.slices[name] = obj
+        self._event("MODIFIED" if old else "ADDED", obj)
+        return obj
+
+    def remove(self, name: str) -> None:
+        """Delete a slice as another writer would (the kubelet at its start)."""
+        obj = self.slices.pop(name)
+        self._event("DELETED", obj)
+
+    def _event(self, kind: str, obj: Obj) -> None:
+        self.send_raw(json.dumps({"type": kind, "object": obj}).encode())
+        self._spawn(self._notify())
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        self._handlers[me] = writer
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                method, target, _ = line.decode().split(" ", 2)
+                headers: dict[str, str] = {}
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    key, _, value = header.decode().partition(":")
+                    headers[key.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                parts = urlsplit(target)
+                path, query = unquote(parts.path), parse_qs(parts.query)
+                self.requests.append((method, path, query))
+                await self._notify()
+                if query.get("watch", [""])[0] in ("true", "1"):
+                    await self._watch(reader, writer, query)
+                    return
+                await self._answer(writer, method, path, query, body)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            del self._handlers[me]
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        body: bytes,
+    ) -> None:
+        canned = self.answers.get((method, path))
+        if canned is not None:
+            if canned.times is not None:
+                canned.times -= 1
+                if canned.times <= 0:
+                    del self.answers[(method, path)]
+            await self._send(
+                writer, canned.status, canned.body, chunked=canned.chunked, headers=canned.headers
+            )
+            return
+        code, obj = self._handle(method, path, query, json.loads(body) if body else None)
+        await self._send(writer, code, json.dumps(obj).encode())
+        await self._notify()
+
+    async def _send(
+        self,
+        writer: asyncio.StreamWriter,
+        code: int,
+        body: bytes,
+        *,
+        chunked: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        head = f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        if chunked:
+            writer.write(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
+            for start in range(0, len(body), 1 << 16):
+                piece = body[start : start + (1 << 16)]
+                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+
+    def _handle(
+        self, method: str, path: str, query: dict[str, list[str]], body: Obj | None
+    ) -> tuple[int, Obj]:
+        if method == "GET" and path.startswith(NODES):
+            return self._node(path[len(NODES) :])
+        if method == "GET" and path.startswith(CLAIMS):
+            namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
+            claim = self.claims.get((namespace, name))
+            if claim is None:
+                return _status(404, "NotFound", f'resourceclaims "{name}" not found')
+            return 200, claim
+        if path == SLICES or path.startswith(SLICES + "/"):
+            return self._slices(method, path[len(SLICES) + 1 :], query, body)
+        return _status(404, "NotFound", f"{method} {path}")
+
+    def _node(self, name: str) -> tuple[int, Obj]:
+        if name not in self.nodes:
+            return _status(404, "NotFound", f'nodes "{name}" not found')
+        meta = {"name": name, "uid": self.nodes[name], "resourceVersion": "1"}
+        return 200, {"kind": "Node", "apiVersion": "v1", "metadata": meta}
+
+    def _slices(
+        self, method: str, name: str, query: dict[str, list[str]], body: Obj | None
+    ) -> tuple[int, Obj]:
+        handlers = {
+            ("", "GET"): lambda: self._list(query),
+            ("", "POST"): lambda: self._create(body or {}),
+            ("1", "PUT"): lambda: self._replace(name, body or {}),
+            ("1", "DELETE"): lambda: self._delete(name),
+        }
+        handler = handlers.get(("1" if name else "", method))
+        if handler is None:
+            return _status(405, "MethodNotAllowed", f"{method} on resourceslices")
+        return handler()
+
+    def _delete(self, name: str) -> tuple[int, Obj]:
+        if name not in self.slices:
+            return _status(404, "NotFound", f'resourceslices "{name}" not found')
+        self.remove(name)
+        return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+
+    def _list(self, query: dict[str, list[str]]) -> tuple[int, Obj]:
+        wanted = dict(
+            item.split("=", 1) for item in query.get("fieldSelector", [""])[0].split(",") if item
+        )
+        items = [
+            s
+            for _, s in sorted(self.slices.items())
+            if all(str(s["spec"].get(k.removeprefix("spec."))) == v for k, v in wanted.items())
+        ]
+        start = int(query.get("continue", ["0"])[0])
+        limit = int(query.get("limit", [str(len(items) or 1)])[0])
+        page = items[start : start + limit]
+        meta: Obj = {"resourceVersion": str(next(self._rv))}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        kind = {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1"}
+        return 200, {**kind, "metadata": meta, "items": page}
+
+    @staticmethod
+    def _invalid(body: Obj) -> str | None:
+        generation = ((body.get("spec") or {}).get("pool") or {}).get("generation")
+        if not isinstance(generation, int) or not 0 <= generation <= INT64_MAX:
+            return f"spec.pool.generation: cannot unmarshal {generation!r} into int64"
+        return None
+
+    def _create(self, body: Obj) -> tuple[int, Obj]:
+        name = body["metadata"]["name"]
+        if name in self.slices:
+            return _status(409, "AlreadyExists", f'resourceslices "{name}" already exists')
+        if (why := self._invalid(body)) is not None:
+            return _status(400, "BadRequest", why)
+        body["metadata"].pop("resourceVersion", None)
+        return 201, self.write(body)
+
+    def _replace(self, name: str, body: Obj) -> tuple[int, Obj]:
+        current = self.slices.get(name)
+        if current is None:
+            return _status(404, "NotFound", f'resourceslices "{name}" not found')
+        if (why := self._invalid(body)) is not None:
+            return _status(400, "BadRequest", why)
+        sent = body["metadata"].get("resourceVersion")
+        if sent is not None and sent != current["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", f'resourceslices "{name}": object was modified')
+        return 200, self.write(body)
+
+    async def _watch(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        query: dict[str, list[str]],
+    ) -> None:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._watchers.append(queue)
+        self.watches_opened += 1
+        await self._notify()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        # The client closing its end (it gave up on this watch) ends the stream.
+        gone = asyncio.ensure_future(reader.read())
+        try:
+            while True:
+                item = asyncio.ensure_future(queue.get())
+                await asyncio.wait([item, gone], return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    return
+                line = item.result()
+                if line is None:
+                    writer.write(b"0\r\n\r\n")
+                    await writer.drain()
+                    return
+                for start in range(0, len(line), 1 << 16):
+                    piece = line[start : start + (1 << 16)]
+                    writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                await writer.drain()
+        finally:
+            gone.cancel()
+            self._watchers.remove(queue)
+            self.watches_closed += 1
+            await self._notify()
+
+    def end_watches(self) -> None:
+        """End every open watch cleanly, as the API server does after its timeout."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
