@@ -21,12 +21,16 @@ apis=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 drahealth/v1
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 
-# Type stubs come from mypy-protobuf when its plugins are installed, else from protoc's own pyi.
-if command -v protoc-gen-mypy >/dev/null && command -v protoc-gen-mypy_grpc >/dev/null; then
-    stubs=(--mypy_out="$out_root" --mypy_grpc_out="$out_root")
-else
-    stubs=(--pyi_out="$out_root")
-fi
+# Type stubs come from mypy-protobuf's protoc plugins, installed beside the interpreter (the
+# project's .venv/bin) — never a fallback to other stubs, which would differ from the committed
+# ones only on a machine that lacks the plugins.
+bin_dir="$("$python" -c 'import os, sys; print(os.path.dirname(sys.executable))')"
+export PATH="$bin_dir:$PATH"
+for plugin in protoc-gen-mypy protoc-gen-mypy_grpc; do
+    command -v "$plugin" >/dev/null \
+        || { echo "proto/generate.sh: $plugin (mypy-protobuf) not found beside $python; run scripts/setup.sh test" >&2; exit 1; }
+done
+stubs=(--mypy_out="$out_root" --mypy_grpc_out="$out_root")
 
 staged=()
 for api in "${apis[@]}"; do

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # Sets up this machine for one purpose, idempotently: `run` (the agent alone), `test` (the
 # whole suite: the real runtimes, udev, the Go CDI library, containerd 1.7, a Kubernetes node
-# and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it, so CI proves
-# the very path a newcomer takes.
+# and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
+# so CI proves the very path a newcomer takes. `scripts/setup.sh --packages MODE` prints the
+# Debian packages MODE installs, one a line (what `make check-setup` builds a root file system
+# from).
+#
+# Python runs in the project's own virtual environment, .venv at the repository root, never in
+# the machine's interpreter: whatever lingers there (a package from an earlier `make lint`, a
+# hand install) cannot make a test pass here. The environment is keyed on pyproject.toml and
+# the interpreter: when either changes it is made anew, so it holds only what pyproject.toml
+# asks for (the suite checks that, tests/plugins/environment.py). A fresh clone gets a fresh one.
 #
 # Each part is checked first and installed only when missing, so a second run costs about a
 # second. When something is missing and cannot be installed here (not root, no network), it
 # stops before anything runs, with one message listing what is missing and how to get it.
 set -Eeuo pipefail
 
+list_only=false
+if [ "${1:-}" = "--packages" ]; then
+    list_only=true
+    shift
+fi
 mode="${1:-}"
 case "$mode" in
     run | test | lint) ;;
     *)
-        echo "usage: scripts/setup.sh run|test|lint" >&2
+        echo "usage: scripts/setup.sh [--packages] run|test|lint" >&2
         exit 2
         ;;
 esac
@@ -21,10 +34,11 @@ esac
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 PYTHON="${PYTHON:-python3}"
+VENV="$repo/.venv"
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-# Debian 12's python3 is externally managed (PEP 668): the project installs into the
-# interpreter the Makefile runs on purpose, not into a venv those commands would miss.
-export PIP_BREAK_SYSTEM_PACKAGES=1
+# Nothing from the caller's environment may add to what the project's interpreter sees.
+unset PYTHONPATH PYTHONHOME PYTHONUSERBASE
+export PYTHONNOUSERSITE=1
 
 say() { printf 'setup (%s): %s\n' "$mode" "$*" >&2; }
 fail() {
@@ -35,7 +49,8 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 
 # --- Debian packages -----------------------------------------------------------------------
 # What each mode needs from Debian, as package names (checked with dpkg, installed with apt).
-run_packages=(python3 python3-pip libudev1)
+# python3-venv: Debian's python3 makes no virtual environment without it.
+run_packages=(python3 python3-venv libudev1)
 test_packages=(
     ca-certificates make git util-linux mount udev busybox-static iptables
     podman runc conmon containernetworking-plugins catatonit mmdebstrap
@@ -65,29 +80,40 @@ ensure_packages() {
     [ "${#missing[@]}" -eq 0 ] || fail "still missing after apt-get install: ${missing[*]}"
 }
 
-# --- the Python package ---------------------------------------------------------------------
-# pip is slow even when it has nothing to do, so a stamp under .work/ records what was
-# installed from which pyproject.toml, for which interpreter and checkout.
-ensure_python_package() {
-    local extras="$1" stamp want
-    stamp="$repo/.work/setup/pip-${extras:-base}.stamp"
-    want="$("$PYTHON" -c 'import sys; print(sys.executable)') $repo $(sha256sum pyproject.toml | cut -c1-64)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-        && "$PYTHON" -c 'import cdi_gen' 2>/dev/null; then
+# --- the Python package, in the project's virtual environment ------------------------------
+# Two sets: `base` (the agent: make run) and `dev` (the package with its test and lint extras:
+# make test, make lint, make bench). One environment holds base or dev, never anything else:
+# dev is a superset of base, and test and lint share one set so that the order in which the
+# targets ran cannot change what a test sees.
+venv_key() {
+    printf '%s %s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')" \
+        "$(sha256sum pyproject.toml | cut -c1-64)"
+}
+
+ensure_venv() {
+    local set="$1" key have
+    key="$(venv_key)" || fail "$PYTHON does not run; install Debian's python3 (as root this script does)"
+    have="$(cat "$VENV/.cdi-gen-key" 2>/dev/null || true)"
+    if [ "$have" != "$key" ] || [ ! -x "$VENV/bin/python" ]; then
+        [ -e "$VENV" ] && say "pyproject.toml or the interpreter changed: making $VENV anew"
+        rm -rf "$VENV"
+        say "creating $VENV with $PYTHON"
+        "$PYTHON" -m venv "$VENV" >&2 \
+            || fail "$PYTHON -m venv failed; on Debian install python3-venv (as root this script does)"
+        date -u +%Y-%m-%dT%H:%M:%SZ >"$VENV/.cdi-gen-created"
+        printf '%s\n' "$key" >"$VENV/.cdi-gen-key"
+    fi
+    have="$(cat "$VENV/.cdi-gen-set" 2>/dev/null || true)"
+    # dev includes base; anything else (nothing yet, or base when dev is wanted) installs.
+    if [ "$have" = "$set" ] || [ "$have" = dev ]; then
         return 0
     fi
-    "$PYTHON" -m pip --version >/dev/null 2>&1 \
-        || fail "$PYTHON has no pip; install Debian's python3-pip (as root this script does)"
-    local target="." user=()
-    [ -n "$extras" ] && target=".[$extras]"
-    # Not root: into the user's site-packages (the Makefile runs `python3 -m cdi_gen`, so
-    # ~/.local/bin need not be on PATH).
-    is_root || user=(--user)
-    say "pip install ${user[*]} -e '$target'"
-    "$PYTHON" -m pip install -q --no-warn-script-location "${user[@]}" -e "$target" >&2 \
-        || fail "pip install ${user[*]} -e '$target' failed"
-    mkdir -p "$(dirname "$stamp")"
-    printf '%s\n' "$want" >"$stamp"
+    local target="."
+    [ "$set" = dev ] && target=".[test,lint]"
+    say "pip install -e '$target' into $VENV"
+    "$VENV/bin/python" -m pip install -q --no-warn-script-location -e "$target" >&2 \
+        || fail "pip install -e '$target' into $VENV failed (no network? see above)"
+    printf '%s\n' "$set" >"$VENV/.cdi-gen-set"
 }
 
 # --- the parts the suite runs against -------------------------------------------------------
@@ -110,7 +136,7 @@ ensure_containerd() {
     # outside the checkout (tests/e2e/containerd/fetch.py). Done here so a network problem fails
     # setup by name instead of the tests.
     local root
-    root="$(cd tests/e2e && "$PYTHON" -c 'from containerd.fetch import fetch; print(fetch())')" \
+    root="$(cd tests/e2e && "$VENV/bin/python" -c 'from containerd.fetch import fetch; print(fetch())')" \
         || fail "could not fetch containerd 1.7 from Debian 13 (see the apt output above)"
     "$root/usr/bin/containerd" --version >&2
 }
@@ -120,9 +146,18 @@ ensure_cluster() {
     # (about 10 minutes cold on 2 cores, cached outside the checkout), then the agent image
     # from deploy/Containerfile on a base made from Debian's packages. Both scripts check
     # their caches first and print what they found.
-    "$PYTHON" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
-    "$PYTHON" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"
+    "$VENV/bin/python" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
+    "$VENV/bin/python" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"
 }
+
+if $list_only; then
+    case "$mode" in
+        run) printf '%s\n' "${run_packages[@]}" ;;
+        test) printf '%s\n' "${run_packages[@]}" "${test_packages[@]}" ;;
+        lint) printf '%s\n' "${run_packages[@]}" ;;
+    esac
+    exit 0
+fi
 
 case "$mode" in
     run)
@@ -130,17 +165,18 @@ case "$mode" in
             fail "missing Debian packages: $(missing_packages "${run_packages[@]}" | xargs); the agent also needs root to write /var/run/cdi"
         fi
         ensure_packages "${run_packages[@]}"
-        ensure_python_package ""
+        ensure_venv base
         ;;
     test)
         is_root || fail "the suite needs root (loop devices, mount namespaces, containers): run make test as root"
         ensure_packages "${run_packages[@]}" "${test_packages[@]}"
         check_test_machine
-        ensure_python_package "test"
+        ensure_venv dev
         ensure_containerd
         ensure_cluster
         ;;
     lint)
-        ensure_python_package "lint"
+        ensure_packages "${run_packages[@]}"
+        ensure_venv dev
         ;;
 esac

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-pytest_plugins = ["tests.plugins.no_skips"]
+pytest_plugins = ["tests.plugins.no_skips", "tests.plugins.environment"]
 
 REPO = Path(__file__).resolve().parent.parent
 # The upstream CDI schema and its good/bad test data, as Debian's package of the Go CDI library

@@ -235,7 +235,10 @@ class _ClassRunner:
             else None
         )
         data = None if doc is None else dump_document(doc)
-        outcome = await asyncio.to_thread(writer.sync_spec, spec_dir, vendor, cls, data)
+        instance = self.agent.settings.instance
+        outcome = await asyncio.to_thread(
+            functools.partial(writer.sync_spec, instance=instance), spec_dir, vendor, cls, data
+        )
         if outcome == "removed":
             log.info(
                 "spec removed: no devices left",
@@ -463,7 +466,10 @@ class Agent:
         if removed_temps:
             log.info("removed %d temporary files of an interrupted write", removed_temps)
         configured = {(self.config.vendor, c) for c in self.runners}
-        for vendor, cls, error in writer.remove_unconfigured(spec_dir, configured):
+        instance = self.settings.instance or self.config.vendor
+        for vendor, cls, error in writer.remove_unconfigured(
+            spec_dir, configured, instance=instance
+        ):
             if error is not None:
                 log.error("cannot remove stale spec: %s", error)
                 continue
@@ -644,7 +650,7 @@ class Agent:
             for runner in self.runners.values():
                 with contextlib.suppress(SpecWriteError):
                     if await asyncio.to_thread(
-                        writer.remove_spec,
+                        functools.partial(writer.remove_spec, instance=self.settings.instance),
                         self.settings.spec_dir,
                         self.config.vendor,
                         runner.config.name,

@@ -150,7 +150,7 @@ def find_go(cache: Path) -> tuple[Path, str]:
     return go, line
 
 
-SETUP_COMMAND = "python3 tests/cluster/setup.py"
+SETUP_COMMAND = ".venv/bin/python tests/cluster/setup.py"
 
 
 def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:

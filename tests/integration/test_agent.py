@@ -150,6 +150,41 @@ async def test_cleanup_on_exit_and_stale_specs(short_dir: Path, loops: LoopDevic
     assert (spec_dir / "foreign.json").read_text() == "{}"
 
 
+async def test_the_specs_of_other_instances_survive_the_start(short_dir: Path) -> None:
+    # Two DaemonSets (two teams, two vendors, a chart installed twice) share /var/run/cdi: at
+    # start each removes its own stale specs, never the other's.
+    from cdi_gen.cdi import writer
+    from cdi_gen.cdi.builder import assemble, build_entry
+    from cdi_gen.cdi.codec import dump_document
+
+    spec_dir = short_dir / "cdi"
+    entry = [build_entry("x0", {"env": ["A=1"]})]
+    # `cdi-gen write --config b.yaml`: vendor b.example.com, its default instance.
+    writer.write_document(spec_dir, assemble("b.example.com/nul", entry))
+    # Another agent of our vendor, named team-b.
+    team_b = dump_document(assemble("example.com/fpga", entry))
+    writer.write_bytes(spec_dir, "example.com", "fpga", team_b, instance="team-b")
+    # Ours, from a run whose config still had the class.
+    writer.write_document(spec_dir, assemble("example.com/gone", entry))
+    async with running_agent(short_dir, _config(), no_kubelet=True):
+        present = sorted(p.name for p in spec_dir.glob("*.json"))
+    assert present == ["b.example.com-nul.json", "example.com-fpga.json"]
+
+
+async def test_an_instance_removes_only_its_own_stale_specs(short_dir: Path) -> None:
+    from cdi_gen.cdi import writer
+    from cdi_gen.cdi.builder import assemble, build_entry
+    from cdi_gen.cdi.codec import dump_document
+
+    spec_dir = short_dir / "cdi"
+    data = dump_document(assemble("example.com/gone", [build_entry("x0", {"env": ["A=1"]})]))
+    writer.write_bytes(spec_dir, "example.com", "gone", data, instance="team-a")
+    async with running_agent(short_dir, _config(), no_kubelet=True, instance="team-b"):
+        assert (spec_dir / "example.com-gone.json").exists()
+    async with running_agent(short_dir, _config(), no_kubelet=True, instance="team-a"):
+        assert not (spec_dir / "example.com-gone.json").exists()
+
+
 async def test_unwritable_spec_folder_is_retried_not_advertised(
     short_dir: Path, loops: LoopDevices
 ) -> None:

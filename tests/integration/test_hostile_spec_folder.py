@@ -248,3 +248,58 @@ def test_the_fast_path_never_reads_and_a_stuffed_folder_costs_it_nothing(
     assert cache.fresh_registry() is not None
     assert cache.unresolved_if_fresh(["example.com/loop=loop200"]) == []
     assert cache.scans == scans
+
+
+def swap_link(entry: Path, target: Path) -> None:
+    """``ln -s target tmp && mv -T tmp entry``, as a configuration manager swaps a folder."""
+    tmp = entry.with_name(f".{entry.name}.swap")
+    tmp.symlink_to(target)
+    os.rename(tmp, entry)
+
+
+async def test_allocate_follows_the_folder_a_swapped_path_leads_to(short_dir: Path) -> None:
+    # Issue 26, item 18: the runtime opens the spec folder by its path; when a link on that
+    # path is swapped, or a parent renamed and made again, Allocate must judge by the folder
+    # the path leads to now, not by the one watched until then.
+    with_spec, without = short_dir / "v1", short_dir / "v2"
+    with_spec.mkdir()
+    (with_spec / "example.com-loop.json").write_text(json.dumps(GOOD))
+    without.mkdir()
+    (short_dir / "etc").mkdir()
+    link = short_dir / "etc" / "cdi"
+    link.symlink_to(with_spec)
+    kubelet = FakeKubelet(short_dir / "dp")
+    await kubelet.start()
+    cache = SpecCache([link])
+    plugin = make_plugin(short_dir / "dp", "loop", cache)
+    await plugin.start()
+    try:
+        stub = (await kubelet.next_registration()).stub
+
+        async def allocate() -> grpc.StatusCode:
+            try:
+                await stub.Allocate(request("loop200"))
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        for _ in range(3):  # until answered from the cache, as it is between changes
+            assert await allocate() == grpc.StatusCode.OK
+        assert cache.fresh_registry() is not None
+        swap_link(link, without)
+        assert await allocate() == grpc.StatusCode.FAILED_PRECONDITION
+        swap_link(link, with_spec)
+        assert await allocate() == grpc.StatusCode.OK
+        # The parent renamed and made again, now with the link to the empty folder.
+        os.rename(short_dir / "etc", short_dir / "etc.old")
+        (short_dir / "etc").mkdir()
+        link.symlink_to(without)
+        assert await allocate() == grpc.StatusCode.FAILED_PRECONDITION
+        os.rename(short_dir / "etc", short_dir / "etc.new")  # the path leads to nothing
+        assert await allocate() == grpc.StatusCode.FAILED_PRECONDITION
+        os.rename(short_dir / "etc.old", short_dir / "etc")
+        assert await allocate() == grpc.StatusCode.OK
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
+        cache.close()

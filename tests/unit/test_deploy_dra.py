@@ -27,7 +27,7 @@ DRA = K8S / "dra"
 DEVICE_CLASSES = DRA / "deviceclasses.yaml"
 #: For an agent run on the embedded catalogue (no --config): every catalogue class.
 CATALOGUE_CLASSES = DRA / "catalogue" / "deviceclasses.yaml"
-REGENERATE = "python3 -m tests.unit.test_deploy_dra --write"
+REGENERATE = ".venv/bin/python -m tests.unit.test_deploy_dra --write"
 
 
 def _load(path: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.cdi.folderwatch import IN_Q_OVERFLOW, FolderWatch, link_chain
+from cdi_gen.cdi import folderwatch
+from cdi_gen.cdi.folderwatch import IN_Q_OVERFLOW, FolderWatch, path_entries
 from cdi_gen.cdi.registry import SpecCache, load_registry
 
 KIND = "example.com/loop"
@@ -193,17 +194,28 @@ def test_a_swapped_linked_folder_is_followed(
     assert names(cache) == {f"{KIND}=loop2"}
 
 
-def test_link_chain_names_every_link_and_the_file(short_dir: Path) -> None:
+def test_path_entries_names_every_component_link_and_the_file(short_dir: Path) -> None:
     write(short_dir / "d" / "f.json", "{}")
     (short_dir / "dl").symlink_to("d")
     (short_dir / "l1").symlink_to(short_dir / "dl" / "f.json")
-    assert link_chain(str(short_dir / "l1")) == {
-        (str(short_dir), "l1"),
-        (str(short_dir), "dl"),
+    root = str(short_dir)
+    # Every folder on the way, not only links: renaming one changes what the path reads.
+    assert path_entries(str(short_dir / "l1")) == {
+        ("/", "tmp"),
+        ("/tmp", short_dir.name),
+        (root, "l1"),
+        (root, "dl"),
+        (root, "d"),
         (str(short_dir / "d"), "f.json"),
     }
+    # A missing component is named (its creation matters); nothing below it is.
+    assert path_entries(str(short_dir / "gone" / "x" / "f.json")) == {
+        ("/", "tmp"),
+        ("/tmp", short_dir.name),
+        (root, "gone"),
+    }
     (short_dir / "loop").symlink_to("loop")
-    assert (str(short_dir), "loop") in link_chain(str(short_dir / "loop"))
+    assert (root, "loop") in path_entries(str(short_dir / "loop"))
 
 
 def test_a_lost_event_queue_means_a_scan(short_dir: Path) -> None:
@@ -319,3 +331,219 @@ def test_the_fast_path_never_waits_for_a_scan(
         release.set()
         scan.join()
     assert cache.unresolved_if_fresh([f"{KIND}=loop2"]) == []
+
+
+# The spec folder's own path (issue 26, item 18): a runtime opens the folder by its path on
+# every container start, so when any component of that path (a link swapped atomically, a
+# parent renamed and made again, a component removed) leads somewhere else, the cache must
+# answer from the folder the path leads to now, at the next check.
+
+LEVELS = ("a", "b", "cdi")  # the spec folder is <root>/a/b/cdi
+
+
+def swap_link(entry: Path, target: Path | str) -> None:
+    """``ln -s target tmp && mv -T tmp entry``: the entry changes in one rename."""
+    tmp = entry.with_name(f".{entry.name}.swap")
+    tmp.symlink_to(target)
+    os.rename(tmp, entry)
+
+
+def tree(top: Path, rest: tuple[str, ...], *devices: str) -> Path:
+    """``top/rest.../a.json`` defining ``devices``; returns ``top``."""
+    write(top.joinpath(*rest, "a.json"), spec(*devices))
+    return top
+
+
+@pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
+@pytest.mark.parametrize("level", range(len(LEVELS)))
+def test_a_spec_folder_reached_through_a_swapped_link_is_followed(
+    short_dir: Path, level: int, proc: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not proc:  # watches set by path, checked by a stat before and after
+        monkeypatch.setattr(folderwatch, "_PROC_FDS", str(short_dir / "no-proc"))
+    folder = short_dir.joinpath(*LEVELS)
+    entry = short_dir.joinpath(*LEVELS[: level + 1])
+    rest = LEVELS[level + 1 :]
+    store = short_dir / "store"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.symlink_to(tree(store / "v1", rest, "loop1"))
+    tree(store / "v2", rest, "loop2")
+    cache = SpecCache([folder])
+    try:
+        assert names(cache) == {f"{KIND}=loop1"}
+        settle(cache)
+        swap_link(entry, store / "v2")
+        assert names(cache) == {f"{KIND}=loop2"}
+        scans = settle(cache)
+        # The old folder is no longer watched: what happens there costs nothing.
+        write(store.joinpath("v1", *rest, "b.json"), spec("loop9"))
+        assert names(cache) == {f"{KIND}=loop2"}
+        assert cache.scans == scans
+        # ... and the new one is: a spec added there is seen.
+        write(store.joinpath("v2", *rest, "b.json"), spec("loop3"))
+        assert names(cache) == {f"{KIND}=loop2", f"{KIND}=loop3"}
+        swap_link(entry, store / "none")  # leads to nothing
+        assert names(cache) == set()
+        tree(store / "none", rest, "loop4")  # and then to a folder that appears
+        assert names(cache) == {f"{KIND}=loop4"}
+        swap_link(entry, "v1")  # relative: v1 is not beside the entry, so nothing again
+        assert names(cache) == set()
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("level", range(len(LEVELS)))
+def test_a_parent_renamed_and_made_again_is_followed(short_dir: Path, level: int) -> None:
+    folder = short_dir.joinpath(*LEVELS)
+    entry = short_dir.joinpath(*LEVELS[: level + 1])
+    write(folder / "a.json", spec("loop1"))
+    cache = SpecCache([folder])
+    try:
+        assert names(cache) == {f"{KIND}=loop1"}
+        settle(cache)
+        # Renamed and made again between two checks: the watched folder itself never moved.
+        os.rename(entry, short_dir / "old1")
+        write(folder / "a.json", spec("loop2"))
+        assert names(cache) == {f"{KIND}=loop2"}
+        settle(cache)
+        os.rename(entry, short_dir / "old2")  # renamed away: the path leads to nothing
+        assert names(cache) == set()
+        os.rename(short_dir / "old1", entry)  # the first one back
+        assert names(cache) == {f"{KIND}=loop1"}
+    finally:
+        cache.close()
+
+
+def test_two_folder_paths_leading_to_one_folder_part_ways(short_dir: Path) -> None:
+    # One watch serves both paths; moving one of them must not drop the other's.
+    write(short_dir / "v1" / "a.json", spec("loop1"))
+    write(short_dir / "v2" / "b.json", spec("loop2"))
+    first, second = short_dir / "etc", short_dir / "run"
+    first.symlink_to("v1")
+    second.symlink_to("v1")
+    cache = SpecCache([first, second])
+    try:
+        assert names(cache) == {f"{KIND}=loop1"}  # the same file twice: shadowed, no conflict
+        settle(cache)
+        swap_link(first, short_dir / "v2")
+        assert names(cache) == {f"{KIND}=loop1", f"{KIND}=loop2"}
+        settle(cache)
+        write(short_dir / "v1" / "c.json", spec("loop3"))  # still reached through the second
+        assert names(cache) == {f"{KIND}=loop1", f"{KIND}=loop2", f"{KIND}=loop3"}
+        swap_link(second, short_dir / "v2")  # both on v2: the same file twice again
+        assert names(cache) == {f"{KIND}=loop2"}
+        scans = settle(cache)
+        write(short_dir / "v1" / "d.json", spec("loop4"))  # on no path any more: no scan
+        assert names(cache) == {f"{KIND}=loop2"}
+        assert cache.scans == scans
+    finally:
+        cache.close()
+
+
+def test_a_linked_spec_files_target_folder_renamed_and_made_again_is_followed(
+    cache: SpecCache, dirs: list[Path], short_dir: Path
+) -> None:
+    target = short_dir / "store" / "sub" / "real.json"
+    write(target, spec("loop1"))
+    (dirs[0] / "a.json").symlink_to(target)
+    assert names(cache) == {f"{KIND}=loop1"}
+    settle(cache)
+    os.rename(short_dir / "store", short_dir / "old")
+    write(target, spec("loop2"))
+    assert names(cache) == {f"{KIND}=loop2"}
+    os.rename(short_dir / "store", short_dir / "old2")
+    assert names(cache) == set()
+
+
+_PATH_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["link", "chain", "swap-inner", "dir", "remove", "write-old", "write"]),
+        st.integers(0, len(LEVELS) - 1),
+        st.sampled_from(["loop1", "loop2", "loop3"]),
+    ),
+    max_size=10,
+)
+
+
+class PathChanges:
+    """Changes to the components of ``root/a/b/cdi``, each made as an operator would."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.folder = root.joinpath(*LEVELS)
+        self.fresh = iter(range(1000))
+        self.old: list[Path] = []  # folders (or links) moved off the path
+        self.inner: list[tuple[Path, tuple[str, ...]]] = []  # links inside a chain
+
+    def apply(self, op: str, level: int, device: str) -> None:
+        entry = self.root.joinpath(*LEVELS[: level + 1])
+        rest = LEVELS[level + 1 :]
+        n = next(self.fresh)
+        if not entry.parent.is_dir():
+            return
+        if op == "swap-inner" and self.inner:
+            # A link in the middle of a chain (entry -> m -> s): the entry is untouched.
+            link, below = self.inner[-1]
+            swap_link(link, tree(self.root / f"s{n}", below, device))
+        elif op in ("link", "chain", "dir"):
+            self.replace(entry, self.made(op, n, rest, device))
+        elif op == "remove" and (entry.exists() or entry.is_symlink()):
+            self.move_away(entry, n)
+        elif op == "write-old" and self.old and self.old[-1].is_dir():
+            write(self.old[-1] / "z.json", spec(device))  # a folder no longer on the path
+        elif op == "write" and self.folder.is_dir():
+            write(self.folder / "w.json", spec(device, "loop9"))
+
+    def made(self, op: str, n: int, rest: tuple[str, ...], device: str) -> Path:
+        made = tree(self.root / f"s{n}", rest, device)
+        if op == "dir":
+            return made
+        target = made
+        if op == "chain":
+            target = self.root / f"m{n}"
+            target.symlink_to(f"s{n}")
+            self.inner.append((target, rest))
+        link = self.root / f"l{n}"
+        link.symlink_to(target)
+        return link
+
+    def replace(self, entry: Path, made: Path) -> None:
+        # A link over a link (or nothing) is one atomic step; rename(2) puts nothing else
+        # over a link or a folder, so that one is moved away first.
+        present = entry.exists() or entry.is_symlink()
+        link_over_link = made.is_symlink() and entry.is_symlink()
+        if present and not link_over_link:
+            self.move_away(entry, next(self.fresh))
+        os.rename(made, entry)
+
+    def move_away(self, entry: Path, n: int) -> None:
+        self.old.append(self.root / f"o{n}")
+        os.rename(entry, self.old[-1])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_PATH_OPS)
+def test_the_cache_agrees_with_a_fresh_scan_whatever_happens_to_the_path(
+    short_dir: Path, ops: list[tuple[str, int, str]]
+) -> None:
+    """Any component of the folder's path replaced (by a link, a chain of links or a folder),
+    removed, or a link inside a chain swapped: after each change the cache answers what a
+    fresh scan of the path answers."""
+    import shutil
+    import tempfile
+
+    changes = PathChanges(Path(tempfile.mkdtemp(dir=short_dir)))
+    try:
+        write(changes.folder / "a.json", spec("loop1"))
+        cache = SpecCache([changes.folder])
+        cache.registry()
+        for op, level, device in ops:
+            changes.apply(op, level, device)
+            expected = load_registry([changes.folder])
+            got = cache.registry()
+            assert got.devices.keys() == expected.devices.keys(), (op, level, device)
+        cache.close()
+    finally:
+        shutil.rmtree(changes.root, ignore_errors=True)

@@ -1,17 +1,19 @@
 """The suite's own rules, checked by running pytest the way a newcomer would: every test folder
 runs alone from the repository root with a bare ``pytest``; a skip fails the run; an empty
-parameter list is an error, not a skip."""
+parameter list is an error, not a skip; the run sees only what ``make test`` installed."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.plugins.environment import distribution_problems
 
 TESTS = REPO / "tests"
 
@@ -82,3 +84,46 @@ def test_an_empty_parameter_list_is_an_error(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Empty parameter set" in proc.stdout + proc.stderr
+
+
+def _distribution(folder: Path, name: str) -> metadata.Distribution:
+    info = folder / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    return metadata.PathDistribution(info)
+
+
+def test_the_project_environment_holds_exactly_what_pyproject_asks_for() -> None:
+    assert distribution_problems(metadata.distributions()) == []
+
+
+def test_a_package_installed_by_hand_stops_the_run(tmp_path: Path) -> None:
+    # What made a test pass only on the machine that had run `make lint` before.
+    found = [*metadata.distributions(), _distribution(tmp_path, "mypy-protobuf-by-hand")]
+    assert distribution_problems(found) == [
+        "installed but not required by cdi-gen[lint,test]: mypy-protobuf-by-hand "
+        "(installed by hand? add it to pyproject.toml, or rm -rf .venv)"
+    ]
+
+
+def test_a_required_package_missing_stops_the_run() -> None:
+    found = [d for d in metadata.distributions() if d.metadata["Name"] != "hypothesis"]
+    assert "required but not installed: hypothesis" in distribution_problems(found)
+
+
+def test_a_folder_from_outside_on_the_path_stops_the_run(tmp_path: Path) -> None:
+    # PYTHONPATH (or a user site-packages) would show the run packages setup never installed.
+    probe = _write(tmp_path, "def test_x() -> None:\n    assert True\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    config = ["-c", str(REPO / "pyproject.toml"), "-p", "tests.plugins.environment"]
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", *config, str(probe)],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert f"on sys.path but outside the project's environment: {tmp_path}" in proc.stderr

@@ -188,3 +188,31 @@ def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
         "example.com-foreign.json"
     ]
+
+
+def test_an_instance_never_replaces_or_removes_another_instances_spec(tmp_path: Path) -> None:
+    data = dump_spec(make_spec("loop200"))
+    assert writer.write_bytes(tmp_path, "example.com", "loop", data, instance="team-a")
+    with pytest.raises(SpecWriteError, match="written by cdi-gen instance 'team-a', not 'team-b'"):
+        writer.write_bytes(tmp_path, "example.com", "loop", b"{}", instance="team-b")
+    assert writer.remove_spec(tmp_path, "example.com", "loop", instance="team-b") is False
+    assert writer.remove_unconfigured(tmp_path, set(), instance="team-b") == []
+    assert writer.owned_specs(tmp_path, instance="team-b") == []
+    assert writer.owned_specs(tmp_path, instance="team-a") == [("example.com", "loop")]
+    assert (tmp_path / "example.com-loop.json").read_bytes() == data
+    assert writer.remove_unconfigured(tmp_path, set(), instance="team-a") == [
+        ("example.com", "loop", None)
+    ]
+
+
+def test_a_record_from_before_instances_belongs_to_its_vendor(tmp_path: Path) -> None:
+    writer.write_spec(tmp_path, make_spec("loop200"))
+    owner = tmp_path / ".example.com-loop.json.cdi-gen-owner"
+    record = orjson.loads(owner.read_bytes())
+    assert record["instance"] == "example.com"
+    del record["instance"]
+    owner.write_bytes(orjson.dumps(record))
+    assert writer.remove_unconfigured(tmp_path, set(), instance="other.example.com") == []
+    assert writer.remove_unconfigured(tmp_path, set(), instance="example.com") == [
+        ("example.com", "loop", None)
+    ]

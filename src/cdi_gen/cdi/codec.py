@@ -117,9 +117,7 @@ def _yaml_error(message: str, mark: Any) -> Exception:
     return yaml.constructor.ConstructorError(None, None, message, mark)
 
 
-# Complexity exception (C901): one pass over the YAML events; depth, anchors and the
-# budget are state every branch shares.
-def _check_yaml_shape(text: str | bytes, base: Any) -> None:  # noqa: C901
+def _check_yaml_shape(text: str | bytes, base: Any) -> None:
     """Raise a YAML error if the document nests too deep or aliases blow it up."""
     import yaml
 
@@ -127,7 +125,28 @@ def _check_yaml_shape(text: str | bytes, base: Any) -> None:  # noqa: C901
     nodes = 0
     sizes: dict[str, int] = {}  # anchor -> nodes it expands to
     open_: list[tuple[str | None, int]] = []  # collections being read: (anchor, nodes before)
-    for event in yaml.parse(text, Loader=base):
+    try:
+        _walk_events(yaml.parse(text, Loader=base), budget, sizes, open_, nodes)
+    except yaml.MarkedYAMLError as exc:
+        # libyaml >= 0.2.5 as PyYAML 6.0.3+ bundles it refuses 1,000 flow levels in its scanner,
+        # which reads flow collections ahead of the events: the same rule, said as ours.
+        if "maximum nesting depth" not in str(exc.problem):
+            raise
+        raise _yaml_error(f"nested deeper than {YAML_MAX_DEPTH} levels", exc.problem_mark) from None
+
+
+# Complexity exception (C901): one pass over the YAML events; depth, anchors and the
+# budget are state every branch shares.
+def _walk_events(  # noqa: C901
+    events: Any,
+    budget: int,
+    sizes: dict[str, int],
+    open_: list[tuple[str | None, int]],
+    nodes: int,
+) -> None:
+    import yaml
+
+    for event in events:
         if isinstance(event, yaml.AliasEvent):
             if any(anchor == event.anchor for anchor, _ in open_):
                 raise _yaml_error(

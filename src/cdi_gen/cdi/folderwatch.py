@@ -7,16 +7,22 @@ kernel queues an event before the write or rename that caused it returns, so a c
 before an Allocate is always seen by it: the answer is exact, not eventually right.
 
 What is watched: every spec folder (entries whose name a runtime would read), and, for each
-spec file that is a symbolic link, the folder of every link on the way and of the final file
-(runtimes follow links, so a rewritten target is a changed spec). Whatever cannot be watched
-says "changed" on every call instead, so the cache falls back to scanning: a missing folder
-(until it appears: each call tries to watch it again), a folder that cannot be watched, a
-full event queue (``IN_Q_OVERFLOW``), or no inotify at all (instance or watch limits).
+spec file that is a symbolic link, every folder its path goes through on the way to the final
+file, with the names taken there (runtimes follow links, so a rewritten target, a swapped link
+or a renamed folder on the way is a changed spec). A watch follows a folder, not its path, and
+a runtime opens the folder by its path: so each call also stats every spec folder's path
+(following links) and compares the device and inode with the folder watched. When they differ
+(a link on the path swapped, a parent renamed and made again, something mounted over it) the
+watch moves to the folder the path leads to now, and the call says "changed".
+
+Whatever cannot be watched says "changed" on every call instead, so the cache falls back to
+scanning: a missing folder (until it appears: each call tries to watch it again), a folder
+that cannot be watched, a full event queue (``IN_Q_OVERFLOW``), or no inotify at all
+(instance or watch limits).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -28,7 +34,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["FolderWatch", "link_chain"]
+__all__ = ["FolderWatch", "path_entries"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,8 @@ _SELF = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_IGNORED
 _EVENT = struct.Struct("iIII")
 #: Links followed in one path before giving up, as the kernel's ELOOP limit.
 MAX_LINKS = 40
+#: Where a descriptor can be named by path (absent without a mounted /proc).
+_PROC_FDS = "/proc/self/fd"
 
 
 class _Inotify:
@@ -113,12 +121,15 @@ def _inotify() -> _Inotify:
     return _libc
 
 
-def link_chain(path: str, limit: int = MAX_LINKS) -> set[tuple[str, str]]:
-    """(folder, name) of every symbolic link met while resolving ``path``, and of the file
-    it finally names: the entries whose change changes what ``path`` reads.
+def path_entries(path: str, limit: int = MAX_LINKS) -> set[tuple[str, str]]:
+    """(folder, name) of every entry met while resolving ``path``: each component, each
+    symbolic link and each component of its target, down to the file it finally names. These
+    are the entries whose change (a link swapped, a folder renamed or made again) changes
+    what ``path`` reads.
 
     Links inside the path (a linked folder, as Kubernetes' ``..data``) count as well as the
-    last component. Stops quietly at a missing entry or after ``limit`` links.
+    last component. A missing component is named too (its creation matters); what would lie
+    below it is not. Stops after ``limit`` links.
     """
     found: set[tuple[str, str]] = set()
     parts = [p for p in reversed(os.path.abspath(path).split("/")) if p]
@@ -132,25 +143,25 @@ def link_chain(path: str, limit: int = MAX_LINKS) -> set[tuple[str, str]]:
             resolved = os.path.dirname(resolved)
             continue
         candidate = os.path.join(resolved, part)
+        found.add((resolved, part))
         try:
             target = os.readlink(candidate)
-        except OSError:  # not a link, or missing: a plain component
-            resolved = candidate
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                return found  # missing (or unreadable): nothing below it can be watched
+            resolved = candidate  # not a link: a plain component
             continue
-        found.add((resolved, part))
         links += 1
         if links >= limit:
             return found
         if target.startswith("/"):
             resolved = "/"
         parts.extend(p for p in reversed(target.split("/")) if p)
-    if resolved != "/":
-        found.add((os.path.dirname(resolved), os.path.basename(resolved)))
     return found
 
 
 class FolderWatch:
-    """inotify watches on spec folders and on the targets of linked spec files.
+    """inotify watches on spec folders and on what linked spec files resolve through.
 
     ``relevant(name)`` says whether an entry name in a spec folder matters (runtimes read
     only ``*.json`` and ``*.yaml``). Not thread-safe: the owner serialises calls. The inotify
@@ -161,11 +172,13 @@ class FolderWatch:
         self.folders = tuple(str(f) for f in folders)
         self._relevant = relevant
         self._fd = -1
-        #: wd -> the spec folder it watches.
-        self._folder_wds: dict[int, str] = {}
+        #: Spec folder -> (wd, st_dev, st_ino) of the folder watched for it.
+        self._armed: dict[str, tuple[int, int, int]] = {}
+        #: wd -> the spec folders it watches (two paths may lead to one folder).
+        self._folder_wds: dict[int, set[str]] = {}
         #: Spec folders not watched now (missing, or the watch failed).
         self._unwatched: set[str] = set(self.folders)
-        #: wd -> entry names that matter in a folder holding a link or a link's target.
+        #: wd -> entry names that matter in a folder a linked spec file resolves through.
         self._link_wds: dict[int, set[str]] = {}
         #: Whether inotify could be used at all.
         self.available = True
@@ -181,6 +194,8 @@ class FolderWatch:
         self._fionread = _inotify().ioctl
         self._queued = ctypes.c_int()
         self._queued_ref = ctypes.byref(self._queued)
+        # Through /proc the watch is set on the very folder whose inode is recorded.
+        self._via_proc = os.path.isdir(_PROC_FDS)
 
     def close(self) -> None:
         if self._finalizer is not None:
@@ -191,45 +206,111 @@ class FolderWatch:
     def changed(self) -> bool:
         """Whether the folders may differ from when this was last called (True at first).
 
-        Constant time when nothing happened: one ``poll`` of the event queue, plus one
-        attempt to watch each folder that is not watched yet.
+        Constant time when nothing happened: one ``poll`` of the event queue, one ``stat``
+        of each folder's path, and one attempt to watch each folder not watched yet.
         """
         if not self.available:
             return True
         dirty = bool(self._fionread(self._fd, termios.FIONREAD, self._queued_ref))
         if dirty or self._queued.value:
             dirty = self._drain()
-        if self._unwatched:
-            dirty = self._watch_missing() or dirty
-        return dirty
+        # After the drain: a folder the kernel dropped (removed, moved) is no longer armed.
+        stat = os.stat
+        for folder, (_wd, dev, ino) in self._armed.items():
+            try:
+                st = stat(folder)
+            except OSError:
+                break  # leads to nothing now
+            if st.st_ino != ino or st.st_dev != dev:
+                break
+        else:  # every path leads to the folder watched for it (nearly always)
+            if self._unwatched:
+                dirty = self._watch_missing() or dirty
+            return dirty
+        self._rearm()
+        return True
+
+    def _rearm(self) -> None:
+        """Watch again each spec folder whose path leads to another folder, or to none."""
+        for folder, (_wd, dev, ino) in list(self._armed.items()):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                self._disarm(folder)
+                continue
+            if st.st_ino != ino or st.st_dev != dev:
+                self._disarm(folder)
+        self._watch_missing()
 
     def _watch_missing(self) -> bool:
         dirty = False
         for folder in list(self._unwatched):
             try:
-                wd = _inotify().add(self._fd, folder)
+                wd, dev, ino = self._watch_folder(folder)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                     # Present but unwatchable (permissions, watch limit): scan every time.
                     dirty = True
                 continue
-            self._folder_wds[wd] = folder
+            self._armed[folder] = (wd, dev, ino)
+            self._folder_wds.setdefault(wd, set()).add(folder)
             self._unwatched.discard(folder)
-            dirty = True  # it appeared: whatever it holds is new
+            dirty = True  # it appeared, or the path leads elsewhere: whatever it holds is new
         return dirty
+
+    def _watch_folder(self, folder: str) -> tuple[int, int, int]:
+        """Watch the folder ``folder`` leads to now: (wd, st_dev, st_ino) of that folder."""
+        if not self._via_proc:
+            # Without /proc: the path must lead to one folder before and after the watch.
+            before = os.stat(folder)
+            wd = _inotify().add(self._fd, folder)
+            after = os.stat(folder)
+            if (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
+                self._release(wd)
+                raise OSError(errno.EAGAIN, "the folder changed while watched", folder)
+            return wd, after.st_dev, after.st_ino
+        # The descriptor pins the folder: the watch and the recorded inode are the same one,
+        # whatever happens to the path meanwhile. O_PATH needs no read permission.
+        fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            return _inotify().add(self._fd, f"{_PROC_FDS}/{fd}"), st.st_dev, st.st_ino
+        finally:
+            os.close(fd)
+
+    def _disarm(self, folder: str) -> None:
+        """Stop watching for ``folder`` the folder its path led to; watch it again later."""
+        armed = self._armed.pop(folder, None)
+        self._unwatched.add(folder)
+        if armed is None:
+            return
+        wd = armed[0]
+        users = self._folder_wds.get(wd)
+        if users is not None:
+            users.discard(folder)
+            if users:
+                return  # another spec folder's path still leads there
+            del self._folder_wds[wd]
+        self._release(wd)
+
+    def _release(self, wd: int) -> None:
+        """Remove ``wd`` unless still used. One watch serves an inode for every purpose."""
+        if wd not in self._folder_wds and wd not in self._link_wds:
+            _inotify().remove(self._fd, wd)
 
     def follow_links(self, linked_files: Iterable[str]) -> bool:
         """Watch what the given spec files (symbolic links) resolve through; drop the rest.
 
         Called after each scan with the links it found, so that rewriting, replacing or
-        removing a target (or a link on the way) shows up as a change. Returns whether the
-        watched set changed: a new watch does not report what happened before it existed.
+        removing a target, a link on the way or a folder on the way shows up as a change.
+        Returns whether the watched set changed: a new watch does not report what happened
+        before it existed.
         """
         if not self.available:
             return False
         wanted: dict[str, set[str]] = {}
         for path in linked_files:
-            for folder, name in link_chain(path):
+            for folder, name in path_entries(path):
                 wanted.setdefault(folder, set()).add(name)
         fresh: dict[int, set[str]] = {}
         for folder, names in wanted.items():
@@ -238,10 +319,11 @@ class FolderWatch:
             except OSError:
                 continue  # gone already; the next scan sees the dangling link
             fresh.setdefault(wd, set()).update(names)
-        for wd in self._link_wds.keys() - fresh.keys() - self._folder_wds.keys():
-            _inotify().remove(self._fd, wd)
+        dropped = self._link_wds.keys() - fresh.keys()
         changed = fresh != self._link_wds
         self._link_wds = fresh
+        for wd in dropped:
+            self._release(wd)
         return changed
 
     def _drain(self) -> bool:
@@ -269,20 +351,26 @@ class FolderWatch:
             if mask & IN_Q_OVERFLOW:
                 dirty = True  # events were lost: only a full scan is exact
                 continue
+            folders = self._folder_wds.get(wd)
+            links = self._link_wds.get(wd)
+            if folders is None and links is None:
+                # A watch dropped already (its IN_IGNORED, or events queued before): its
+                # folder is on no path we follow, and dropping it was a change already seen.
+                continue
             name = os.fsdecode(raw.rstrip(b"\0"))
-            folder = self._folder_wds.get(wd)
             if mask & _SELF and not name:
-                if folder is not None:
+                if folders is not None:
                     # The folder itself went away (or moved): watch its path again later.
                     del self._folder_wds[wd]
-                    self._unwatched.add(folder)
-                    with contextlib.suppress(OSError):
-                        if not mask & IN_IGNORED:
-                            _inotify().remove(self._fd, wd)
+                    for folder in folders:
+                        self._armed.pop(folder, None)
+                    self._unwatched.update(folders)
                 self._link_wds.pop(wd, None)
+                if not mask & IN_IGNORED:
+                    _inotify().remove(self._fd, wd)
                 dirty = True
                 continue
-            # A spec file of a folder, or a link (or target) a linked spec file goes through.
-            if (folder is not None and self._relevant(name)) or name in self._link_wds.get(wd, ()):
+            # A spec file of a folder, or an entry a linked spec file resolves through.
+            if (folders is not None and self._relevant(name)) or (links and name in links):
                 dirty = True
         return dirty

@@ -6,9 +6,9 @@ folder count, a file that fails to load is reported and skipped, a device define
 priority silently wins, and a device defined twice at the *same* priority is a conflict that
 removes it altogether (even if a higher folder also defines it, as the library does).
 
-:class:`SpecCache` keeps parsed files between calls, learns from inotify whether anything
-changed, and then re-reads only files whose stat changed, so the device plugin can check
-every Allocate against the folders in constant time.
+:class:`SpecCache` keeps parsed files between calls, learns from inotify (and a stat of each
+folder's path) whether anything changed, and then re-reads only files whose stat changed, so
+the device plugin can check every Allocate against the folders in constant time.
 """
 
 from __future__ import annotations
@@ -208,8 +208,9 @@ def _changed_since(listing: dict[Path, _StatKey], paths: Iterable[str]) -> bool:
 class SpecCache:
     """Registry of ``spec_dirs``, rescanned only when inotify says something changed.
 
-    Between changes a check costs one look at the inotify queue (see
-    :class:`~cdi_gen.cdi.folderwatch.FolderWatch`), whatever the folders hold; a rescan
+    Between changes a check costs one look at the inotify queue and one stat of each
+    folder's path (see :class:`~cdi_gen.cdi.folderwatch.FolderWatch`: the folder a path
+    leads to may change without an event), whatever the folders hold; a rescan
     stats every entry and re-reads only files whose stat changed. Without inotify (or with
     ``watch=False``) every check rescans, slower but as exact. Thread-safe.
     """
@@ -247,8 +248,8 @@ class SpecCache:
         """The registry if no folder changed since it was built, else None.
 
         Never reads a folder or a file and never waits for a scan in progress: one look at
-        the inotify queue, so it may run on any thread on every Allocate; whatever needs
-        more goes through :meth:`registry` on a worker thread.
+        the inotify queue and one stat of each folder's path, so it may run on any thread on
+        every Allocate; whatever needs more goes through :meth:`registry` on a worker thread.
         """
         if not self._lock.acquire(blocking=False):
             return None

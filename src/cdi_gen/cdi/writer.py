@@ -9,7 +9,11 @@ Ownership lives outside the spec (a spec annotation needs cdiVersion 0.6.0, whic
 and containerd < 1.7.12 reject): beside ``<vendor>-<class>.json`` we keep
 ``.<vendor>-<class>.json.cdi-gen-owner`` with the hashes of the contents we wrote. A spec is
 ours only if its current bytes match one of them, so a file someone else put or replaced at
-our name is foreign and is never modified or deleted.
+our name is foreign and is never modified or deleted. The record also names the cdi-gen
+*instance* that wrote the spec (by default the vendor; ``--instance`` when two agents share a
+folder and a vendor): an instance replaces and removes only its own specs, so two DaemonSets
+sharing ``/var/run/cdi`` never delete or overwrite each other's files. A record written before
+instances existed belongs to the instance named after its vendor.
 
 Everything happens relative to a descriptor of the spec folder, on names we derive ourselves
 from a valid vendor and class (so they hold no ``/``), with ``O_NOFOLLOW``: a record planted
@@ -113,6 +117,25 @@ def _owned_hashes(dir_fd: int, filename: str) -> list[str]:
     return [h for h in hashes if isinstance(h, str)] if isinstance(hashes, list) else []
 
 
+def _instance_of(record: dict[str, object] | None) -> str | None:
+    """The instance a record names; a record from before instances: its vendor."""
+    if record is None:
+        return None
+    instance = record.get("instance", record.get("vendor"))
+    return instance if isinstance(instance, str) else None
+
+
+def _check_instance(dir_fd: int, filename: str, instance: str, target: Path) -> None:
+    """Refuse to touch a spec of ours that another instance wrote."""
+    other = _instance_of(_read_owner(dir_fd, filename))
+    if other is not None and other != instance:
+        raise SpecWriteError(
+            f"{str(target)!r} was written by cdi-gen instance {quote(other)}, not "
+            f"{quote(instance)}; refusing to replace another instance's spec (two instances "
+            "serve this class: give one of them other classes)"
+        )
+
+
 def _atomic_replace(
     dir_fd: int, filename: str, data: bytes, hook: StepHook | None, mode: int = SPEC_MODE
 ) -> None:
@@ -181,15 +204,23 @@ def _check_names(vendor: str, cls: str) -> str:
 
 
 def write_bytes(
-    spec_dir: Path, vendor: str, cls: str, data: bytes, *, step_hook: StepHook | None = None
+    spec_dir: Path,
+    vendor: str,
+    cls: str,
+    data: bytes,
+    *,
+    instance: str | None = None,
+    step_hook: StepHook | None = None,
 ) -> bool:
     """Atomically make ``spec_dir/<vendor>-<class>.json`` hold ``data``; True if it changed.
 
     Creates the folder if missing. Raises :class:`SpecWriteError` if the target exists but is
-    not ours (foreign file, link, or content we never wrote), the vendor or class is not a
-    valid name, or the folder cannot be written.
+    not ours (foreign file, link, content we never wrote, or a spec another ``instance`` wrote;
+    default: the vendor), the vendor or class is not a valid name, or the folder cannot be
+    written.
     """
     filename = _check_names(vendor, cls)
+    instance = instance or vendor
     target = spec_dir / filename
     try:
         with _folder(spec_dir, create=True) as dir_fd:
@@ -201,6 +232,8 @@ def write_bytes(
                     f"{str(target)!r} exists and was not written by cdi-gen; refusing to "
                     "replace a foreign spec file (remove it or choose another vendor/class)"
                 )
+            if current is not None:
+                _check_instance(dir_fd, filename, instance, target)
             if current == data:
                 return False
             # The record names exactly the spec on disk now and the one about to replace it:
@@ -211,7 +244,13 @@ def write_bytes(
             new_hash = _digest(data)
             if new_hash not in kept:
                 kept.append(new_hash)
-            record = {"vendor": vendor, "class": cls, "file": filename, "sha256": kept}
+            record = {
+                "vendor": vendor,
+                "class": cls,
+                "file": filename,
+                "instance": instance,
+                "sha256": kept,
+            }
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
             _atomic_replace(dir_fd, _owner_name(filename), orjson.dumps(record), owner_hook)
             _atomic_replace(dir_fd, filename, data, step_hook)
@@ -257,16 +296,19 @@ def is_owned(spec_dir: Path, vendor: str, cls: str) -> bool:
         return False
 
 
-def remove_spec(spec_dir: Path, vendor: str, cls: str) -> bool:
+def remove_spec(spec_dir: Path, vendor: str, cls: str, *, instance: str | None = None) -> bool:
     """Delete our spec file of ``vendor/cls``; True if one was removed.
 
-    A foreign file at that name is left alone (False). Raises :class:`SpecWriteError` if the
-    vendor or class is not a valid name or the folder cannot be written.
+    A foreign file at that name, or one another ``instance`` (default: the vendor) wrote, is
+    left alone (False). Raises :class:`SpecWriteError` if the vendor or class is not a valid
+    name or the folder cannot be written.
     """
     filename = _check_names(vendor, cls)
     owner = _owner_name(filename)
     try:
         with _folder(spec_dir) as dir_fd:
+            if _instance_of(_read_owner(dir_fd, filename)) not in (None, instance or vendor):
+                return False
             if not _is_owned_in(dir_fd, filename):
                 try:
                     os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
@@ -285,8 +327,9 @@ def remove_spec(spec_dir: Path, vendor: str, cls: str) -> bool:
     return True
 
 
-def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
-    """``(vendor, class)`` of every spec file in ``spec_dir`` that is ours, sorted.
+def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[str, str]]:
+    """``(vendor, class)`` of every spec file in ``spec_dir`` that is ours (and ``instance``'s,
+    when given), sorted.
 
     A record whose vendor or class is invalid, or which is not stored under the name its
     vendor and class give, is not ours (someone else wrote it): it is logged and ignored.
@@ -312,6 +355,8 @@ def owned_specs(spec_dir: Path) -> list[tuple[str, str]]:
                         spec_dir,
                         exc,
                     )
+                    continue
+                if instance is not None and _instance_of(record) != instance:
                     continue
                 if _is_owned_in(dir_fd, spec_filename(vendor, cls)):
                     found.append((vendor, cls))
@@ -347,32 +392,34 @@ def write_file(path: Path, data: bytes) -> None:
 SyncOutcome = Literal["written", "unchanged", "removed", "absent"]
 
 
-def sync_spec(spec_dir: Path, vendor: str, cls: str, data: bytes | None) -> SyncOutcome:
+def sync_spec(
+    spec_dir: Path, vendor: str, cls: str, data: bytes | None, *, instance: str | None = None
+) -> SyncOutcome:
     """Bring the spec of ``vendor/cls`` to ``data``, or remove ours when ``data`` is None.
 
     The one answer to "write or remove a class's spec", for the agent and ``cdi-gen write``.
     Raises :class:`SpecWriteError` (see :func:`write_bytes` and :func:`remove_spec`).
     """
     if data is None:
-        return "removed" if remove_spec(spec_dir, vendor, cls) else "absent"
-    return "written" if write_bytes(spec_dir, vendor, cls, data) else "unchanged"
+        removed = remove_spec(spec_dir, vendor, cls, instance=instance)
+        return "removed" if removed else "absent"
+    written = write_bytes(spec_dir, vendor, cls, data, instance=instance)
+    return "written" if written else "unchanged"
 
 
 def remove_unconfigured(
-    spec_dir: Path, configured: Collection[tuple[str, str]], *, vendor: str | None = None
+    spec_dir: Path, configured: Collection[tuple[str, str]], *, instance: str
 ) -> list[tuple[str, str, SpecWriteError | None]]:
-    """Remove our specs of classes not in ``configured`` (``(vendor, class)`` pairs); only
-    those of ``vendor`` when given. Returns ``(vendor, class, error or None)`` for each spec
-    removed or that could not be.
+    """Remove the specs ``instance`` wrote of classes not in ``configured`` (``(vendor,
+    class)`` pairs): another instance's specs are never touched. Returns ``(vendor, class,
+    error or None)`` for each spec removed or that could not be.
     """
     done: list[tuple[str, str, SpecWriteError | None]] = []
-    for owned_vendor, owned_cls in owned_specs(spec_dir):
+    for owned_vendor, owned_cls in owned_specs(spec_dir, instance=instance):
         if (owned_vendor, owned_cls) in configured:
             continue
-        if vendor is not None and owned_vendor != vendor:
-            continue
         try:
-            if remove_spec(spec_dir, owned_vendor, owned_cls):
+            if remove_spec(spec_dir, owned_vendor, owned_cls, instance=instance):
                 done.append((owned_vendor, owned_cls, None))
         except SpecWriteError as exc:
             done.append((owned_vendor, owned_cls, exc))

@@ -122,3 +122,16 @@ def not_empty_dir(ctx: click.Context, param: click.Parameter, value: Any) -> Any
             f"--{(param.name or '').replace('_', '-')}: an empty path is not a folder"
         )
     return Path(value)
+
+
+def dns_subdomain(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Refuse a name that is not a DNS subdomain (``--instance``), quoting it."""
+    from cdi_gen.errors import ConfigError, quote
+    from cdi_gen.names import is_dns_subdomain
+
+    if value is not None and not is_dns_subdomain(value):
+        raise ConfigError(
+            f"--{(param.name or '').replace('_', '-')}: {quote(value)} is not a DNS subdomain "
+            "(lower-case letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return value

@@ -21,6 +21,13 @@ from cdi_gen.cli import options
     help="Spec folder to write into.",
 )
 @click.option("--class", "classes", multiple=True, help="Only this class (repeatable).")
+@click.option(
+    "--instance",
+    default=None,
+    callback=options.dns_subdomain,
+    help="This writer's name among cdi-gen instances sharing the folder: only its own specs "
+    "are replaced or removed. Default: the config's vendor.",
+)
 @options.PIN_CDI_VERSION
 @options.PIN_RUNTIME
 @options.RECORDS
@@ -29,6 +36,7 @@ def write(
     config_path: Path | None,
     spec_dir: Path,
     classes: tuple[str, ...],
+    instance: str | None,
     cdi_version: str | None,
     runtime_refs: tuple[str, ...],
     records_path: Path | None,
@@ -53,7 +61,8 @@ def write(
         path = spec_dir / spec_filename(vendor, cls)
         try:
             doc = discovery.document(cls)
-            outcome = sync_spec(spec_dir, vendor, cls, None if doc is None else dump_document(doc))
+            data = None if doc is None else dump_document(doc)
+            outcome = sync_spec(spec_dir, vendor, cls, data, instance=instance)
         except CdiGenError as exc:
             failures.extend(str(exc).splitlines())
             continue
@@ -69,7 +78,8 @@ def write(
     if not classes:
         # Classes that left the config have no devices any more either.
         configured = {(vendor, cls) for cls in discovery.class_names}
-        for _, cls, error in remove_unconfigured(spec_dir, configured, vendor=vendor):
+        owner = instance or vendor
+        for _, cls, error in remove_unconfigured(spec_dir, configured, instance=owner):
             if error is None:
                 click.echo(f"{vendor}/{cls}: not configured, removed")
             else:

@@ -142,6 +142,12 @@ class Settings(BaseSettings):
         description="this node's name in Kubernetes (DRA's pool and slices); default: the "
         "host name",
     )
+    instance: str | None = Field(
+        default=None,
+        description="this agent's name among cdi-gen agents sharing a spec folder: each "
+        "replaces and removes only the specs it wrote; default: the config's vendor (two "
+        "agents with one vendor need distinct names)",
+    )
     #: Longest wait between retries of a failed spec write or plugin start, in seconds;
     #: from the floor of every backoff (0.1 s) to an hour, refused outside.
     retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
@@ -162,6 +168,7 @@ class Settings(BaseSettings):
         "kubeconfig",
         "dra_driver",
         "node_name",
+        "instance",
         mode="before",
     )
     @classmethod
@@ -170,7 +177,7 @@ class Settings(BaseSettings):
             raise ValueError(_EMPTY)
         return value
 
-    @field_validator("dra_driver", "node_name", mode="after")
+    @field_validator("dra_driver", "node_name", "instance", mode="after")
     @classmethod
     def _subdomain(cls, value: str | None) -> str | None:
         if value is not None and not is_dns_subdomain(value):
