@@ -8,21 +8,24 @@ of 1e-9 s once made 46,765 start attempts in 2 s, at full CPU, with 163 MiB of l
 run's setting ``retry_max_seconds`` is refused below the floor at load; the clamp here is for
 every other caller.)
 
-A failure that repeats is logged when :meth:`Backoff.failed` says so: the first time, whenever
-its message changes, and then on attempts 2, 4, 8, 16, … (one line per doubling of the
-attempts), so an outage of a day is a dozen lines while every attempt is still counted in the
-metrics. :func:`describe` gives every failure a message, also an exception whose ``str()`` is
-empty.
+A failure that repeats is logged when :meth:`Backoff.failed` says so: on attempts 1, 2, 4, 8,
+16, … (one line per doubling of the attempts), and at once for a message not seen before in
+this run of failures (the first :data:`NEW_MESSAGES` of them: two causes taking turns, or a
+message that quotes something changing, must not bring back a line per attempt). An outage
+of a day is a dozen lines, while every attempt is still counted in the metrics.
+:func:`describe` gives every failure a message, also an exception whose ``str()`` is empty.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["FLOOR_SECONDS", "Backoff", "describe"]
+__all__ = ["FLOOR_SECONDS", "NEW_MESSAGES", "Backoff", "describe"]
 
 #: Shortest wait between two attempts of anything.
 FLOOR_SECONDS = 0.1
+#: Distinct messages of one run of failures logged as soon as they appear.
+NEW_MESSAGES = 8
 #: Longest message :func:`describe` gives (a failure may quote a whole file or answer).
 DESCRIBE_LIMIT = 300
 
@@ -42,7 +45,7 @@ class Backoff:
         #: Failures in a row (0 after a success).
         self.attempts = 0
         self._delay = self.initial
-        self._logged: str | None = None
+        self._seen: set[str] = set()
 
     @property
     def delay(self) -> float:
@@ -56,16 +59,16 @@ class Backoff:
         if self.attempts > 1:
             self._delay = min(self._delay * 2, self.maximum)
         n = self.attempts
-        if why != self._logged or n & (n - 1) == 0:
-            self._logged = why
-            return True
-        return False
+        new = why not in self._seen and len(self._seen) < NEW_MESSAGES
+        if new:
+            self._seen.add(why)
+        return new or n & (n - 1) == 0
 
     def succeeded(self) -> None:
         """Back to the first wait: the next failure is a new one."""
         self.attempts = 0
         self._delay = self.initial
-        self._logged = None
+        self._seen.clear()
 
 
 def describe(exc: BaseException) -> str:

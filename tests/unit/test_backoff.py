@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.backoff import DESCRIBE_LIMIT, FLOOR_SECONDS, Backoff, describe
+from cdi_gen.backoff import DESCRIBE_LIMIT, FLOOR_SECONDS, NEW_MESSAGES, Backoff, describe
 
 
 @given(
@@ -49,18 +49,31 @@ def test_a_repeated_failure_is_logged_once_per_doubling_of_its_attempts() -> Non
     assert logged == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 
-def test_a_changed_failure_is_logged_at_once() -> None:
+def test_a_new_failure_is_logged_at_once() -> None:
     backoff = Backoff()
-    assert [backoff.failed(why) for why in ["a", "a", "a", "b", "b", "a"]] == [
+    assert [backoff.failed(why) for why in ["a", "a", "a", "b", "b", "a", "a", "a"]] == [
         True,
         True,  # attempt 2
         False,
-        True,  # attempt 4, and changed
+        True,  # attempt 4, and new
         False,
-        True,
+        False,  # seen before
+        False,
+        True,  # attempt 8
     ]
     backoff.succeeded()
     assert backoff.failed("a")  # after a success a failure is new
+
+
+def test_causes_taking_turns_or_changing_text_do_not_log_every_attempt() -> None:
+    """Two causes alternating, or a message quoting something that changes each time: the
+    new ones are logged up to a few, then one line per doubling again."""
+    turns = Backoff()
+    logged = [n for n in range(1, 101) if turns.failed("ab"[n % 2])]
+    assert logged == [1, 2, 4, 8, 16, 32, 64]
+    changing = Backoff()
+    logged = [n for n in range(1, 101) if changing.failed(f"port {n} refused")]
+    assert logged == [*range(1, NEW_MESSAGES + 1), 16, 32, 64]
 
 
 class _SilentError(Exception):
