@@ -28,9 +28,10 @@ never stalls ListAndWatch or Allocate. The settings come from
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
 in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list;
-a class whose spec write or plugin start fails is retried with backoff and reported by
-``/readyz`` until it works; anything unexpected in one class is logged with its traceback,
-counted as ``internal`` and leaves the other classes running.
+a class whose spec write or plugin start fails is retried with backoff
+(:mod:`cdi_gen.backoff`: a line per doubling of the attempts, each counted) and reported by
+``/readyz``, naming the cause, until it works; anything unexpected in one class is logged
+with its traceback, counted as ``internal`` and leaves the other classes running.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cdi_gen.backoff import Backoff, describe
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
@@ -100,7 +102,9 @@ class _ClassRunner:
     target: tuple[AdvertisedDevice, ...] = ()
     spec_ok: bool = False
     retry: asyncio.TimerHandle | None = None
-    failures: int = 0
+    #: The waits between failed spec writes (made on the first failure: it needs the
+    #: settings).
+    backoff: Backoff | None = None
     #: Devices left out of the spec and the list: name → (the edits judged, why).
     rejected: dict[str, tuple[ContainerEdits, str]] = field(default_factory=dict)
     #: Why the class's device plugin is not serving, or None.
@@ -111,9 +115,14 @@ class _ClassRunner:
     def resource(self) -> str:
         return f"{self.agent.config.vendor}/{self.config.name}"
 
-    def fail(self, reason: str, message: str, *args: object, device: str = "") -> None:
-        """Log and count one failure of this class (or of one of its devices)."""
+    def fail(
+        self, reason: str, message: str, *args: object, device: str = "", logged: bool = True
+    ) -> None:
+        """Count one failure of this class (or of one of its devices) and log it, unless
+        not ``logged`` (a repeat its backoff leaves out of the log)."""
         self.agent.metrics.failures.labels(self.resource, reason).inc()
+        if not logged:
+            return
         extra = fields(
             resource=self.resource, reason=reason, **({"device": device} if device else {})
         )
@@ -129,7 +138,7 @@ class _ClassRunner:
         try:
             await self._apply(change, received)
         except Exception as exc:
-            self.fail("internal", "applying a change failed: %s", exc)
+            self.fail("internal", "applying a change failed: %s", describe(exc))
 
     async def _apply(self, change: ClassChange, received: float | None) -> None:
         # Logged per physical device: a shared device is one event, not one line per slot.
@@ -169,14 +178,23 @@ class _ClassRunner:
         except Exception as exc:
             # Not published: the kubelet never sees a device the runtime cannot resolve.
             self.spec_ok = False
-            self.failures += 1
-            delay = min(self.agent.settings.retry_max_seconds, 0.5 * 2 ** min(self.failures, 8))
+            backoff = self.backoff = self.backoff or self.agent.backoff()
+            why = describe(exc)
+            logged = backoff.failed(why)
             reason = "spec-write" if isinstance(exc, CdiGenError) else "internal"
-            self.fail(reason, "spec write failed, retrying in %.1fs: %s", delay, exc)
+            self.fail(
+                reason,
+                "spec write failed (attempt %d), retrying in %.1fs: %s",
+                backoff.attempts,
+                backoff.delay,
+                why,
+                logged=logged,
+            )
             self.agent.metrics.spec_writes.labels(self.resource, "error").inc()
-            self.retry = asyncio.get_running_loop().call_later(delay, self._retry)
+            self.retry = asyncio.get_running_loop().call_later(backoff.delay, self._retry)
             return
-        self.failures = 0
+        if self.backoff is not None:
+            self.backoff.succeeded()
         self.spec_ok = True
         if changed:
             self.agent.metrics.spec_writes.labels(self.resource, "written").inc()
@@ -466,8 +484,10 @@ class Agent:
         from cdi_gen.kubelet.deviceplugin import DevicePlugin
 
         settings = self.settings
-        if self.dra is not None and not await self._start_dra(1):
-            self.spawn(self._keep_starting(self._start_dra), "start DRA driver")
+        if self.dra is not None:
+            backoff = self.backoff()
+            if not await self._start_dra(backoff):
+                self.spawn(self._keep_starting(self._start_dra, backoff), "start DRA driver")
         for runner in self.runners.values():
             if runner.config.api == "dra":
                 continue
@@ -497,17 +517,27 @@ class Agent:
                 )
             except CdiGenError as exc:
                 # Nothing a retry could change (a socket path too long): not ready for good.
-                runner.plugin_error = str(exc)
-                runner.fail("plugin-start", "device plugin cannot be created: %s", exc)
+                runner.plugin_error = describe(exc)
+                runner.fail(
+                    "plugin-start", "device plugin cannot be created: %s", runner.plugin_error
+                )
                 continue
-            if not await self._start_plugin(runner, 1):
+            backoff = self.backoff()
+            if not await self._start_plugin(runner, backoff):
                 self.spawn(
-                    self._keep_starting(functools.partial(self._start_plugin, runner)),
+                    self._keep_starting(functools.partial(self._start_plugin, runner), backoff),
                     f"start {resource}",
                 )
 
-    async def _start_plugin(self, runner: _ClassRunner, attempt: int) -> bool:
-        """One attempt to serve the class's plugin; False (logged, counted) if it failed."""
+    def backoff(self) -> Backoff:
+        """The waits of one retry loop of the agent: from 0.5 s (or less, when that is the
+        bound) up to ``retry_max_seconds``."""
+        longest = self.settings.retry_max_seconds
+        return Backoff(min(0.5, longest), longest)
+
+    async def _start_plugin(self, runner: _ClassRunner, backoff: Backoff) -> bool:
+        """One attempt to serve the class's plugin; False (counted, and logged as
+        ``backoff`` says) if it failed."""
         plugin = runner.plugin
         assert plugin is not None
         try:
@@ -515,9 +545,15 @@ class Agent:
             await plugin.start()
         except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.
-            runner.plugin_error = str(exc)
+            why = runner.plugin_error = describe(exc)
+            logged = backoff.failed(why)
             runner.fail(
-                "plugin-start", "device plugin failed to start (attempt %d): %s", attempt, exc
+                "plugin-start",
+                "device plugin failed to start (attempt %d, next in %gs): %s",
+                backoff.attempts,
+                backoff.delay,
+                why,
+                logged=logged,
             )
             with contextlib.suppress(Exception):
                 await plugin.stop(grace=0)
@@ -525,36 +561,40 @@ class Agent:
         if runner.plugin_error is not None:
             log.info("device plugin started", extra=fields(resource=runner.resource))
         runner.plugin_error = None
+        backoff.succeeded()
         return True
 
-    async def _keep_starting(self, start: Callable[[int], Awaitable[bool]]) -> None:
-        """Retry ``start(attempt)`` (a plugin or the DRA driver whose first attempt failed)
-        with backoff until it returns True."""
-        attempt = 1
+    async def _keep_starting(
+        self, start: Callable[[Backoff], Awaitable[bool]], backoff: Backoff
+    ) -> None:
+        """Retry ``start(backoff)`` (a plugin or the DRA driver whose first attempt failed)
+        after each of ``backoff``'s waits until it returns True."""
         while True:
-            delay = min(self.settings.retry_max_seconds, 0.5 * 2 ** min(attempt - 1, 8))
-            await asyncio.sleep(delay)
-            attempt += 1
-            if await start(attempt):
+            await asyncio.sleep(backoff.delay)
+            if await start(backoff):
                 return
 
-    async def _start_dra(self, attempt: int) -> bool:
-        """One attempt to start the DRA driver; False (logged, counted) if it failed."""
+    async def _start_dra(self, backoff: Backoff) -> bool:
+        """One attempt to start the DRA driver; False (counted, and logged as ``backoff``
+        says) if it failed."""
         dra = self.dra
         assert dra is not None
         try:
             await dra.start(self.spawn)
         except Exception as exc:
-            dra.error = str(exc)
+            why = dra.error = describe(exc)
             self.metrics.failures.labels(dra.name, "plugin-start").inc()
-            log.error(
-                "DRA driver failed to start (attempt %d): %s",
-                attempt,
-                exc,
-                extra=fields(driver=dra.name, reason="plugin-start"),
-            )
+            if backoff.failed(why):
+                log.error(
+                    "DRA driver failed to start (attempt %d, next in %gs): %s",
+                    backoff.attempts,
+                    backoff.delay,
+                    why,
+                    extra=fields(driver=dra.name, reason="plugin-start"),
+                )
             return False
         dra.error = None
+        backoff.succeeded()
         return True
 
     @property

@@ -7,6 +7,12 @@ where it would publish a device plugin's list; the
 the pool, and the :class:`~cdi_gen.kubelet.draplugin.DraPlugin` answers the kubelet's
 NodePrepareResources from it, reading each claim through the API server.
 
+The slices offer the pool only while the kubelet plugin serves: a device in a slice is one
+the scheduler may allocate, and only a served plugin can prepare it. Until the plugin serves
+(its checkpoint refused, a socket path too long or a folder that cannot be served), and
+whenever it stops serving, the publisher follows an empty pool, which also withdraws the
+devices of slices an earlier run left; the devices are published when the plugin serves.
+
 The API server client and the DRA gRPC services are imported only when a class uses DRA: an
 agent serving device plugins alone loads neither.
 """
@@ -14,16 +20,18 @@ agent serving device plugins alone loads neither.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from cdi_gen.backoff import Backoff, describe
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics
-from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
+from cdi_gen.model import AdvertisedDevice, DiscoveredDevice, PoolDevice
 from cdi_gen.modes import make_folder
 
 if TYPE_CHECKING:
@@ -41,7 +49,8 @@ log = logging.getLogger("cdi_gen.driver")
 #: device that is gone whatever a stale slice says.
 WITHDRAW_SECONDS = 5.0
 
-#: Wait before a publisher that failed unexpectedly starts over.
+#: First wait before a publisher that failed unexpectedly starts over (doubled while it
+#: keeps failing; never above ``retry_max_seconds``).
 RESTART_SECONDS = 5.0
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
@@ -56,14 +65,22 @@ class DraDriver:
         self.metrics = metrics
         self.name = settings.driver_name(config)
         self.node = settings.node()
+        #: Every device of the DRA classes: what NodePrepareResources and health answer from.
         self.pool = DevicePool()
+        #: What the ResourceSlices offer: ``pool`` while the kubelet plugin serves, else
+        #: empty (see the module docstring). The publisher follows this one.
+        self.offered = DevicePool()
+        #: Per class: the devices last put into ``pool``, offered again when serving resumes.
+        self._classes: dict[str, tuple[PoolDevice, ...]] = {}
         #: Per class: the pool entries last built, reused while their device is unchanged.
         self._cache: dict[str, PoolCache] = {}
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.client: ApiClient | None = None
-        #: Why the driver is not serving, or None.
+        #: Why the driver could not start (set by the agent's start attempts), or None.
         self.error: str | None = None
+        #: Why the started plugin does not serve now ("" while it does).
+        self._not_serving = "not started"
 
     # -- the agent's two publication points --------------------------------------------
 
@@ -73,17 +90,45 @@ class DraDriver:
         advertised: Iterable[AdvertisedDevice],
         discovered: Mapping[str, DiscoveredDevice],
     ) -> bool:
-        """Put ``config``'s class into the pool as ``advertised``; whether the pool changed."""
+        """Put ``config``'s class into the pool as ``advertised``; whether what the slices
+        offer changed (nothing to wait for when it did not)."""
         cache = self._cache.setdefault(config.name, {})
-        devices = pool_devices(self.config.vendor, config, advertised, discovered, cache)
-        return self.pool.publish(config.name, devices)
+        devices = tuple(pool_devices(self.config.vendor, config, advertised, discovered, cache))
+        self._classes[config.name] = devices
+        self.pool.publish(config.name, devices)
+        return self.offered.publish(config.name, devices if self.serving else ())
+
+    @property
+    def serving(self) -> bool:
+        """Whether the kubelet plugin serves (the slices offer the pool)."""
+        return not self._not_serving
+
+    def _serving_changed(self, serving: bool, why: str) -> None:
+        """The plugin's sockets became served, or stopped being: offer the pool, or
+        nothing. Not once stopping (the slices then stay, see :meth:`stop`)."""
+        if self.offered.closed:
+            return
+        self._not_serving = "" if serving else why or "not serving"
+        for name, devices in self._classes.items():
+            self.offered.publish(name, devices if serving else ())
+        if serving:
+            log.info(
+                "DRA driver serving; its devices are offered in the ResourceSlices",
+                extra=fields(driver=self.name, devices=len(self.pool.devices)),
+            )
+        else:
+            log.warning(
+                "DRA driver not serving; its devices are withdrawn from the ResourceSlices: %s",
+                self._not_serving,
+                extra=fields(driver=self.name),
+            )
 
     async def withdrawn(self) -> None:
-        """Wait (bounded) until the pool's current version is in the API server."""
+        """Wait (bounded) until what the slices offer now is in the API server."""
         publisher = self.publisher
         if publisher is None:
             return
-        if not await publisher.published(self.pool.version, WITHDRAW_SECONDS):
+        if not await publisher.published(self.offered.version, WITHDRAW_SECONDS):
             log.warning(
                 "ResourceSlices not updated within %gs; the spec changes anyway",
                 WITHDRAW_SECONDS,
@@ -93,58 +138,80 @@ class DraDriver:
     # -- life ------------------------------------------------------------------------
 
     async def start(self, spawn: Spawn) -> None:
-        """Connect to the API server, publish the pool, serve the kubelet plugin.
+        """Connect to the API server, serve the kubelet plugin, publish the slices.
+
+        Each part is made once and kept, so a later attempt resumes where one failed. The
+        publisher starts after the first attempt to serve, whatever its outcome: serving, it
+        publishes the pool; not serving, an empty pool (earlier slices withdrawn).
 
         Raises :class:`~cdi_gen.errors.CdiGenError` when the API server's config cannot be
-        read or a socket cannot be served; the agent retries.
+        read, the plugin cannot be made (a socket path too long), its checkpoint is refused or
+        a socket cannot be served; the agent retries.
         """
-        from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.apiserver.client import ApiClient
         from cdi_gen.apiserver.publisher import SlicePublisher
+
+        settings = self.settings
+        if self.client is None:
+            self.client = await ApiClient.open(settings.kubeconfig)
+        client = self.client
+        try:
+            if self.plugin is None:
+                self.plugin = self._make_plugin(client)
+                self.plugin.follow_serving(self._serving_changed)
+            plugin = self.plugin
+            make_folder(settings.plugins_registry_dir)
+            make_folder(settings.kubelet_plugins_dir / self.name)
+            try:
+                await plugin.start()
+            except BaseException:
+                # A socket served before the failure must not stay (the kubelet would dial a
+                # driver that cannot prepare); the next attempt serves both anew.
+                with contextlib.suppress(Exception):
+                    await plugin.stop(grace=0)
+                raise
+        finally:
+            if self.publisher is None:
+                self.publisher = SlicePublisher(client, self.name, self.node, self.offered)
+                spawn(self._publish(self.publisher), f"slices {self.name}")
+                self._export(self.publisher)
+        log.info(
+            "DRA driver started",
+            extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
+        )
+
+    def _make_plugin(self, client: ApiClient) -> DraPlugin:
+        from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.kubelet.claims import Refusal
         from cdi_gen.kubelet.draplugin import DraPlugin
 
         settings = self.settings
-        if self.publisher is None:
-            client = self.client = await ApiClient.open(settings.kubeconfig)
-            self.publisher = SlicePublisher(client, self.name, self.node, self.pool)
-            spawn(self._publish(self.publisher), f"slices {self.name}")
-            self._export(self.publisher)
-            reader = ClaimReader(client, asyncio.get_running_loop())
-            registered = {
-                ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
-                for ok in (True, False)
-            }
+        registered = {
+            ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
+            for ok in (True, False)
+        }
 
-            def on_register(ok: bool, error: str) -> None:
-                registered[ok].inc()
+        def on_register(ok: bool, error: str) -> None:
+            registered[ok].inc()
 
-            self.plugin = DraPlugin(
+        return DraPlugin(
+            self.name,
+            self.pool,
+            ClaimReader(client, asyncio.get_running_loop()),
+            pool_name=self.node,
+            cdi_kinds=[
+                f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
+            ],
+            registry_dir=settings.plugins_registry_dir,
+            plugins_dir=settings.kubelet_plugins_dir,
+            state_dir=settings.state_dir,
+            on_register=on_register,
+            # Counted with the device plugins' allocations, under the driver's name: a
+            # prepared claim is DRA's allocation on the node.
+            on_prepare=self.metrics.allocate_hook(
                 self.name,
-                self.pool,
-                reader,
-                pool_name=self.node,
-                cdi_kinds=[
-                    f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
-                ],
-                registry_dir=settings.plugins_registry_dir,
-                plugins_dir=settings.kubelet_plugins_dir,
-                state_dir=settings.state_dir,
-                on_register=on_register,
-                # Counted with the device plugins' allocations, under the driver's name: a
-                # prepared claim is DRA's allocation on the node.
-                on_prepare=self.metrics.allocate_hook(
-                    self.name,
-                    [*Refusal, "claim-read", "checkpoint", "internal"],
-                ),
-            )
-        assert self.plugin is not None
-        make_folder(settings.plugins_registry_dir)
-        make_folder(settings.kubelet_plugins_dir / self.name)
-        await self.plugin.start()
-        log.info(
-            "DRA driver serving",
-            extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
+                [*Refusal, "claim-read", "checkpoint", "internal"],
+            ),
         )
 
     def _export(self, publisher: SlicePublisher) -> None:
@@ -152,40 +219,53 @@ class DraDriver:
         publisher's own state, never a copy gone stale)."""
         self.metrics.pool_generation.labels(self.name).set_function(lambda: publisher.generation)
         self.metrics.pool_published.labels(self.name).set_function(
-            lambda: float(publisher.published_version >= self.pool.version)
+            lambda: float(publisher.published_version >= self.offered.version)
         )
 
     async def _publish(self, publisher: SlicePublisher) -> None:
         """Run the publisher until the pool closes. It retries API failures itself; anything
         else is a bug, logged and counted, and must not stop the agent (it would take the
-        device plugins and the specs of every other class with it): start it over."""
+        device plugins and the specs of every other class with it): start it over, after a
+        wait that grows while it keeps failing (one traceback per doubling of the attempts)."""
+        longest = self.settings.retry_max_seconds
+        backoff = Backoff(min(RESTART_SECONDS, longest), longest)
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             try:
                 await publisher.run()
                 return
-            except Exception:
+            except Exception as exc:
+                if loop.time() - began > backoff.maximum:
+                    backoff.succeeded()  # it ran well for a while: a new failure
                 self.metrics.failures.labels(self.name, "internal").inc()
-                log.exception(
-                    "publishing ResourceSlices failed; starting over in %gs",
-                    RESTART_SECONDS,
-                    extra=fields(driver=self.name),
-                )
-                await asyncio.sleep(RESTART_SECONDS)
+                if backoff.failed(describe(exc)):
+                    log.exception(
+                        "publishing ResourceSlices failed (attempt %d); starting over in %gs",
+                        backoff.attempts,
+                        backoff.delay,
+                        extra=fields(driver=self.name),
+                    )
+                await asyncio.sleep(backoff.delay)
 
     def waiting(self) -> str | None:
         """For ``/readyz``: what the driver still waits for, or None when ready."""
         if self.error is not None:
             return f"DRA driver {self.name} (not serving: {self.error})"
+        if self.plugin is not None and not self.serving:
+            return f"DRA driver {self.name} (not serving: {self._not_serving})"
         if self.plugin is None or self.plugin.registrations == 0:
             return f"DRA driver {self.name} (not registered with the kubelet)"
-        if self.publisher is None or self.publisher.published_version < self.pool.version:
+        if self.publisher is None or self.publisher.published_version < self.offered.version:
             return f"DRA driver {self.name} (ResourceSlices not published)"
         return None
 
     async def stop(self) -> None:
         """Stop serving; the slices stay (running pods keep their devices, and a new agent
         adopts them), the kubelet removes them when no driver comes back."""
-        # Closing the pool ends the publisher's run (a task of the agent's group).
+        # Closing the offered pool ends the publisher's run (a task of the agent's group);
+        # closed first, so that the plugin's stop below withdraws nothing.
+        self.offered.close()
         self.pool.close()
         if self.plugin is not None:
             await self.plugin.stop(grace=1.0)

@@ -150,3 +150,27 @@ async def test_run_pins_the_runtime_limit_and_serves_the_classes_that_fit(
     assert not (short_dir / "cdi" / "example.com-gids.json").exists()
     text = stderr.decode()
     assert "additionalGids needs cdiVersion 0.7.0 or newer, the target is 0.5.0" in text, text
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0", "-1", "0.0999", "nan", "inf", "1e300"])
+def test_run_refuses_a_retry_wait_that_would_storm_or_stall(short_dir: Path, value: str) -> None:
+    """CDI_GEN_RETRY_MAX_SECONDS=1e-9 made 46,765 start attempts in 2 s: a bound outside
+    0.1 s to an hour exits 2 before anything starts, naming the variable and the value."""
+    import subprocess
+
+    config = short_dir / "config.yaml"
+    config.write_text(CONFIG)
+    env = {**os.environ, "CDI_GEN_CONFIG": str(config), "CDI_GEN_RETRY_MAX_SECONDS": value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "run", "--spec-dir", str(short_dir / "cdi")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "CDI_GEN_RETRY_MAX_SECONDS" in line]
+    assert f"(got {value!r})" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not (short_dir / "cdi").exists()

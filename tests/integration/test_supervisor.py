@@ -159,3 +159,71 @@ async def test_a_stop_right_after_registration_is_not_swallowed(
         assert registrar.task.cancelled(), f"cancel swallowed: {registrar.task.result()}"
     finally:
         await supervisor._stop_servers(0)
+
+
+async def test_refusals_are_retried_no_faster_than_the_floor_and_logged_per_doubling(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bound of 1e-9 s is raised to the floor of every backoff (it made a retry storm), a
+    refusal that repeats is logged on attempts 1, 2, 4, 8, and an empty refusal still says
+    what happened."""
+    marker = short_dir / "kubelet"
+    marker.touch()
+    registrar = MarkerRegistrar(marker)
+    registrar.answers = ["refused"] * 6 + ["", "refused", None]
+    supervisor = Supervisor(
+        "test", [echo_server(short_dir / "a.sock")], registrar, max_backoff=1e-9
+    )
+    await supervisor.start()
+    try:
+        await asyncio.wait_for(supervisor.wait_registered(), 10)
+    finally:
+        await supervisor.stop()
+    assert registrar.calls == 9
+    lines = [r.getMessage() for r in caplog.records if "with the kubelet failed" in r.getMessage()]
+    assert lines == [
+        "registering test with the kubelet failed (attempt 1, next in 0.1s): refused",
+        "registering test with the kubelet failed (attempt 2, next in 0.1s): refused",
+        "registering test with the kubelet failed (attempt 4, next in 0.1s): refused",
+        "registering test with the kubelet failed (attempt 7, next in 0.1s): refused without "
+        "a reason",
+        "registering test with the kubelet failed (attempt 8, next in 0.1s): refused",
+    ]
+
+
+class NoKubelet(MarkerRegistrar):
+    """No kubelet ever comes; counts how often the supervisor looked for one."""
+
+    looked = 0
+
+    def kubelet_id(self) -> FileId | None:
+        self.looked += 1
+        return None
+
+
+async def test_a_socket_wiped_before_any_kubelet_came_is_served_again(short_dir: Path) -> None:
+    """No kubelet yet, and the plugin folder is wiped: the socket is served again (and the
+    serving hook says when it could not be), not only once a kubelet shows up."""
+    path = short_dir / "plugin" / "a.sock"
+    path.parent.mkdir()
+    changes: list[tuple[bool, str]] = []
+    registrar = NoKubelet(short_dir / "none")
+    supervisor = Supervisor("test", [echo_server(path)], registrar, watch_interval=0.02)
+    supervisor.on_serving = lambda serving, why: changes.append((serving, why))
+    await supervisor.start()
+    try:
+        assert changes == [(True, "")]
+        await until(lambda: registrar.looked >= 2)  # waiting for a kubelet
+        path.parent.rename(short_dir / "moved")
+        path.parent.write_text("in the way")
+        await until(lambda: len(changes) == 2)
+        assert changes[1][0] is False and "cannot serve on" in changes[1][1]
+        path.parent.unlink()
+        path.parent.mkdir()
+        await until(lambda: len(changes) == 3)
+        assert changes[2] == (True, "")
+        assert await call(path) == b"ping"
+        assert registrar.calls == 0
+    finally:
+        await supervisor.stop()
+    assert changes[-1] == (False, "stopped")

@@ -29,11 +29,34 @@ def _driver() -> DraDriver:
 def test_publish_puts_the_class_into_the_pool() -> None:
     driver = _driver()
     cls = CONFIG.classes[0]
+    driver._serving_changed(True, "")
     assert driver.publish(cls, [AdvertisedDevice("fpga0", physical="/sys/x")], {})
     (device,) = driver.pool.devices.values()
     assert (device.name, device.cdi_name) == ("fpga-fpga0", "example.com/fpga=fpga0")
+    assert driver.offered.devices == driver.pool.devices
     assert not driver.publish(cls, [AdvertisedDevice("fpga0", physical="/sys/x")], {})
     assert (driver.name, driver.node) == ("example.com", "node-1")
+
+
+def test_the_slices_offer_the_pool_only_while_the_plugin_serves() -> None:
+    """The pool always holds the devices (NodePrepareResources answers from it); what the
+    publisher follows is empty until the plugin serves and whenever it stops serving."""
+    driver = _driver()
+    cls = CONFIG.classes[0]
+    driver.publish(cls, [AdvertisedDevice("fpga0")], {})
+    assert list(driver.pool.devices) == ["fpga-fpga0"]
+    assert not driver.offered.devices
+    assert not driver.publish(cls, [AdvertisedDevice("fpga0")], {})  # nothing to withdraw
+
+    driver._serving_changed(True, "")
+    assert list(driver.offered.devices) == ["fpga-fpga0"]
+    driver._serving_changed(False, "cannot serve on 'x': gone")
+    assert not driver.offered.devices
+    assert list(driver.pool.devices) == ["fpga-fpga0"]
+
+    driver.offered.close()  # stopping: the slices stay as they are
+    driver._serving_changed(True, "")
+    assert not driver.offered.devices
 
 
 def test_waiting_names_what_is_missing() -> None:
@@ -41,6 +64,38 @@ def test_waiting_names_what_is_missing() -> None:
     assert driver.waiting() == "DRA driver example.com (not registered with the kubelet)"
     driver.error = "no API server configuration"
     assert driver.waiting() == ("DRA driver example.com (not serving: no API server configuration)")
+
+
+def test_a_start_that_fails_without_a_message_still_names_its_cause(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception whose str() is empty (an assert, a bare raise) is named in the log and
+    in /readyz on every attempt, not "failed to start (attempt 2): " and "not serving: )"."""
+    from cdi_gen.agent import Agent
+    from cdi_gen.backoff import Backoff
+
+    agent = Agent(CONFIG, load_settings({"node_name": "node-1"}))
+    assert agent.dra is not None
+
+    async def start(spawn: object) -> None:
+        raise AssertionError
+
+    monkeypatch.setattr(agent.dra, "start", start)
+    backoff = Backoff()
+    for _ in range(2):
+        assert not asyncio.run(agent._start_dra(backoff))
+        why = agent.dra.waiting()
+        assert why == (
+            "DRA driver example.com (not serving: AssertionError without a message: "
+            "AssertionError())"
+        )
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "DRA driver failed to start (attempt 1, next in 0.5s): AssertionError without a "
+        "message: AssertionError()",
+        "DRA driver failed to start (attempt 2, next in 1s): AssertionError without a "
+        "message: AssertionError()",
+    ]
 
 
 class _Flaky:
@@ -64,7 +119,8 @@ def test_a_failing_publisher_is_started_over_not_fatal(
     asyncio.run(driver._publish(flaky))  # type: ignore[arg-type]
     assert flaky.runs == 2
     assert driver.metrics.failures.labels("example.com", "internal")._value.get() == 1
-    assert "publishing ResourceSlices failed; starting over" in caplog.text
+    # A wait of 0 is raised to the floor of every backoff.
+    assert "publishing ResourceSlices failed (attempt 1); starting over in 0.1s" in caplog.text
 
 
 class _Published:

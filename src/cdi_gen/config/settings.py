@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cdi_gen import paths
+from cdi_gen.backoff import FLOOR_SECONDS
 from cdi_gen.cdi.registry import unique_dirs
 from cdi_gen.cdi.runtimes import detect_all, node_limit
 from cdi_gen.cdi.version import normalize
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "CDI_GEN_"
+#: Longest ``retry_max_seconds`` accepted.
+RETRY_MAX_LIMIT = 3600.0
 _EMPTY = "empty"
 
 
@@ -145,8 +148,9 @@ class Settings(BaseSettings):
         "replaces and removes only the specs it wrote; default: the config's vendor (two "
         "agents with one vendor need distinct names)",
     )
-    #: Longest wait between retries of a failed spec write or registration, in seconds.
-    retry_max_seconds: float = Field(default=30.0, gt=0)
+    #: Longest wait between retries of a failed spec write or plugin start, in seconds;
+    #: from the floor of every backoff (0.1 s) to an hour, refused outside.
+    retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
 
     @field_validator("runtime_spec_dirs", "runtime", mode="before")
     @classmethod
@@ -180,6 +184,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{quote(value)} is not a DNS subdomain (lower-case letters, digits, '-' "
                 "and '.', at most 253 characters)"
+            )
+        return value
+
+    @field_validator("retry_max_seconds", mode="after")
+    @classmethod
+    def _retry_bounds(cls, value: float) -> float:
+        # Below the floor the retries become a storm (1e-9 s made 46,765 attempts in 2 s);
+        # above an hour a device waits that long after one passing write error.
+        if not FLOOR_SECONDS <= value <= RETRY_MAX_LIMIT:
+            raise ValueError(
+                f"the longest wait between retries must be {FLOOR_SECONDS:g} to "
+                f"{RETRY_MAX_LIMIT:g} seconds"
             )
         return value
 

@@ -12,6 +12,9 @@ while registration is in flight), register in the background with backoff while 
 is absent or refuses, then watch the socket files; when one of ours disappears or the
 kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
 again. A restart noticed while registration is in flight abandons that attempt at once.
+Failed attempts wait through one :class:`~cdi_gen.backoff.Backoff` (never less than its
+floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
+what must follow it (a DRA driver offers its devices only while it serves).
 
 Whether a new kubelet needs fresh sockets depends on the registration: the device plugin's
 kubelet wipes its folder when it starts, so serving anew is required; the plugin watcher keeps
@@ -28,15 +31,20 @@ from collections.abc import Callable, Hashable, Sequence
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
+from cdi_gen.backoff import Backoff, describe
 from cdi_gen.kubelet.transport import UnixServer
 
-__all__ = ["RegisterHook", "Registrar", "SupervisedPlugin", "Supervisor"]
+__all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
 #: ``on_register(ok, error)``: error is ``""`` on success, else why the kubelet said no.
 RegisterHook = Callable[[bool, str], None]
+#: ``on_serving(serving, why)``: whether every socket is served; why not (``""`` when it is).
+ServingHook = Callable[[bool, str], None]
 _Outcome = Literal["ok", "failed", "interrupted"]
+#: Shortest interval between two looks at the socket files and the kubelet.
+MIN_WATCH_INTERVAL = 0.01
 
 
 class Registrar(Protocol):
@@ -57,11 +65,13 @@ class Registrar(Protocol):
 class Supervisor:
     """Serve ``servers``, register through ``registrar``, follow kubelet restarts.
 
-    ``watch_interval`` is how often the socket files are checked, ``max_backoff`` bounds
-    the wait between failed attempts. ``on_register`` is called on the loop after each
-    attempt; its exceptions are logged and ignored. With ``serve_anew_on_restart`` False, a
-    new kubelet identity means registering again on the same sockets (a socket that is gone
-    is still served anew).
+    ``watch_interval`` is how often the socket files are checked (never more often than
+    :data:`MIN_WATCH_INTERVAL`), ``max_backoff`` bounds the wait between failed attempts
+    (a :class:`~cdi_gen.backoff.Backoff` from 0.1 s: never a shorter wait, whatever is
+    asked); a failure that repeats is logged once per doubling of its attempts.
+    ``on_register`` is called on the loop after each attempt; its exceptions are logged and
+    ignored. With ``serve_anew_on_restart`` False, a new kubelet identity means registering
+    again on the same sockets (a socket that is gone is still served anew).
     """
 
     def __init__(
@@ -79,13 +89,18 @@ class Supervisor:
         self.servers = tuple(servers)
         self.registrar = registrar
         self._on_register = on_register
-        self._watch_interval = watch_interval
+        # A poll interval of 0 would spin the loop.
+        self._watch_interval = max(watch_interval, MIN_WATCH_INTERVAL)
         self._max_backoff = max_backoff
         self._serve_anew = serve_anew_on_restart
         self._task: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
         #: Successful registrations so far (a kubelet restart adds one).
         self.registrations = 0
+        #: Whether every socket is served (between a start and a stop, unless serving anew
+        #: failed), and who is told when that changes (exceptions logged and ignored).
+        self.serving = False
+        self.on_serving: ServingHook | None = None
 
     async def start(self) -> None:
         """Serve every socket, then register in the background. Raises
@@ -94,6 +109,7 @@ class Supervisor:
             return
         for server in self.servers:
             server.start()
+        self._set_serving(True, "")
         self._task = asyncio.create_task(self._run(), name=f"kubelet plugin {self.name}")
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -105,6 +121,7 @@ class Supervisor:
             await asyncio.gather(task, return_exceptions=True)
         await self._stop_servers(grace)
         self._registered.clear()
+        self._set_serving(False, "stopped")
 
     async def wait_registered(self) -> None:
         """Wait until the kubelet has accepted the current registration."""
@@ -115,27 +132,49 @@ class Supervisor:
 
     async def _restart_servers(self) -> None:
         await self._stop_servers(grace=0.2)
-        for server in self.servers:
-            server.start()
+        try:
+            for server in self.servers:
+                server.start()
+        except Exception as exc:
+            self._set_serving(False, describe(exc))
+            raise
+        self._set_serving(True, "")
+
+    def _set_serving(self, serving: bool, why: str) -> None:
+        if serving == self.serving:
+            return
+        self.serving = serving
+        if self.on_serving is None:
+            return
+        try:
+            self.on_serving(serving, why)
+        except Exception:
+            log.exception("serving hook of %s failed", self.name)
 
     def _gone(self) -> bool:
         return any(s.gone() for s in self.servers)
 
     async def _run(self) -> None:
-        initial = min(0.1, self._max_backoff)
-        delay = initial
+        backoff = Backoff(0.1, self._max_backoff)
         fresh_servers = False
         while True:
             try:
-                outcome, kubelet_id = await self._register_once(fresh_servers)
+                outcome, kubelet_id, error = await self._register_once(fresh_servers)
                 fresh_servers = False
             except Exception as exc:
                 # Serving failed (folder gone, bind refused...): keep trying, the kubelet
                 # folder may come back; the hook lets the agent decide to give up.
-                log.error("kubelet plugin %s cannot serve: %s", self.name, exc)
-                self._call_hook(False, str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._max_backoff)
+                why = describe(exc)
+                if backoff.failed(why):
+                    log.error(
+                        "kubelet plugin %s cannot serve (attempt %d, next in %gs): %s",
+                        self.name,
+                        backoff.attempts,
+                        backoff.delay,
+                        why,
+                    )
+                self._call_hook(False, why)
+                await asyncio.sleep(backoff.delay)
                 continue
             if outcome == "interrupted":
                 # The kubelet restarted while registration was in flight: its answer no
@@ -145,30 +184,44 @@ class Supervisor:
                 continue
             restarted = functools.partial(self._kubelet_restarted, kubelet_id)
             if outcome == "failed":
+                if backoff.failed(error):
+                    log.warning(
+                        "registering %s with the kubelet failed (attempt %d, next in %gs): %s",
+                        self.name,
+                        backoff.attempts,
+                        backoff.delay,
+                        error,
+                    )
                 # Retry after the backoff, or at once when the kubelet is no longer the one
                 # just tried. Its identity was taken before the attempt: read after the
                 # failure it could already be the new kubelet's, which would then look
                 # unchanged and cost the whole backoff.
-                await self._poll(restarted, delay)
-                delay = min(delay * 2, self._max_backoff)
+                await self._poll(restarted, backoff.delay)
                 continue
-            delay = initial
+            backoff.succeeded()
             await self._poll(restarted)
             log.info("kubelet restarted; registering %s again", self.name)
             self._registered.clear()
             fresh_servers = self._serve_anew
 
-    async def _register_once(self, fresh_servers: bool) -> tuple[_Outcome, Hashable | None]:
+    async def _register_once(self, fresh_servers: bool) -> tuple[_Outcome, Hashable | None, str]:
         """Serve anew if asked or if a socket is gone, wait for a kubelet, register once.
 
-        Return the outcome and the kubelet identity tried, read before the attempt: ``ok``,
-        ``failed`` (the kubelet said no or was unreachable) or ``interrupted`` (a socket or
-        the kubelet was replaced while registration was in flight).
+        Return the outcome, the kubelet identity tried (read before the attempt) and why it
+        failed: ``ok``, ``failed`` (the kubelet said no or was unreachable) or
+        ``interrupted`` (a socket or the kubelet was replaced while registration was in
+        flight).
         """
-        if fresh_servers or self._gone():
-            await self._restart_servers()
         registrar = self.registrar
-        await self._poll(lambda: registrar.kubelet_id() is not None)
+        while True:
+            if fresh_servers or self._gone():
+                await self._restart_servers()
+                fresh_servers = False
+            # A socket wiped before any kubelet came is served again now, not once one
+            # comes (the plugin watcher cannot even find a registration socket that is gone).
+            await self._poll(lambda: registrar.kubelet_id() is not None or self._gone())
+            if not self._gone():
+                break
         kubelet_id = registrar.kubelet_id()
         register = asyncio.ensure_future(registrar.register())
         watch = asyncio.ensure_future(
@@ -187,16 +240,18 @@ class Supervisor:
             await asyncio.gather(watch, register, return_exceptions=True)
         if register.cancelled():
             self._registered.clear()
-            return "interrupted", kubelet_id
+            return "interrupted", kubelet_id, ""
         error = register.result()
-        self._call_hook(error is None, error or "")
         if error is not None:
-            log.warning("registering %s with the kubelet failed: %s", self.name, error)
-            return "failed", kubelet_id
+            # An empty answer is still a refusal, and must say so.
+            error = error or "refused without a reason"
+            self._call_hook(False, error)
+            return "failed", kubelet_id, error
+        self._call_hook(True, "")
         self.registrations += 1
         self._registered.set()
         log.info("registered %s with the kubelet", self.name)
-        return "ok", kubelet_id
+        return "ok", kubelet_id, ""
 
     def _kubelet_restarted(self, registered_with: Hashable | None) -> bool:
         if self._gone():
@@ -237,6 +292,16 @@ class SupervisedPlugin:
 
     async def start(self) -> None:
         raise NotImplementedError
+
+    @property
+    def serving(self) -> bool:
+        """Whether every socket of the plugin is served now."""
+        return self._supervisor.serving
+
+    def follow_serving(self, hook: ServingHook) -> None:
+        """Have ``hook(serving, why)`` called on the loop whenever :attr:`serving` changes
+        (what depends on the plugin, like the devices a DRA driver publishes, follows it)."""
+        self._supervisor.on_serving = hook
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop registering, end the plugin's streams, stop serving, remove its sockets.

@@ -1,0 +1,218 @@
+"""The agent's DRA driver as wired for `cdi-gen run`, against a stand-in API server.
+
+The real :class:`~cdi_gen.agent.Agent` with a DRA class on recorded devices, its real
+:class:`~cdi_gen.driver.DraDriver` (the real lightkube client, publisher and kubelet plugin
+on real unix sockets) and the stand-in :class:`~tests.fakes.apiserver.FakeApiServer`, whose
+every accepted slice write is recorded here. A device is offered in a ResourceSlice only
+while the kubelet plugin serves: the scheduler allocates what a slice lists, and a driver
+that does not serve cannot prepare it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdi_gen.agent import Agent
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.settings import Settings
+from tests.fakes.apiserver import FakeApiServer, Obj
+from tests.fakes.drakubelet import FakeDraKubelet
+from tests.fakes.source import PipeSource
+
+pytestmark = pytest.mark.timeout(60)
+
+DRIVER = "example.com"
+NODE = "node-1"
+CONFIG = {
+    "vendor": DRIVER,
+    "classes": [
+        {"name": "loop", "match": {"subsystem": "block", "kernel": "loop[0-9]"}, "api": "dra"}
+    ],
+}
+DEVICES = {"loop-loop0", "loop-loop1"}
+
+
+def _previous_run_slice() -> Obj:
+    """What an earlier agent of this node left: the pool at generation 3 with a device."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{NODE}-{DRIVER}-0"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1},
+            "devices": [{"name": "loop-loop0"}],
+        },
+    }
+
+
+def _devices_of(obj: Obj) -> list[Obj]:
+    return list((obj.get("spec") or {}).get("devices") or [])
+
+
+def _offered(api: FakeApiServer) -> set[str]:
+    """The devices our slices list now, if they are all of one generation above the seed's
+    (the scheduler ignores a pool's older generations)."""
+    ours = [s for s in api.slices.values() if s["spec"]["driver"] == DRIVER]
+    generations = {s["spec"]["pool"]["generation"] for s in ours}
+    if len(generations) != 1 or generations.pop() <= 3:
+        return {"<none or stale>"}
+    return {d["name"] for s in ours for d in _devices_of(s)}
+
+
+def _api(api: FakeApiServer) -> list[Obj]:
+    """The node and the slice an earlier run left in ``api``; then every slice the API
+    server accepts from now on, in order (what was ever published, not only what is)."""
+    api.nodes[NODE] = str(uuid.uuid4())
+    api.write(_previous_run_slice())
+    written: list[Obj] = []
+    write = api.write
+
+    def record(obj: Obj) -> Obj:
+        written.append(copy.deepcopy(obj))
+        return write(obj)
+
+    api.write = record  # type: ignore[method-assign]
+    return written
+
+
+def _ever_offered(written: list[Obj]) -> set[str]:
+    return {d["name"] for obj in written for d in _devices_of(obj)}
+
+
+@asynccontextmanager
+async def _agent(
+    short_dir: Path, api: FakeApiServer, **options: Any
+) -> AsyncIterator[tuple[Agent, PipeSource]]:
+    source = PipeSource.from_data("export-db-vm.txt", only={"loop0", "loop1"})
+    settings: dict[str, Any] = {
+        "spec_dir": short_dir / "cdi",
+        "device_plugin_dir": short_dir / "dp",
+        "plugins_registry_dir": short_dir / "reg",
+        "kubelet_plugins_dir": short_dir / "plugins",
+        "state_dir": short_dir / "state",
+        "kubeconfig": api.kubeconfig(short_dir),
+        "node_name": NODE,
+        "metrics_address": "127.0.0.1:0",
+        "retry_max_seconds": 1.0,
+        **options,
+    }
+    agent = Agent(parse_config(CONFIG, "test.yaml"), Settings(**settings), source=source)
+    task = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.started.wait(), 10)
+        yield agent, source
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+        source.release()
+
+
+async def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll ``condition``: a start attempt is counted, and signals nothing else."""
+    for _ in range(int(within / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {within}s")
+
+
+async def _readyz(agent: Agent) -> tuple[int, str]:
+    assert agent._http is not None
+    host, port = agent._http.sockets[0].getsockname()[:2]
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = (await asyncio.wait_for(reader.read(), 5)).decode()
+    writer.close()
+    head, _, body = data.partition("\r\n\r\n")
+    return int(head.split()[1]), body.strip()
+
+
+def _foreign_checkpoint(short_dir: Path) -> Callable[[], None]:
+    path = short_dir / "state" / f"dra-{DRIVER}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"kind": "SomethingElse"}')
+    return lambda: path.rename(path.with_suffix(".moved"))
+
+
+def _corrupt_checkpoint(short_dir: Path) -> Callable[[], None]:
+    path = short_dir / "state" / f"dra-{DRIVER}.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00not json")
+    return path.unlink
+
+
+@pytest.mark.parametrize(
+    ("refuse", "why"),
+    [(_foreign_checkpoint, "not a cdi-gen DRA checkpoint"), (_corrupt_checkpoint, "not JSON")],
+)
+async def test_no_device_is_offered_until_the_plugin_serves(
+    short_dir: Path, refuse: Callable[[Path], Callable[[], None]], why: str
+) -> None:
+    """A refused checkpoint: the slices an earlier run left are emptied (at a newer
+    generation), no write ever lists a device, /readyz names the cause; once the checkpoint
+    is moved away the plugin serves and the devices are published."""
+    allow = refuse(short_dir)
+    async with FakeApiServer() as api:
+        written = _api(api)
+        async with _agent(short_dir, api) as (agent, _):
+            await api.until(lambda: _offered(api) == set())
+            status, body = await _readyz(agent)
+            assert status == 503
+            assert f"DRA driver {DRIVER} (not serving: " in body and why in body, body
+            assert _ever_offered(written) == set(), written
+
+            allow()  # the next start attempt serves
+            await api.until(lambda: _offered(api) == DEVICES)
+            assert agent.dra is not None and agent.dra.serving
+
+
+async def test_a_socket_path_over_the_unix_limit_offers_no_device(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin cannot even be made: nothing is offered, and every start attempt (the
+    second one too) names the cause in the log and in /readyz."""
+    plugins = short_dir / ("p" * 100)
+    async with FakeApiServer() as api:
+        written = _api(api)
+        async with _agent(short_dir, api, kubelet_plugins_dir=plugins) as (agent, _):
+            await api.until(lambda: _offered(api) == set())
+            attempts = agent.metrics.failures.labels(DRIVER, "plugin-start")
+            await _until(lambda: attempts._value.get() >= 2)
+            status, body = await _readyz(agent)
+            assert status == 503
+            assert "not serving: unix socket path" in body and "longer than 107 bytes" in body
+            assert _ever_offered(written) == set(), written
+    failed = [r.getMessage() for r in caplog.records if "failed to start" in r.getMessage()]
+    assert len(failed) >= 2
+    assert all("longer than 107 bytes" in line for line in failed), failed
+
+
+async def test_devices_are_withdrawn_while_the_plugin_cannot_serve(short_dir: Path) -> None:
+    """Serving and registered, then the plugin's folder becomes a file (the sockets cannot
+    be served again): the devices leave the slices until it serves again."""
+    async with FakeApiServer() as api, FakeDraKubelet(short_dir / "reg") as kubelet:
+        _api(api)
+        async with _agent(short_dir, api) as (agent, _):
+            await kubelet.next_registration(within=10)
+            await api.until(lambda: _offered(api) == DEVICES)
+            folder = short_dir / "plugins" / DRIVER
+            shutil.rmtree(folder)
+            folder.write_text("in the way")
+            await api.until(lambda: _offered(api) == set())
+            status, body = await _readyz(agent)
+            assert status == 503 and "not serving: cannot serve on" in body, body
+
+            folder.unlink()
+            folder.mkdir()
+            await api.until(lambda: _offered(api) == DEVICES)
