@@ -180,9 +180,12 @@ def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
     writer.write_spec(tmp_path, make_spec("c").model_copy(update={"kind": "other.org/gone"}))
     (tmp_path / "example.com-foreign.json").write_text("{}")
     configured = {("example.com", "loop")}
-    done = writer.remove_unconfigured(tmp_path, configured, vendor="example.com")
-    assert done == [("example.com", "gone", None)]  # other.org's is not this vendor's
-    assert writer.remove_unconfigured(tmp_path, configured) == [("other.org", "gone", None)]
+    # Each vendor's own instance (the default) removes its own stale specs, never another's.
+    done = writer.remove_unconfigured(tmp_path, configured, instance="example.com")
+    assert done == [("example.com", "gone", None)]
+    assert writer.remove_unconfigured(tmp_path, configured, instance="other.org") == [
+        ("other.org", "gone", None)
+    ]
     assert writer.sync_spec(tmp_path, "example.com", "loop", None) == "removed"
     assert writer.sync_spec(tmp_path, "example.com", "loop", None) == "absent"
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [

@@ -29,6 +29,7 @@ from cdi_gen.cli import options
 @options.RUNTIME
 @options.API
 @options.setting("dra_driver", "--dra-driver")
+@options.setting("instance", "--instance")
 @options.setting("plugins_registry_dir", "--plugins-registry-dir", type=click.Path(file_okay=False))
 @options.setting("kubelet_plugins_dir", "--kubelet-plugins-dir", type=click.Path(file_okay=False))
 @options.setting("state_dir", "--state-dir", type=click.Path(file_okay=False))
