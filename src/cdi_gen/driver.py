@@ -75,7 +75,10 @@ class DraDriver:
     ) -> bool:
         """Put ``config``'s class into the pool as ``advertised``; whether the pool changed."""
         cache = self._cache.setdefault(config.name, {})
-        devices = pool_devices(self.config.vendor, config, advertised, discovered, cache)
+        classes = self.config.class_names
+        devices = pool_devices(
+            self.config.vendor, config, advertised, discovered, cache, classes=classes
+        )
         return self.pool.publish(config.name, devices)
 
     async def withdrawn(self) -> None:

@@ -575,6 +575,11 @@ class AgentConfig(_Strict):
         return self.model_copy(update={"vendor": vendor})
 
     @property
+    def class_names(self) -> tuple[str, ...]:
+        """Every class's name, in config order."""
+        return tuple(c.name for c in self.classes)
+
+    @property
     def subsystems(self) -> frozenset[str] | None:
         """Subsystems any rule can match, or None when some rule matches any subsystem."""
         out: set[str] = set()
