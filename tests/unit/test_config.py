@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 from cdi_gen import names
 from cdi_gen.config.loader import catalogue_text, config_json_schema, load_config, parse_config
-from cdi_gen.config.models import DEFAULT_VENDOR
+from cdi_gen.config.models import (
+    BUILTIN_DRA_ATTRIBUTES,
+    DEFAULT_VENDOR,
+    MAX_CLASS_ATTRIBUTES,
+    MAX_DEVICE_ATTRIBUTES,
+)
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EDIT_FIELDS,
@@ -277,3 +282,40 @@ def test_template_errors(text: str, message: str) -> None:
         parse_template(text)
     assert message in str(info.value)
     assert repr(text) in str(info.value)
+
+
+def _check_config(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[int, str]:
+    from cdi_gen.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["check-config", str(path)])
+    return int(info.value.code or 0), capsys.readouterr().err
+
+
+def test_too_many_attributes_are_refused_naming_class_and_count(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 26, item 11: 30 attributes passed check-config; with the built-in ones every device
+    # carried 35, over the API server's 32, and every slice was refused.
+    classes = [
+        {"name": "loop", "match": {"subsystem": "block"}},
+        {
+            "name": "fpga",
+            "match": {"subsystem": "fpga"},
+            "attributes": {f"a{i}": "{kernel}" for i in range(30)},
+        },
+    ]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))
+    code, err = _check_config(capsys, path)
+    assert code == 2
+    assert err.strip() == (
+        f"error: {path}: classes[1].attributes: class 'fpga' has 30 attributes, at most 21: "
+        "a ResourceSlice device carries at most 32 and cdi-gen reserves 11 for its built-in ones"
+    )
+    classes[1]["attributes"] = {f"a{i}": "{kernel}" for i in range(MAX_CLASS_ATTRIBUTES)}
+    path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))
+    assert _check_config(capsys, path)[0] == 0
+    # The bound leaves room for every attribute the pool sets itself.
+    assert MAX_CLASS_ATTRIBUTES + len(BUILTIN_DRA_ATTRIBUTES) == MAX_DEVICE_ATTRIBUTES == 32
+
