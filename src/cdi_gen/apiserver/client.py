@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import yaml
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 from lightkube.operators import BinaryOperator, SequenceOperator
@@ -95,6 +96,11 @@ def _from_file(path: Path, what: str) -> KubeConfig:
     try:
         config = KubeConfig.from_file(path)
         config.get()  # the current context exists and names a cluster
+    except yaml.YAMLError as exc:
+        # Never the parser's text: it quotes the file, which may be any file we can read.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""
+        raise KubeConfigError(f"{what}: not a usable kubeconfig: not YAML{where}") from None
     except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KubeConfigError(f"{what}: not a usable kubeconfig: {_why(exc)}") from None
     return config
