@@ -4,13 +4,17 @@ item 15; the config file's own cases are in test_config.py)."""
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdi_gen.apiserver.client import KubeConfigError, load_config
 from cdi_gen.cli.inputs import load_records_file
+from cdi_gen.config.loader import parse_config
 from cdi_gen.errors import ConfigError, fragment
 
 SECRET = "$6$Zx8Gq1Lm$SecretHashOfRootUser1234567890"
@@ -78,3 +82,35 @@ def test_kubeconfig_errors_quote_no_secret(tmp_path: Path, text: str) -> None:
 )
 def test_fragment_is_short_and_redacted(value: object, quoted: str) -> None:
     assert fragment(value) == quoted
+
+
+@given(st.text(max_size=200))
+def test_a_fragment_holds_name_characters_only(text: str) -> None:
+    quoted = fragment(text)
+    allowed = set(string.ascii_letters + string.digits + "_.-' ()")
+    assert set(quoted) <= allowed, quoted
+    assert len(quoted) <= 24 + len("'...' ( characters)") + len(str(len(text)))
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=40).filter(
+            lambda k: (
+                k not in ("vendor", "classes", "udevSource", "udev_source")
+                and k not in ("resyncSeconds", "resync_seconds")
+            )
+        ),
+        st.text(max_size=40),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_mapping_without_config_keys_is_named_as_such_and_not_quoted(
+    data: dict[str, str],
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "f.json")
+    assert str(info.value) == (
+        f"f.json: not a cdi-gen config: none of its {len(data)} top-level keys is one of "
+        "classes, resyncSeconds, udevSource, vendor"
+    )

@@ -168,13 +168,14 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         raise ConfigError(
             f"{source}: should be a mapping with vendor and classes, got {_kind(data)}"
         )
-    known = {f.alias or n for n, f in AgentConfig.model_fields.items()}
+    keys = {f.alias or n for n, f in AgentConfig.model_fields.items()}
+    known = keys | set(AgentConfig.model_fields)  # snake_case names are accepted too
     if data and not known.intersection(k for k in data if isinstance(k, str)):
         # Not a config at all (a password file, a kubeconfig): naming its keys would print
         # its content.
         raise ConfigError(
             f"{source}: not a cdi-gen config: none of its {len(data)} top-level keys is one "
-            f"of {', '.join(sorted(known))}"
+            f"of {', '.join(sorted(keys))}"
         )
     try:
         return AgentConfig.model_validate(data)
