@@ -93,7 +93,10 @@ class DraDriver:
         """Put ``config``'s class into the pool as ``advertised``; whether what the slices
         offer changed (nothing to wait for when it did not)."""
         cache = self._cache.setdefault(config.name, {})
-        devices = tuple(pool_devices(self.config.vendor, config, advertised, discovered, cache))
+        classes = self.config.class_names
+        devices = tuple(
+            pool_devices(self.config.vendor, config, advertised, discovered, cache, classes=classes)
+        )
         self._classes[config.name] = devices
         self.pool.publish(config.name, devices)
         return self.offered.publish(config.name, devices if self.serving else ())

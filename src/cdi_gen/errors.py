@@ -17,7 +17,9 @@ alone tells what value broke which rule.
 
 from __future__ import annotations
 
+import re
 import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: Longest quoted value in a message: enough to recognise it, short enough for one log line.
@@ -46,6 +48,35 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     if isinstance(value, str | bytes):
         text += f" ({len(value)} long)"
     return text
+
+
+#: Most characters of a file's own text that :func:`fragment` quotes.
+FRAGMENT_LIMIT = 24
+_NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
+
+
+def fragment(value: object) -> str:
+    """A short, redacted quote of a key or value read from a file that may not be what we
+    expect (``--config /etc/shadow``): of a string, its leading run of name characters
+    (``A-Z a-z 0-9 _ . -``), at most 24, and its length when that is not all of it; of
+    anything else, its type and size. Where :func:`quote` shows the value, this shows just
+    enough to find it in a file that is ours, and nothing of a secret in one that is not."""
+    if isinstance(value, str):
+        run = _NAME_RUN.match(value)
+        head = run.group(0)[:FRAGMENT_LIMIT] if run else ""
+        return repr(value) if head == value else f"'{head}...' ({len(value)} characters)"
+    if isinstance(value, Mapping):
+        return f"a mapping of {len(value)} key{'' if len(value) == 1 else 's'}"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
+    # Small scalars say nothing secret; a huge int would not even convert to text.
+    if (
+        value is None
+        or isinstance(value, bool | float)
+        or (isinstance(value, int) and abs(value) < 10**12)
+    ):
+        return repr(value)
+    return f"a value of type {type(value).__name__}"
 
 
 class CdiGenError(Exception):

@@ -1,5 +1,6 @@
 """The name grammars cdi-gen must honour: CDI vendor, class, device name, kind and
-fully-qualified device names, and the Kubernetes extended-resource name.
+fully-qualified device names, the Kubernetes extended-resource name, DNS labels and the DRA
+driver name.
 
 The rules follow the CDI Go library's parser (what runtimes enforce) plus the limits the CDI
 specification states but the parser does not check (name segment ≤ 63, prefix ≤ 253), so
@@ -9,6 +10,7 @@ refused outright: the CDI library in podman 4.3 and containerd 1.7.24 panics on 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 
@@ -200,6 +202,14 @@ def validate_cdi_kind_as_resource(vendor: str, cls: str) -> str:
 _DNS_LABEL_RE = re.compile(_DNS_LABEL)
 MAX_DNS_LABEL_LEN = 63
 _NOT_LABEL_RE = re.compile(r"[^a-z0-9-]+")
+#: Base32 characters of SHA-256 in a hashed label: 80 bits, so that distinct inputs (even
+#: chosen ones: device names come from whoever plugs a device in) do not meet by chance.
+HASH_CHARS = 16
+#: What separates a hashed label's readable part from its hash. A label kept as it is never
+#: contains it, so a kept label and a hashed one are never equal.
+HASH_SEPARATOR = "--"
+#: Longest DRA driver name (DriverNameMaxLength: a CSI driver name's limit), a DNS subdomain.
+MAX_DRIVER_NAME_LEN = 63
 
 
 def is_dns_label(text: str) -> bool:
@@ -207,17 +217,52 @@ def is_dns_label(text: str) -> bool:
     return len(text) <= MAX_DNS_LABEL_LEN and _DNS_LABEL_RE.fullmatch(text) is not None
 
 
-def dns_label(text: str) -> str:
-    """``text`` as a DNS label: itself when it is one, else a readable form plus a hash.
+def is_kept_label(text: str) -> bool:
+    """Whether :func:`dns_label` keeps ``text`` as it is: a DNS label without ``--``."""
+    return is_dns_label(text) and HASH_SEPARATOR not in text
 
-    The readable form is lower-cased, with every run of other characters replaced by ``-``;
-    the 8-hex-digit suffix (a hash of the original) keeps two names that differ only in what
-    was replaced (``fpga_0`` and ``fpga.0``, ``A`` and ``a``) apart. The same ``text`` always
-    gives the same label, so a device keeps its name across restarts.
+
+def hashed_label(readable: str, key: bytes) -> str:
+    """A DNS label for ``key``: ``readable`` lower-cased, every run of other characters made
+    ``-``, cut to fit, then ``--`` and 16 base32 characters of the SHA-256 of ``key``.
+
+    Two keys give two labels unless SHA-256 collides in 80 bits; a hashed label is never one
+    that :func:`is_kept_label` accepts, so names kept as they are and hashed names never meet.
+    The caller chooses ``key`` so that it tells its inputs apart (no ambiguous joining).
     """
-    if is_dns_label(text):
+    digest = base64.b32encode(hashlib.sha256(key).digest()).decode("ascii").lower()
+    text = _NOT_LABEL_RE.sub("-", readable.lower()).strip("-")
+    text = text[: MAX_DNS_LABEL_LEN - HASH_CHARS - len(HASH_SEPARATOR)].rstrip("-")
+    return f"{text or 'x'}{HASH_SEPARATOR}{digest[:HASH_CHARS]}"
+
+
+def dns_label(text: str) -> str:
+    """``text`` as a DNS label: itself when it is one without ``--``, else a readable form
+    plus a hash of ``text`` (:func:`hashed_label`).
+
+    The hash keeps two names that differ only in what was replaced (``fpga_0`` and
+    ``fpga.0``, ``A`` and ``a``) apart, and a hashed form never equals a name kept as it is.
+    The same ``text`` always gives the same label, so a name is stable across restarts.
+    """
+    if is_kept_label(text):
         return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    readable = _NOT_LABEL_RE.sub("-", text.lower()).strip("-")
-    readable = readable[: MAX_DNS_LABEL_LEN - len(digest) - 1].rstrip("-")
-    return f"{readable}-{digest}" if readable else f"x{digest}"
+    return hashed_label(text, text.encode("utf-8", "surrogatepass"))
+
+
+def validate_driver_name(name: str) -> None:
+    """Raise :class:`InvalidNameError` unless ``name`` is a DRA driver name the API server
+    accepts in a ResourceSlice: a lowercase DNS subdomain of at most 63 characters."""
+    if not is_dns_subdomain(name):
+        raise InvalidNameError(
+            "DRA driver name",
+            name,
+            "must be a lowercase DNS subdomain (a-z 0-9 - .), at most "
+            f"{MAX_DRIVER_NAME_LEN} characters",
+        )
+    if len(name) > MAX_DRIVER_NAME_LEN:
+        raise InvalidNameError(
+            "DRA driver name",
+            name,
+            f"longer than {MAX_DRIVER_NAME_LEN} characters (the API server's limit, as for "
+            "a CSI driver)",
+        )

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 from cdi_gen import names
 from cdi_gen.config.loader import catalogue_text, config_json_schema, load_config, parse_config
-from cdi_gen.config.models import DEFAULT_VENDOR
+from cdi_gen.config.models import (
+    BUILTIN_DRA_ATTRIBUTES,
+    DEFAULT_VENDOR,
+    MAX_CLASS_ATTRIBUTES,
+    MAX_DEVICE_ATTRIBUTES,
+)
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EDIT_FIELDS,
@@ -209,7 +214,7 @@ def test_config_errors_one_line_each() -> None:
     [
         ("vendor: a\nvendor: b\n", "duplicate key 'vendor' (line 2)"),
         ("classes: [\n", "invalid YAML"),
-        ("- 1\n", "should be a mapping with vendor and classes, got [1]"),
+        ("- 1\n", "should be a mapping with vendor and classes, got a list of 1 item"),
     ],
     ids=["duplicate-key", "syntax", "not-mapping"],
 )
@@ -277,3 +282,90 @@ def test_template_errors(text: str, message: str) -> None:
         parse_template(text)
     assert message in str(info.value)
     assert repr(text) in str(info.value)
+
+
+def _check_config(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[int, str]:
+    from cdi_gen.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["check-config", str(path)])
+    return int(info.value.code or 0), capsys.readouterr().err
+
+
+def test_too_many_attributes_are_refused_naming_class_and_count(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 26, item 11: 30 attributes passed check-config; with the built-in ones every device
+    # carried 35, over the API server's 32, and every slice was refused.
+    classes = [
+        {"name": "loop", "match": {"subsystem": "block"}},
+        {
+            "name": "fpga",
+            "match": {"subsystem": "fpga"},
+            "attributes": {f"a{i}": "{kernel}" for i in range(30)},
+        },
+    ]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))
+    code, err = _check_config(capsys, path)
+    assert code == 2
+    assert err.strip() == (
+        f"error: {path}: classes[1].attributes: class 'fpga' has 30 attributes, at most 21: "
+        "a ResourceSlice device carries at most 32 and cdi-gen reserves 11 for its built-in ones"
+    )
+    classes[1]["attributes"] = {f"a{i}": "{kernel}" for i in range(MAX_CLASS_ATTRIBUTES)}
+    path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))
+    assert _check_config(capsys, path)[0] == 0
+    # The bound leaves room for every attribute the pool sets itself.
+    assert MAX_CLASS_ATTRIBUTES + len(BUILTIN_DRA_ATTRIBUTES) == MAX_DEVICE_ATTRIBUTES == 32
+
+
+SHADOW = (
+    "root:$6$Zx8Gq1Lm$Vq3kTg9w0SecretHashOfRootUser1234567890abcdefgh:19700:0:99999:7:::\n"
+    "daemon:*:19700:0:99999:7:::\n"
+    "alice:$y$j9T$salt$AnotherSecretHashValueXYZ0987654321:19700:0:99999:7:::\n"
+)
+SECRETS = ("Zx8Gq1Lm", "SecretHash", "AnotherSecret", "$6$", "$y$")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("shadow", SHADOW),  # one mapping key per line, as YAML reads it
+        ("passwd", "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\n"),
+        ("kv.yaml", "vendor: example.com\nclasses: []\n'root:$6$Zx8Gq1Lm$SecretHash': 1\n"),
+        ("tag.yaml", "vendor: !<tag:root:$6$Zx8Gq1Lm$SecretHash> x\n"),
+        ("dup.json", '{"root:$6$Zx8Gq1Lm$SecretHash": 1, "root:$6$Zx8Gq1Lm$SecretHash": 2}'),
+        ("dup.yaml", "root:$6$Zx8Gq1Lm$SecretHash: 1\nroot:$6$Zx8Gq1Lm$SecretHash: 2\n"),
+        ("bad.yaml", "vendor: [root:$6$Zx8Gq1Lm$SecretHash\n"),
+        ("list.json", '["root:$6$Zx8Gq1Lm$SecretHash"]'),
+        ("text.yaml", "root:$6$Zx8Gq1Lm$SecretHash\n"),
+    ],
+)
+def test_errors_about_a_file_quote_no_secret_of_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, text: str
+) -> None:
+    # Issue 26, item 15: --config at a shadow-like file printed "unknown key 'root:$6$...'".
+    # What a message quotes of a file is a short, redacted fragment: name characters only.
+    # (A file with a config's own top-level keys is the user's config: its values are quoted
+    # as every config value is.)
+    path = tmp_path / name
+    path.write_text(text)
+    code, err = _check_config(capsys, path)
+    assert code == 2
+    assert err.startswith(f"error: {path}: ")
+    assert not any(s in err for s in SECRETS), err
+    assert all(len(line) < 300 for line in err.splitlines())
+
+
+def test_a_mistyped_key_of_a_real_config_is_still_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("vendor: example.com\nclasses: []\nresyncSecond: 30\n")
+    code, err = _check_config(capsys, path)
+    assert code == 2 and "unknown key 'resyncSecond', allowed: vendor, classes" in err
+    path.write_text("password: hunter2\ntoken: abc\n")
+    code, err = _check_config(capsys, path)
+    assert code == 2 and "hunter2" not in err and "token" not in err
+    assert "not a cdi-gen config: none of its 2 top-level keys" in err

@@ -113,3 +113,48 @@ def test_kind_must_satisfy_both_grammars() -> None:
     assert names.validate_cdi_kind_as_resource("example.com", "fpga") == "example.com/fpga"
     with pytest.raises(InvalidNameError):
         names.validate_cdi_kind_as_resource("Example.com", "fpga")  # CDI ok, Kubernetes not
+
+
+# --- DNS labels and DRA driver names ---------------------------------------------------------
+
+ANY_TEXT = st.text(max_size=80) | st.from_regex(r"[a-z0-9-]{1,70}", fullmatch=True)
+
+
+@given(ANY_TEXT, ANY_TEXT)
+def test_dns_label_is_a_label_and_kept_and_hashed_forms_never_meet(a: str, b: str) -> None:
+    # A label kept as it is never contains "--" and a hashed one always does, so the label of
+    # one text can only equal another's by an 80-bit hash collision.
+    la, lb = names.dns_label(a), names.dns_label(b)
+    assert names.is_dns_label(la) and names.is_dns_label(lb)
+    assert (la == a) == names.is_kept_label(a)
+    if a != b:
+        assert la != lb, (a, b)
+
+
+def test_a_label_that_looks_hashed_is_hashed_too() -> None:
+    # Kept as it was, "x--<16 base32>" could be another name's hashed form.
+    hashed = names.dns_label("X")
+    assert "--" in hashed
+    assert names.dns_label(hashed) != hashed
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=80))
+def test_hashed_label_tells_keys_apart(a: bytes, b: bytes, readable: str) -> None:
+    la, lb = names.hashed_label(readable, a), names.hashed_label(readable, b)
+    assert names.is_dns_label(la) and not names.is_kept_label(la)
+    assert (la == lb) == (a == b)
+
+
+@pytest.mark.parametrize(
+    ("driver", "message"),
+    [
+        ("a" * 61 + ".io", "longer than 63 characters"),
+        ("Gpu.example.com", "lowercase DNS subdomain"),
+        ("gpu_x.example.com", "lowercase DNS subdomain"),
+        ("", "lowercase DNS subdomain"),
+    ],
+)
+def test_driver_name_is_a_subdomain_of_at_most_63(driver: str, message: str) -> None:
+    with pytest.raises(InvalidNameError, match=message):
+        names.validate_driver_name(driver)
+    names.validate_driver_name("a" * 60 + ".io")  # 63: the limit itself is fine

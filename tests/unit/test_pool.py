@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen import names
-from cdi_gen.config.loader import parse_config
+from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.pool import DevicePool, device_name, pool_devices
@@ -65,7 +65,8 @@ def _pool(config: AgentConfig, records: list[DeviceRecord]) -> list[PoolDevice]:
     cls = config.classes[0]
     (change,) = Discovery(config).replace(records)
     change = expand_change(change, cls.sharing.replicas)
-    return pool_devices(config.vendor, cls, change.after_write, {d.name: d for d in change.devices})
+    by_name = {d.name: d for d in change.devices}
+    return pool_devices(config.vendor, cls, change.after_write, by_name, classes=config.class_names)
 
 
 LOOP = {"name": "loop", "match": {"subsystem": "block", "kernel": "loop*"}, "api": "dra"}
@@ -123,7 +124,7 @@ def test_when_gone_taint_keeps_the_device_marked_gone() -> None:
     (change,) = discovery.apply([remove])
     cls = config.classes[0]
     (device,) = pool_devices(
-        "example.com", cls, change.after_write, {d.name: d for d in change.devices}
+        "example.com", cls, change.after_write, {d.name: d for d in change.devices}, classes=()
     )
     assert (device.healthy, device.gone, device.taint_when_gone) == (False, True, True)
 
@@ -146,7 +147,8 @@ def test_pool_versions_wake_waiters_once_per_change() -> None:
 
 
 def test_device_name_includes_the_class() -> None:
-    assert device_name("fpga", "fpga0") != device_name("loop", "fpga0")
+    classes = ("fpga", "loop")
+    assert device_name("fpga", "fpga0", classes) != device_name("loop", "fpga0", classes)
 
 
 @pytest.mark.parametrize(
@@ -178,14 +180,90 @@ def test_the_cache_rebuilds_only_what_changed_and_gives_the_same_entries() -> No
     (change,) = discovery.replace([_loop(1), _loop(2)])
     cache: dict[str, Any] = {}
     by_name = {d.name: d for d in change.devices}
-    first = pool_devices("example.com", cls, change.after_write, by_name, cache)
-    assert first == pool_devices("example.com", cls, change.after_write, by_name)
+    first = pool_devices("example.com", cls, change.after_write, by_name, cache, classes=())
+    assert first == pool_devices("example.com", cls, change.after_write, by_name, classes=())
     (change,) = discovery.apply([dataclasses.replace(_loop(3), action="add")])
     by_name = {d.name: d for d in change.devices}
-    second = pool_devices("example.com", cls, change.after_write, by_name, cache)
-    assert second == pool_devices("example.com", cls, change.after_write, by_name)
+    second = pool_devices("example.com", cls, change.after_write, by_name, cache, classes=())
+    assert second == pool_devices("example.com", cls, change.after_write, by_name, classes=())
     assert second[0] is first[0] and second[1] is first[1]  # unchanged: not built again
     assert set(cache) == {"loop1", "loop2", "loop3"}
     unhealthy = [dataclasses.replace(a, healthy=False) for a in change.after_write]
-    third = pool_devices("example.com", cls, unhealthy, by_name, cache)
+    third = pool_devices("example.com", cls, unhealthy, by_name, cache, classes=())
     assert [d.healthy for d in third] == [False] * 3
+
+
+# --- device names: unique on the node by construction -----------------------------------------
+
+CLASS = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,20}[A-Za-z0-9]", fullmatch=True)
+LABEL_CLASS = st.from_regex(r"[a-z]{1,3}(-[a-z0-9]{1,3}){0,3}", fullmatch=True).filter(
+    lambda c: len(c) > 1
+)
+LABEL_DEVICE = st.from_regex(r"[a-z0-9]{1,3}(-[a-z0-9]{1,3}){0,3}", fullmatch=True)
+
+
+def _derived_classes(base: list[str]) -> list[str]:
+    # Classes that extend another with "-x", the case where plain joining is ambiguous.
+    return sorted({*base, *(f"{a}-{b}" for a in base for b in base)})
+
+
+@given(
+    st.lists(LABEL_CLASS | CLASS, min_size=1, max_size=4, unique=True),
+    st.lists(st.tuples(st.integers(0, 30), LABEL_DEVICE | CDI_DEVICE), min_size=2, max_size=30),
+)
+def test_device_names_are_unique_for_any_classes_and_devices(
+    base: list[str], picks: list[tuple[int, str]]
+) -> None:
+    classes = _derived_classes(base)
+    pairs = {(classes[i % len(classes)], d) for i, d in picks}
+    # Devices of a longer class spelled as the shorter class plus a device, and back.
+    pairs |= {
+        (c, f"{o[len(c) + 1 :]}-{d}") for c, d in pairs for o in classes if o.startswith(f"{c}-")
+    }
+    by_name: dict[str, tuple[str, str]] = {}
+    for c, d in pairs:
+        name = device_name(c, d, classes)
+        assert names.is_dns_label(name), name
+        assert by_name.setdefault(name, (c, d)) == (c, d), (name, by_name[name], (c, d))
+        assert device_name(c, d, classes) == name  # stable
+
+
+def test_classes_that_join_alike_get_different_names() -> None:
+    # Issue 26, item 9: both pairs join as "ab-cd-c". The longer class keeps the readable
+    # name (it is the one the name starts with); the other pair is hashed.
+    classes = ("ab", "ab-cd")
+    assert device_name("ab-cd", "c", classes) == "ab-cd-c"
+    other = device_name("ab", "cd-c", classes)
+    assert other != "ab-cd-c" and other.startswith("ab-cd-c--")
+    # Without the longer class, the readable name stays; catalogue names are unchanged.
+    assert device_name("ab", "cd-c", ("ab",)) == "ab-cd-c"
+    catalogue = load_config(None).class_names
+    assert device_name("fpga", "region0", catalogue) == "fpga-region0"
+    assert device_name("fpga-port", "dfl-port-0", catalogue) == "fpga-port-dfl-port-0"
+    assert device_name("kvm", "kvm-3", catalogue) == "kvm-kvm-3"
+
+
+def test_the_pool_never_holds_two_devices_under_one_name() -> None:
+    pool = DevicePool()
+    a = PoolDevice(name="same", cdi_name="v.com/a=x", class_name="a", physical="/a")
+    b = PoolDevice(name="same", cdi_name="v.com/b=y", class_name="b", physical="/b")
+    pool.publish("a", [a])
+    pool.publish("b", [b])
+    assert dict(pool.devices) == {"same": a}
+
+
+def test_attribute_limits_are_bytes_and_numbers_fit_int64() -> None:
+    # Issue 26, item 10: 64 characters but 128 bytes; 80 bytes from a template; a NUMA node
+    # beyond int64. Each value is left out, the device stays.
+    config = _config({**LOOP, "attributes": {"fw": "{property[FW]}", "ok": "{property[OK]}"}})
+    record = dataclasses.replace(
+        _loop(1, properties={"ID_VENDOR": "é" * 64, "FW": "x" * 80, "OK": "é" * 32}),
+        numa_node=2**64,
+    )
+    (device,) = _pool(config, [record])
+    assert "vendor" not in device.attributes and "fw" not in device.attributes
+    assert "numaNode" not in device.attributes
+    assert device.attributes["ok"] == "é" * 32  # 64 bytes: the limit itself fits
+    lone = _loop(2, properties={"ID_MODEL": "bad\udcff"})  # not UTF-8: cannot be sent
+    (device,) = _pool(config, [lone])
+    assert "model" not in device.attributes

@@ -117,3 +117,41 @@ def test_driver_and_node_names_must_be_dns_subdomains(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError) as info:
         load_settings({})
     assert "CDI_GEN_NODE_NAME" in str(info.value) and "DNS subdomain" in str(info.value)
+
+
+LONG_DRIVER = "d" * 61 + ".io"  # a DNS subdomain of 64 characters
+
+
+def test_a_driver_name_over_63_characters_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Issue 26, item 12: the API server refuses every slice of such a driver (422), so the
+    # agent must not start with one, whether it comes from a flag, a variable or the vendor.
+    with pytest.raises(ConfigError) as info:
+        load_settings({"dra_driver": LONG_DRIVER})
+    assert "--dra-driver" in str(info.value) and "longer than 63 characters" in str(info.value)
+    monkeypatch.setenv("CDI_GEN_DRA_DRIVER", LONG_DRIVER)
+    with pytest.raises(ConfigError, match=r"CDI_GEN_DRA_DRIVER: .*longer than 63"):
+        load_settings({})
+    monkeypatch.delenv("CDI_GEN_DRA_DRIVER")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(
+        f"vendor: {LONG_DRIVER}\nclasses: [{{name: loop, match: {{subsystem: block}}, api: dra}}]\n"
+    )
+    settings = load_settings({"config": config_file, "spec_dir": tmp_path / "cdi"})
+    config = settings.class_config()
+    with pytest.raises(ConfigError) as info:
+        settings.driver_name(config)
+    assert "vendor as the DRA driver name" in str(info.value)
+    assert "--dra-driver" in str(info.value) and info.value.exit_code == 2
+    # The agent is refused while it is built, before it serves or writes anything.
+    from cdi_gen.agent import Agent
+
+    with pytest.raises(ConfigError, match="longer than 63"):
+        Agent(config, settings)
+    # A shorter --dra-driver is the way out; a vendor that long is fine without DRA.
+    assert load_settings({"dra_driver": "d" * 60 + ".io"}).driver_name(config) == "d" * 60 + ".io"
+    plugins_only = config.model_copy(
+        update={"classes": [c.model_copy(update={"api": "devicePlugin"}) for c in config.classes]}
+    )
+    assert Agent(plugins_only, settings).dra is None

@@ -3,11 +3,14 @@ on recorded udev data."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdi_gen.apiserver.deviceclasses import device_class, device_class_name
@@ -20,8 +23,14 @@ from cdi_gen.apiserver.slices import (
     slice_name,
 )
 from cdi_gen.cli.main import main
-from cdi_gen.model import PoolDevice
+from cdi_gen.config.loader import parse_config
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.pool import pool_devices
+from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.model import DeviceRecord, PoolDevice
 from cdi_gen.names import is_dns_label, is_dns_subdomain
+from cdi_gen.sources.records import record_to_json
+from tests.slicerules import pool_problems, slice_problems
 
 DRIVER = "cdi-gen.example.com"
 HW = str(Path(__file__).resolve().parents[1] / "data" / "udev" / "hardware.json")
@@ -135,6 +144,7 @@ def test_every_device_exactly_once_within_limits(spec: list[tuple[bool, bool, in
         for i, (healthy, gone, slots) in enumerate(spec)
     ]
     slices = build_slices(DRIVER, "n", devices, 3, node_uid=None)
+    assert pool_problems(slices) == []
     assert sorted(d["name"] for d in devices_of(slices)) == sorted(d.name for d in devices)
     for s in slices:
         entries = s["spec"].get("devices") or []
@@ -202,3 +212,222 @@ def test_deviceclasses_command(capsys: pytest.CaptureFixture[str]) -> None:
     names = [d["metadata"]["name"] for d in docs]
     assert "kvm.cdi-gen.example.com" in names
     assert all(is_dns_subdomain(n) for n in names)
+
+
+# --- every slice we build is one the API server accepts -----------------------------------------
+# tests/slicerules.py states the API server's rules; these tests feed it what cdi-gen builds.
+
+
+def test_the_rules_refuse_what_the_api_server_refuses() -> None:
+    # The oracle itself: each of these was seen refused by an API server (issue 26).
+    ok = build_slices(DRIVER, "n", [dev("a"), dev("b")], 1, node_uid="u")
+    assert pool_problems(ok) == []
+    twice = build_slices(DRIVER, "n", [dev("a"), dev("b")], 1, node_uid="u")
+    twice[0]["spec"]["devices"][1]["name"] = "a"
+    assert "spec.devices: a name twice" in slice_problems(twice[0])
+    wide = build_slices(DRIVER, "n", [dev("a", attributes={"v": "é" * 33})], 1, node_uid=None)
+    assert any("66 bytes" in p for p in slice_problems(wide[0]))
+    many = {f"a{i}": i for i in range(33)}
+    crowded = build_slices(DRIVER, "n", [dev("a", attributes=many)], 1, node_uid=None)
+    assert any("at most 32" in p for p in slice_problems(crowded[0]))
+    long_driver = build_slices("a" * 61 + ".io", "n", [dev("a")], 1, node_uid=None)
+    assert any("spec.driver" in p for p in slice_problems(long_driver[0]))
+    huge = build_slices(DRIVER, "n", [dev("a", attributes={"n": 2**63})], 1, node_uid=None)
+    assert any("int64" in p for p in slice_problems(huge[0]))
+
+
+_LABEL_CLASS = st.from_regex(r"[a-z]{2,4}(-[a-z0-9]{1,3}){0,2}", fullmatch=True)
+_CLASS = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,20}[A-Za-z0-9]", fullmatch=True)
+_DEVICE = st.from_regex(r"[a-z0-9]{1,3}(-[a-z0-9]{1,3}){0,3}", fullmatch=True) | st.from_regex(
+    r"[A-Za-z0-9]([A-Za-z0-9_.:-]{0,40}[A-Za-z0-9])?", fullmatch=True
+)
+_SUBDOMAIN = st.from_regex(
+    r"[a-z0-9]{1,20}(\.[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?){0,5}", fullmatch=True
+)
+_VALUE = st.text(max_size=90) | st.text(alphabet="é€😀", max_size=40)
+
+
+@st.composite
+def _node(draw: st.DrawFn) -> tuple[dict[str, Any], list[DeviceRecord], str]:
+    base = draw(st.lists(_LABEL_CLASS | _CLASS, min_size=1, max_size=3, unique=True))
+    # Classes extending another with "-x": where plain joining of class and device is ambiguous.
+    names = sorted({*base, *(f"{a}-{b}" for a in base for b in base[:2])})[:5]
+    classes = [
+        {
+            "name": name,
+            "match": {"subsystem": f"s{i}"},
+            "api": "dra",
+            "sharing": {"replicas": draw(st.integers(1, 3))},
+            "attributes": {f"a{k}": f"{{property[P{k}]}}" for k in range(draw(st.integers(0, 21)))},
+        }
+        for i, name in enumerate(names)
+    ]
+    records = []
+    for i, cls in enumerate(classes):
+        devices = draw(st.lists(_DEVICE, max_size=4, unique_by=str.lower))
+        devices += [
+            f"{o[len(cls['name']) + 1 :]}-{d}"
+            for o in names
+            for d in devices[:1]
+            if o.startswith(f"{cls['name']}-")
+        ]
+        for j, device in enumerate(devices):
+            props = {
+                key: draw(_VALUE)
+                for key in (
+                    "ID_VENDOR",
+                    "ID_MODEL",
+                    "ID_SERIAL",
+                    *(f"P{k}" for k in range(len(cls["attributes"]))),
+                )
+            }
+            records.append(
+                DeviceRecord(
+                    sys_path=f"/sys/devices/c{i}/d{j}",
+                    subsystem=f"s{i}",
+                    sys_name=device,
+                    devnode=f"/dev/c{i}-{j}",
+                    major=200,
+                    minor=i * 100 + j,
+                    driver=draw(st.none() | _VALUE),
+                    properties=props,
+                    numa_node=draw(st.none() | st.integers(0, 2**70)),
+                )
+            )
+    vendor = draw(
+        st.from_regex(r"[a-z][a-z0-9-]{0,30}[a-z0-9](\.[a-z][a-z0-9]{0,12}){1,2}", fullmatch=True)
+    )
+    return {"vendor": vendor, "classes": classes}, records, draw(_SUBDOMAIN)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_node(), st.booleans(), st.none() | st.uuids())
+def test_every_pool_built_is_one_the_api_server_accepts(
+    node: tuple[dict[str, Any], list[DeviceRecord], str], sick: bool, uid: object
+) -> None:
+    data, records, node_name = node
+    config = parse_config(data, "test.yaml")
+    devices = []
+    for found in Discovery(config).replace(records):
+        cls = config.get_class(found.class_name)
+        change = expand_change(found, cls.sharing.replicas)
+        advertised = [
+            dataclasses.replace(a, healthy=not (sick and n % 2), gone=sick and n % 3 == 0)
+            for n, a in enumerate(change.after_write)
+        ]
+        by_name = {d.name: d for d in change.devices}
+        devices += pool_devices(config.vendor, cls, advertised, by_name, classes=config.class_names)
+    slices = build_slices(config.vendor, node_name, devices, 7, node_uid=str(uid) if uid else None)
+    assert pool_problems(slices) == []
+    # Nothing was lost to make it so: every device discovered is in the pool.
+    assert len(devices_of(slices)) == len(devices)
+
+
+def _records_file(tmp_path: Path, records: list[DeviceRecord]) -> str:
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps([record_to_json(r) for r in records]))
+    return str(path)
+
+
+def _config_file(tmp_path: Path, data: dict[str, Any]) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _record(subsystem: str, name: str, n: int, **kw: Any) -> DeviceRecord:
+    return DeviceRecord(
+        sys_path=f"/sys/devices/virtual/{subsystem}/{name}",
+        subsystem=subsystem,
+        sys_name=name,
+        devnode=f"/dev/{subsystem}-{n}",
+        major=200,
+        minor=n,
+        **kw,
+    )
+
+
+def _slices_cli(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    data: dict[str, Any],
+    records: list[DeviceRecord],
+    *extra: str,
+) -> list[dict[str, Any]]:
+    code, out, err = _cli(
+        capsys,
+        "slices",
+        "--config",
+        _config_file(tmp_path, data),
+        "--records",
+        _records_file(tmp_path, records),
+        "--node",
+        "node-1",
+        *extra,
+    )
+    assert code == 0, err
+    return list(yaml.safe_load_all(out))
+
+
+def test_classes_whose_names_join_alike_publish_distinct_devices(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 26, item 9: class "ab-cd" device "c" and class "ab" device "cd-c" both joined as
+    # "ab-cd-c"; the slice listed the name twice and the API server refused it.
+    data = {
+        "vendor": "example.com",
+        "classes": [
+            {"name": "ab-cd", "match": {"subsystem": "one"}},
+            {"name": "ab", "match": {"subsystem": "two"}},
+        ],
+    }
+    docs = _slices_cli(capsys, tmp_path, data, [_record("one", "c", 1), _record("two", "cd-c", 2)])
+    assert pool_problems(docs) == []
+    by_cdi = {d["attributes"]["cdiName"]["string"]: d["name"] for d in devices_of(docs)}
+    assert by_cdi["example.com/ab-cd=c"] == "ab-cd-c"
+    assert by_cdi["example.com/ab=cd-c"].startswith("ab-cd-c--")
+
+
+def test_values_over_64_bytes_are_left_out_not_the_slice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 26, item 10: a 64-character, 128-byte vendor and an 80-byte templated attribute
+    # were published as they were; the API server refused the whole slice.
+    data = {
+        "vendor": "example.com",
+        "classes": [
+            {
+                "name": "loop",
+                "match": {"subsystem": "block"},
+                "attributes": {"fw": "{property[FW]}"},
+            }
+        ],
+    }
+    record = _record(
+        "block", "loop1", 1, properties={"ID_VENDOR": "ü" * 64, "FW": "v" * 80, "ID_MODEL": "ok"}
+    )
+    docs = _slices_cli(capsys, tmp_path, data, [record])
+    assert pool_problems(docs) == []
+    (device,) = devices_of(docs)
+    assert "vendor" not in device["attributes"] and "fw" not in device["attributes"]
+    assert device["attributes"]["model"] == {"string": "ok"}
+
+
+LONG_DRIVER = "d" * 61 + ".io"  # 64 characters: a DNS subdomain, one over the limit
+
+
+@pytest.mark.parametrize("command", ["slices", "deviceclasses"])
+def test_a_driver_name_over_63_characters_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    # Issue 26, item 12: accepted, then every slice got 422.
+    extra = ("--records", HW) if command == "slices" else ()
+    code, out, err = _cli(capsys, command, *extra, "--driver", LONG_DRIVER)
+    assert (code, out) == (2, "")
+    assert "--driver" in err and "longer than 63 characters" in err
+    data = {"vendor": LONG_DRIVER, "classes": [{"name": "loop", "match": {"subsystem": "block"}}]}
+    code, out, err = _cli(capsys, command, *extra, "--config", _config_file(tmp_path, data))
+    assert (code, out) == (2, "")
+    assert "vendor as the DRA driver name" in err and "--driver" in err
+    code, out, _ = _cli(capsys, command, *extra, "--driver", "d" * 60 + ".io")
+    assert code == 0 and out

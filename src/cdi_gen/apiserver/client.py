@@ -36,7 +36,7 @@ from lightkube import ConfigError, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 
-from cdi_gen.cdi.codec import load_yaml
+from cdi_gen.cdi.codec import BOUND_ERROR, load_yaml
 from cdi_gen.errors import CdiGenError, ClaimError, quote
 from cdi_gen.errors import ConfigError as CdiConfigError
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
@@ -152,7 +152,12 @@ def _from_file(path: Path, what: str) -> KubeConfig:
     except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KubeConfigError(f"{what}: not a usable kubeconfig: {_why(exc)}") from None
     except yaml.YAMLError as exc:
-        raise KubeConfigError(f"{what}: not YAML: {_why(exc)}") from None
+        # Never the parser's text: it quotes the file, which may be any file we can read.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1} column {mark.column + 1})" if mark else ""
+        if getattr(exc, BOUND_ERROR, False):
+            where += f": {getattr(exc, 'problem', '')}"
+        raise KubeConfigError(f"{what}: not a usable kubeconfig: not YAML{where}") from None
     user = config.user
     named = [config.cluster.certificate_auth]
     if user is not None:

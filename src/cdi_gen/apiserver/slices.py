@@ -9,7 +9,9 @@ API's limits need:
 - ``sharedCounters`` and ``devices`` may not share a slice, and a slice holds at most 8
   counter sets: the counter sets of shared devices come in slices of their own;
 - every slice carries the pool's ``generation`` and ``resourceSliceCount``, so the scheduler
-  uses only a complete pool of the newest generation.
+  uses only a complete pool of the newest generation;
+- device names are unique in the pool: the pool's names are unique by construction, and a
+  duplicate that reached here anyway is left out rather than make the API refuse a slice.
 
 Slice names are deterministic (``<node>-<driver>-<index>``, shortened with a hash when too
 long): the publisher updates a slice in place instead of creating and deleting, and adopts
@@ -34,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cdi_gen.model import AttributeValue, PoolDevice
-from cdi_gen.names import dns_label
+from cdi_gen.names import hashed_label
 
 __all__ = [
     "API_VERSION",
@@ -81,8 +83,10 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 def counter_set_name(device: PoolDevice) -> str:
     """The counter set of a shared device's slots: its class and physical device as a DNS
-    label (a sys path gets a hash suffix, so two physical devices never share a set)."""
-    return dns_label(f"{device.class_name}-{device.physical}")
+    label, hashed from both apart (a class has no NUL), so two physical devices, of one
+    class or of two, never share a set."""
+    key = f"{device.class_name}\0{device.physical}".encode("utf-8", "surrogatepass")
+    return hashed_label(f"{device.class_name}-{device.physical}", key)
 
 
 def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
@@ -144,6 +148,16 @@ def _counter_sets(devices: Sequence[PoolDevice]) -> list[dict[str, Any]]:
     ]
 
 
+def _first_of_each_name(devices: Sequence[PoolDevice]) -> list[PoolDevice]:
+    seen: set[str] = set()
+    out = []
+    for d in devices:
+        if d.name not in seen:
+            seen.add(d.name)
+            out.append(d)
+    return out
+
+
 def build_slices(
     driver: str,
     node: str,
@@ -157,12 +171,13 @@ def build_slices(
     slice). An empty pool is one slice without devices, so the pool (and its generation)
     stays visible. The Node owns every slice when its ``node_uid`` is known, so the slices go
     with the Node."""
-    entries = [_device(driver, d) for d in devices]
+    unique = _first_of_each_name(devices)
+    entries = [_device(driver, d) for d in unique]
     plain = [e for e in entries if not _restricted(e)]
     restricted = [e for e in entries if _restricted(e)]
     specs: list[dict[str, Any]] = [{"devices": list(c)} for c in _chunks(plain, MAX_DEVICES)]
     specs += [{"devices": list(c)} for c in _chunks(restricted, MAX_DEVICES_RESTRICTED)]
-    counter_sets = _counter_sets(devices)
+    counter_sets = _counter_sets(unique)
     specs += [{"sharedCounters": list(c)} for c in _chunks(counter_sets, MAX_COUNTER_SETS)]
     if not specs:
         specs = [{}]

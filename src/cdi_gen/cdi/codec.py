@@ -111,10 +111,17 @@ def one_line(exc: BaseException) -> str:
     return text.split("; use sys.set_int_max_str_digits", 1)[0]
 
 
+#: Set on the YAML errors raised for our own bounds: their message is ours, never the file's
+#: text, so a caller that hides the parser's words (they quote the file) may still show it.
+BOUND_ERROR = "cdi_gen_bound"
+
+
 def _yaml_error(message: str, mark: Any) -> Exception:
     import yaml
 
-    return yaml.constructor.ConstructorError(None, None, message, mark)
+    exc = yaml.constructor.ConstructorError(None, None, message, mark)
+    setattr(exc, BOUND_ERROR, True)
+    return exc
 
 
 def _check_yaml_shape(text: str | bytes, base: Any) -> None:

@@ -21,12 +21,11 @@ def deviceclasses(config_path: Path | None, driver: str | None, dra_only: bool) 
     import yaml
 
     from cdi_gen.apiserver.deviceclasses import device_classes
-    from cdi_gen.cli.slices import _check_name
+    from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
 
     config = load_config(config_path)
-    driver = driver if driver is not None else config.vendor
-    _check_name("--driver", driver)
+    driver = _driver(driver, config.vendor)
     names = [c.name for c in config.classes if not dra_only or c.api == "dra"]
     docs = device_classes(names, driver, config.vendor)
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=1 << 16))

@@ -43,9 +43,8 @@ def slices(
     node = node if node is not None else socket.gethostname().lower()
     discovery = discover_devices(config_path, (), records_path)
     config = discovery.config
-    driver = driver if driver is not None else config.vendor
     _check_name("--node", node)
-    _check_name("--driver", driver)
+    driver = _driver(driver, config.vendor)
     devices = []
     for cls in discovery.class_names:
         cls_config = discovery.config_of(cls)
@@ -57,11 +56,30 @@ def slices(
             discovered, _ = expand_devices(discovered, replicas)
             advertised = expand_advertised(advertised, replicas)
         devices += pool_devices(
-            config.vendor, cls_config, advertised, {d.name: d for d in discovered}
+            config.vendor,
+            cls_config,
+            advertised,
+            {d.name: d for d in discovered},
+            classes=config.class_names,
         )
         warn_skipped(discovery, cls)
     docs = build_slices(driver, node, devices, 1, node_uid=None)
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=1 << 16))
+
+
+def _driver(given: str | None, vendor: str) -> str:
+    """``--driver``, else the vendor, checked as a DRA driver name (ConfigError, exit 2)."""
+    from cdi_gen.errors import ConfigError, InvalidNameError
+    from cdi_gen.names import validate_driver_name
+
+    driver = given if given is not None else vendor
+    try:
+        validate_driver_name(driver)
+    except InvalidNameError as exc:
+        where = "--driver" if given is not None else "vendor as the DRA driver name"
+        hint = "" if given is not None else "; give --driver or a shorter vendor"
+        raise ConfigError(f"{where}: {exc}{hint}") from None
+    return driver
 
 
 def _check_name(flag: str, value: str) -> None:

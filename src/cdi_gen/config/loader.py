@@ -3,11 +3,18 @@
 A config is YAML or JSON, read bounded (:mod:`cdi_gen.files`) and parsed strictly (unknown
 and duplicate keys are errors). Every problem becomes ``file: path.to.field: message``
 quoting the offending value, so a bad config never produces a traceback.
+
+``--config`` may name any file the caller can make us read (``/etc/shadow`` parses as a
+YAML mapping of one key per line), so what a message quotes of the file's own text is
+short and redacted (:func:`fragment`): a key or a parser's complaint shows at most its first
+24 name characters and its length, and a file with none of the config's top-level keys is
+called so in one line that quotes nothing of it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -19,7 +26,7 @@ from pydantic_core import ErrorDetails
 
 from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
 from cdi_gen.config.models import AgentConfig, FieldError
-from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, quote
+from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, fragment, quote
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 
 __all__ = ["CATALOGUE_NAME", "catalogue_text", "config_json_schema", "load_config", "parse_config"]
@@ -41,12 +48,33 @@ def _loc_path(loc: tuple[int | str, ...], raw: Any) -> str:
             if part in ("function-after", "function-before") or part.startswith("function-"):
                 continue
             node = node.get(part) if isinstance(node, Mapping) else None
-            name = part if len(part) <= QUOTE_LIMIT else f"{part[:QUOTE_LIMIT]}..."
+            name = _path_part(part)
             out += f".{name}" if out else name
     return out
 
 
 _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+#: A quoted segment of a parser's message ('...' or "..."); short ones (one character the
+#: parser stopped at) are harmless and say the most.
+_QUOTED = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
+_SHORT_QUOTE = 4
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _redact(message: str) -> str:
+    """A parser's message with every long quoted segment made a :func:`fragment`."""
+
+    def one(match: re.Match[str]) -> str:
+        inner = match.group(1) if match.group(1) is not None else match.group(2)
+        return match.group(0) if len(inner) <= _SHORT_QUOTE else fragment(inner)
+
+    return _QUOTED.sub(one, message)
+
+
+def _path_part(part: str) -> str:
+    # Keys of mappings the user names (attributes, properties) are the file's text too.
+    return part if _NAME.fullmatch(part) and len(part) <= QUOTE_LIMIT else fragment(part)
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -88,7 +116,7 @@ def _message(err: ErrorDetails, raw: Any) -> str:
             if model is not None
             else ""
         )
-        return f"unknown key {quote(err['loc'][-1])}{allowed}"
+        return f"unknown key {fragment(err['loc'][-1])}{allowed}"
     if kind == "missing":
         return "required key is missing"
     msg = err["msg"]
@@ -138,7 +166,16 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
     """Validate already-parsed data; raise ConfigError with one ``source: path: msg`` line each."""
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{source}: should be a mapping with vendor and classes, got {quote(data)}"
+            f"{source}: should be a mapping with vendor and classes, got {_kind(data)}"
+        )
+    keys = {f.alias or n for n, f in AgentConfig.model_fields.items()}
+    known = keys | set(AgentConfig.model_fields)  # snake_case names are accepted too
+    if data and not known.intersection(k for k in data if isinstance(k, str)):
+        # Not a config at all (a password file, a kubeconfig): naming its keys would print
+        # its content.
+        raise ConfigError(
+            f"{source}: not a cdi-gen config: none of its {len(data)} top-level keys is one "
+            f"of {', '.join(sorted(keys))}"
         )
     try:
         return AgentConfig.model_validate(data)
@@ -147,6 +184,12 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         error = ConfigError("\n".join(lines))
         error.problems = _problems(exc, data)  # type: ignore[attr-defined]
         raise error from None
+
+
+def _kind(data: Any) -> str:
+    if isinstance(data, str):
+        return f"a text of {len(data)} characters"
+    return fragment(data)
 
 
 def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
@@ -162,16 +205,17 @@ def _parse_text(text: str, source: str, fmt: Literal["yaml", "json"]) -> Any:
         except RecursionError:
             raise ConfigError(f"{source}: invalid JSON: nested too deep") from None
         except ValueError as exc:  # a duplicate key, NaN, an integer of 5,000 digits
-            raise ConfigError(f"{source}: invalid JSON: {one_line(exc)}") from None
+            raise ConfigError(f"{source}: invalid JSON: {_redact(one_line(exc))}") from None
     try:
         return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        what = exc.problem or str(exc)
+        # Never str(exc): it quotes the line around the mark.
+        what = _redact(" ".join((exc.problem or exc.context or type(exc).__name__).split()))
         raise ConfigError(f"{source}: {where}invalid YAML: {what}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+        raise ConfigError(f"{source}: invalid YAML: {_redact(one_line(exc))}") from None
 
 
 def catalogue_text() -> str:

@@ -19,6 +19,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -38,6 +39,8 @@ from cdi_gen.errors import ConfigError, InvalidNameError, quote
 __all__ = [
     "BUILTIN_DRA_ATTRIBUTES",
     "DEFAULT_VENDOR",
+    "MAX_CLASS_ATTRIBUTES",
+    "MAX_DEVICE_ATTRIBUTES",
     "AgentConfig",
     "ClassConfig",
     "ContainerEditsConfig",
@@ -98,6 +101,12 @@ BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
         "slot",
     }
 )
+#: Most attributes and capacities one device of a ResourceSlice may carry
+#: (ResourceSliceMaxAttributesAndCapacitiesPerDevice); one more and the slice is refused.
+MAX_DEVICE_ATTRIBUTES = 32
+#: Most attributes of a class's own: what is left once every built-in one is counted (the
+#: pool sets at most those), so that no device can go over the limit.
+MAX_CLASS_ATTRIBUTES = MAX_DEVICE_ATTRIBUTES - len(BUILTIN_DRA_ATTRIBUTES)
 _SYSFS_NAME_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
 _PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -408,7 +417,10 @@ class ClassConfig(_Strict):
     attributes: dict[str, EditTemplate] = Field(
         default_factory=dict,
         description="extra DRA device attributes: name (a C identifier, at most 32 "
-        "characters) → template, e.g. {firmware: '{attribute[fw_version]}'}",
+        "characters) → template, e.g. {firmware: '{attribute[fw_version]}'}; at most "
+        f"{MAX_CLASS_ATTRIBUTES} (a device carries at most {MAX_DEVICE_ATTRIBUTES} with "
+        "the built-in ones); a value over 64 bytes is left out",
+        json_schema_extra={"maxProperties": MAX_CLASS_ATTRIBUTES},
     )
 
     @field_validator("name")
@@ -419,7 +431,17 @@ class ClassConfig(_Strict):
 
     @field_validator("attributes")
     @classmethod
-    def _attribute_names(cls, value: dict[str, Template]) -> dict[str, Template]:
+    def _attribute_names(
+        cls, value: dict[str, Template], info: ValidationInfo
+    ) -> dict[str, Template]:
+        if len(value) > MAX_CLASS_ATTRIBUTES:
+            name = info.data.get("name")
+            who = f"class {quote(name)}" if isinstance(name, str) else "the class"
+            raise ValueError(
+                f"{who} has {len(value)} attributes, at most {MAX_CLASS_ATTRIBUTES}: a "
+                f"ResourceSlice device carries at most {MAX_DEVICE_ATTRIBUTES} and cdi-gen "
+                f"reserves {len(BUILTIN_DRA_ATTRIBUTES)} for its built-in ones"
+            )
         for key in value:
             if not _DRA_ATTRIBUTE_RE.fullmatch(key):
                 raise ValueError(
@@ -573,6 +595,11 @@ class AgentConfig(_Strict):
         except InvalidNameError as exc:
             raise ConfigError(f"--vendor: {exc}") from None
         return self.model_copy(update={"vendor": vendor})
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Every class's name, in config order."""
+        return tuple(c.name for c in self.classes)
 
     @property
     def subsystems(self) -> frozenset[str] | None:

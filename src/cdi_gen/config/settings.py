@@ -28,8 +28,8 @@ from cdi_gen.cdi.runtimes import detect_all, node_limit
 from cdi_gen.cdi.version import normalize
 from cdi_gen.config.loader import load_config
 from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
-from cdi_gen.errors import ConfigError, quote
-from cdi_gen.names import is_dns_subdomain
+from cdi_gen.errors import ConfigError, InvalidNameError, quote
+from cdi_gen.names import is_dns_subdomain, validate_driver_name
 
 __all__ = [
     "ENV_PREFIX",
@@ -199,6 +199,17 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("dra_driver", mode="after")
+    @classmethod
+    def _driver(cls, value: str | None) -> str | None:
+        # Every ResourceSlice of a longer name gets 422: refuse it before starting.
+        if value is not None:
+            try:
+                validate_driver_name(value)
+            except InvalidNameError as exc:
+                raise ValueError(f"not a DRA driver name: {exc.rule}") from None
+        return value
+
     @field_validator("runtime_spec_dirs", mode="after")
     @classmethod
     def _unique(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -235,8 +246,18 @@ class Settings(BaseSettings):
         return config.model_copy(update={"classes": classes})
 
     def driver_name(self, config: AgentConfig) -> str:
-        """The DRA driver name: ``--dra-driver``, else the config's vendor."""
-        return self.dra_driver or config.vendor
+        """The DRA driver name: ``--dra-driver``, else the config's vendor. Raises
+        :class:`ConfigError` (exit 2) for a vendor too long to be a driver name."""
+        if self.dra_driver:
+            return self.dra_driver
+        try:
+            validate_driver_name(config.vendor)
+        except InvalidNameError as exc:
+            raise ConfigError(
+                f"vendor as the DRA driver name: {exc}; give --dra-driver "
+                f"({ENV_PREFIX}DRA_DRIVER) or a shorter vendor"
+            ) from None
+        return config.vendor
 
     def node(self) -> str:
         """This node's name: ``--node-name``, else the host name (what the kubelet uses)."""

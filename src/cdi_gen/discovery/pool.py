@@ -6,24 +6,36 @@ disk), so whatever reads the pool (the ResourceSlice publisher, NodePrepareResou
 health stream) sees a device only while its CDI entry resolves.
 
 :func:`pool_devices` maps a class's advertised devices to :class:`~cdi_gen.model.PoolDevice`:
-a DNS-label name unique on the node, the fully-qualified CDI name, and the attributes a
-DeviceClass or a claim can select on, taken from udev (the first record of the device).
+a DNS-label name unique on the node (:func:`device_name`), the fully-qualified CDI name, and
+the attributes a DeviceClass or a claim can select on, taken from udev (the first record of
+the device). Every entry fits what the API server accepts in a ResourceSlice: a value that
+does not (a string over 64 bytes, a number beyond int64) is left out, never the device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.discovery.versioned import Versioned
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
-from cdi_gen.names import dns_label, qualified_name
+from cdi_gen.names import hashed_label, is_kept_label, qualified_name
 
-__all__ = ["MAX_STRING_ATTRIBUTE", "DevicePool", "PoolCache", "device_name", "pool_devices"]
+__all__ = [
+    "MAX_INT_ATTRIBUTE",
+    "MAX_STRING_ATTRIBUTE",
+    "DevicePool",
+    "PoolCache",
+    "device_name",
+    "pool_devices",
+]
 
-#: Longest string (or version) attribute value a ResourceSlice accepts, in characters.
+#: Longest string (or version) attribute value a ResourceSlice accepts, in bytes of UTF-8
+#: (DeviceAttributeMaxValueLength, checked with Go's len(), which counts bytes).
 MAX_STRING_ATTRIBUTE = 64
+#: Largest int attribute (int64); a larger number makes the whole slice undecodable.
+MAX_INT_ATTRIBUTE = 2**63 - 1
 
 #: udev properties for the descriptive attributes, best first: the hardware database's
 #: names are the readable ones; the ID_* of the device itself are what USB/SCSI report.
@@ -34,17 +46,33 @@ _PROPERTY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-def device_name(class_name: str, device_id: str) -> str:
-    """A device's name in the pool: ``<class>-<CDI device name>`` as a DNS label.
+def device_name(class_name: str, device_id: str, classes: Collection[str]) -> str:
+    """A device's name in the pool: ``<class>-<CDI device name>`` when that is a DNS label
+    (without ``--``) that no other of the node's ``classes`` could also produce, else a
+    readable form plus ``--`` and a hash of the pair.
 
     The class is part of it because two classes may name devices alike (``loop0``) and a
-    pool holds every class of the node.
+    pool holds every class of the node. Joined with ``-``, two pairs can spell one name
+    (class ``ab`` device ``cd-c``, class ``ab-cd`` device ``c``): such a name belongs to the
+    longest class it starts with (``ab-cd``), and the other pair is hashed, so its key
+    ``<class>/<device>`` (``/`` is in neither grammar) tells every pair apart. Names depend
+    only on the pair and the configured class names, so they are stable across restarts;
+    a device plugin class counts too, so ``--api`` does not rename devices.
     """
-    return dns_label(f"{class_name}-{device_id}")
+    text = f"{class_name}-{device_id}"
+    if is_kept_label(text) and not any(
+        len(other) > len(class_name) and text.startswith(f"{other}-") for other in classes
+    ):
+        return text
+    return hashed_label(text, f"{class_name}/{device_id}".encode("utf-8", "surrogatepass"))
 
 
 def _fits(value: str) -> bool:
-    return 0 < len(value) <= MAX_STRING_ATTRIBUTE
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: not UTF-8, which is all the API stores
+        return False
+    return 0 < size <= MAX_STRING_ATTRIBUTE
 
 
 def _udev_attributes(device: DiscoveredDevice) -> dict[str, AttributeValue]:
@@ -78,7 +106,11 @@ def _pool_device(
     adv: AdvertisedDevice,
     found: DiscoveredDevice | None,
     slot: int | None,
+    *,
+    classes: Collection[str],
 ) -> PoolDevice:
+    # A value over the API's limits is left out rather than cut: a cut serial or model is
+    # another value, which a selector could match on the wrong device.
     attributes: dict[str, AttributeValue] = {"class": config.name}
     cdi = qualified_name(vendor, config.name, adv.id)
     if _fits(cdi):
@@ -86,12 +118,12 @@ def _pool_device(
     if found is not None:
         attributes.update(_udev_attributes(found))
         attributes.update((k, v) for k, v in found.attributes.items() if _fits(v))
-    if adv.numa_node is not None:
+    if adv.numa_node is not None and 0 <= adv.numa_node <= MAX_INT_ATTRIBUTE:
         attributes["numaNode"] = adv.numa_node
     if slot is not None:
         attributes["slot"] = slot
     return PoolDevice(
-        name=device_name(config.name, adv.id),
+        name=device_name(config.name, adv.id, classes),
         cdi_name=cdi,
         class_name=config.name,
         physical=adv.physical,
@@ -110,10 +142,13 @@ def pool_devices(
     advertised: Iterable[AdvertisedDevice],
     discovered: Mapping[str, DiscoveredDevice],
     cache: PoolCache | None = None,
+    *,
+    classes: Collection[str],
 ) -> list[PoolDevice]:
     """The pool entries of one class: each advertised device (by ID, with its health) and
     what discovery knows of it (``discovered`` by device name; slots share the physical
-    device's records). Attributes that do not fit a ResourceSlice are left out.
+    device's records). Attributes that do not fit a ResourceSlice are left out. ``classes``
+    are the names of every class of the config (see :func:`device_name`).
 
     With ``cache`` (one per class, kept by the caller), a device whose advertised state and
     discovered object (discovery hands out the same object while a device is unchanged) are
@@ -133,7 +168,7 @@ def pool_devices(
         if last is not None and last[0] == adv and last[1] is found and last[2] == slot:
             device = last[3]
         else:
-            device = _pool_device(vendor, config, adv, found, slot)
+            device = _pool_device(vendor, config, adv, found, slot, classes=classes)
         fresh[adv.id] = (adv, found, slot, device)
         out.append(device)
     if cache is not None:
@@ -160,13 +195,19 @@ class DevicePool(Versioned):
         return self._devices.get(name)
 
     def publish(self, class_name: str, devices: Iterable[PoolDevice]) -> bool:
-        """Replace one class's devices; wake every waiter if that changed anything."""
+        """Replace one class's devices; wake every waiter if that changed anything.
+
+        Names are unique by construction (:func:`device_name`); should two devices still
+        share one (an 80-bit hash collision), the first keeps it and the other is left out,
+        so the pool never holds two devices under one name."""
         new = tuple(devices)
         if self._by_class.get(class_name) == new:
             return False
         self._by_class[class_name] = new
-        self._devices = MappingProxyType(
-            {d.name: d for group in self._by_class.values() for d in group}
-        )
+        by_name: dict[str, PoolDevice] = {}
+        for group in self._by_class.values():
+            for d in group:
+                by_name.setdefault(d.name, d)
+        self._devices = MappingProxyType(by_name)
         self._bump()
         return True

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.errors import quote
+from cdi_gen.errors import fragment
 from cdi_gen.files import RECORDS_MAX_BYTES, read_regular
 from cdi_gen.model import DeviceRecord, ParentRecord
 from cdi_gen.sources import property_int
@@ -98,7 +98,7 @@ def _json_text(data: Mapping[str, Any], key: str, required: bool = False) -> str
     if value is None and not required:
         return None
     if not isinstance(value, str):
-        what = "missing" if value is None else f"should be a string, got {quote(value)}"
+        what = "missing" if value is None else f"should be a string, got {fragment(value)}"
         raise ValueError(f"{key}: {what}")
     return value
 
@@ -108,7 +108,7 @@ def _json_number(data: Mapping[str, Any], key: str) -> int | None:
     # bool is an int to Python, never a device number.
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return value
-    raise ValueError(f"{key}: should be a non-negative integer, got {quote(value)}")
+    raise ValueError(f"{key}: should be a non-negative integer, got {fragment(value)}")
 
 
 def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
@@ -118,7 +118,7 @@ def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise ValueError(f"{key}: should be an object of strings, got {quote(value)}")
+        raise ValueError(f"{key}: should be an object of strings, got {fragment(value)}")
     return dict(value)
 
 
@@ -129,14 +129,14 @@ def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
     one clear error, not a failure deep inside discovery.
     """
     if not isinstance(data, Mapping):
-        raise ValueError(f"a device record should be an object, got {quote(data)}")
+        raise ValueError(f"a device record should be an object, got {fragment(data)}")
     parents_raw = data.get("parents") or []
     if not isinstance(parents_raw, list):
-        raise ValueError(f"parents: should be a list, got {quote(parents_raw)}")
+        raise ValueError(f"parents: should be a list, got {fragment(parents_raw)}")
     parents = []
     for i, p in enumerate(parents_raw):
         if not isinstance(p, Mapping):
-            raise ValueError(f"parents[{i}]: should be an object, got {quote(p)}")
+            raise ValueError(f"parents[{i}]: should be an object, got {fragment(p)}")
         try:
             p_path = str(_json_text(p, "sys_path", required=True))
             parents.append(
@@ -154,7 +154,7 @@ def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
     sys_path = str(_json_text(data, "sys_path", required=True))
     node_exists = data.get("node_exists", True)
     if not isinstance(node_exists, bool):
-        raise ValueError(f"node_exists: should be true or false, got {quote(node_exists)}")
+        raise ValueError(f"node_exists: should be true or false, got {fragment(node_exists)}")
     return DeviceRecord(
         sys_path=sys_path,
         subsystem=str(_json_text(data, "subsystem", required=True)),
