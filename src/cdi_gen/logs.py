@@ -54,8 +54,10 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # grpc and asyncio chatter would drown the event lines.
-    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    # asyncio's chatter, and the API server client's line per HTTP request (every slice
+    # write, every claim read), would drown the event lines; their failures are ours to log.
+    for chatty in ("asyncio", "httpx2", "httpcore2"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def fields(**values: Any) -> dict[str, Any]:
