@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from cdi_gen.apiserver.slices import Slice, build_slices
+from cdi_gen.backoff import Backoff
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -193,8 +194,7 @@ class SlicePublisher:
         from cdi_gen.apiserver.client import ApiServerError
 
         watcher = asyncio.create_task(self._watch(), name=f"watch slices {self.driver}")
-        delay = self._retry_initial
-        failing = False
+        backoff = Backoff(self._retry_initial, self._retry_max)
         try:
             while not self._pool.closed:
                 target = self._pool.version
@@ -202,20 +202,19 @@ class SlicePublisher:
                     await self._sync(tuple(self._pool.devices.values()))
                 except ApiServerError as exc:
                     self._need_list = True
+                    backoff.failed(str(exc))
                     # One line per retry step, naming the cause each time.
                     log.warning(
                         "publishing ResourceSlices of %s failed, retrying in %.3gs: %s",
                         self.driver,
-                        delay,
+                        backoff.delay,
                         exc,
                     )
-                    failing = True
-                    await self._wait_change(target, delay)
-                    delay = min(delay * 2, self._retry_max)
+                    await self._wait_change(target, backoff.delay)
                     continue
-                if failing:
+                if backoff.attempts:
                     log.info("ResourceSlices of %s published again", self.driver)
-                failing, delay = False, self._retry_initial
+                backoff.succeeded()
                 self._mark_published(target)
                 await self._wait_change(target, None)
         finally:
@@ -389,7 +388,7 @@ class SlicePublisher:
         from cdi_gen.apiserver.client import ApiServerError
 
         loop = asyncio.get_running_loop()
-        delay = self._retry_initial
+        backoff = Backoff(self._retry_initial, self._retry_max)
         while True:
             started = loop.time()
             try:
@@ -411,19 +410,19 @@ class SlicePublisher:
             except Exception as exc:
                 failed = exc
             self._relist()
-            if loop.time() - started >= self._retry_max:
-                delay = self._retry_initial  # it ran long enough to count as healthy
+            if loop.time() - started >= backoff.maximum:
+                backoff.succeeded()  # it ran long enough to count as healthy
+            backoff.failed("" if failed is None else _one_line(failed))
             if failed is not None:
                 log.warning(
                     "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
                     self.driver,
-                    delay,
+                    backoff.delay,
                     _one_line(failed),
                     # A failure the client did not name (a bug here) keeps its traceback.
                     exc_info=None if isinstance(failed, ApiServerError) else failed,
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._retry_max)
+            await asyncio.sleep(backoff.delay)
 
 
 def _one_line(exc: BaseException) -> str:
