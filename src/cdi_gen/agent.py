@@ -5,8 +5,9 @@ One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio
 (a consumer that fails stops the others, and the agent raises its error after a clean
 shutdown). A record source (:class:`~cdi_gen.sources.RecordSource`: udev, or any other in
 tests) delivers batches, :class:`Discovery` turns them into per-class changes, and each
-:class:`_ClassRunner` applies a change in the order that keeps the runtime and the kubelet
-consistent:
+:class:`_ClassRunner` applies its class's changes on a task of its own (a class that waits, for
+the API server or a slow folder, never delays another), in the order that keeps the runtime
+and the kubelet consistent:
 
 1. withdraw from ListAndWatch (or the ResourceSlices) every device that is gone or became
    unhealthy,
@@ -110,6 +111,8 @@ class _ClassRunner:
     #: Why the class's device plugin is not serving, or None.
     plugin_error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The class's changes waiting for :meth:`follow`, in the order discovery made them.
+    changes: asyncio.Queue[tuple[ClassChange, float | None]] = field(default_factory=asyncio.Queue)
 
     @property
     def resource(self) -> str:
@@ -132,6 +135,14 @@ class _ClassRunner:
             log.warning(message, *args, extra=extra)
         else:
             log.error(message, *args, extra=extra)
+
+    async def follow(self) -> None:
+        """Apply this class's changes in order, on a task of its own: a class that waits (a
+        DRA withdrawal waiting for the API server, a slow spec folder) never delays
+        another class's hotplug."""
+        while True:
+            change, received = await self.changes.get()
+            await self.apply(change, received)
 
     async def apply(self, change: ClassChange, received: float | None) -> None:
         """Bring the board and the spec file to ``change``; never raises."""
@@ -388,6 +399,8 @@ class Agent:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 await self._start()
+                for runner in self.runners.values():
+                    self.spawn(runner.follow(), f"changes of {runner.resource}")
                 follower = group.create_task(self._follow_records(), name="records")
                 await self._stop.wait()
                 # The follower and the plugins still starting are cancelled: a source need
@@ -630,7 +643,8 @@ class Agent:
                 source.request_resync()
                 continue
             for change in changes:
-                await self.runners[change.class_name].apply(change, batch.received or None)
+                # Each class on its own task (see _ClassRunner.follow): never awaited here.
+                self.runners[change.class_name].changes.put_nowait((change, batch.received or None))
 
     async def _shutdown(self) -> None:
         for task in self._tasks:

@@ -72,6 +72,9 @@ class FakeApiServer:
         self.answers: dict[tuple[str, str], Answer] = {}
         #: Called right after a slice list is answered (a change "between" list and watch).
         self.after_list: Callable[[], None] | None = None
+        #: While set and not yet set free, every write (POST, PUT, DELETE) waits for it: an API
+        #: server that hangs.
+        self.hold_writes: asyncio.Event | None = None
         #: Every request as (method, path, query).
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.watches_opened = 0
@@ -217,6 +220,8 @@ class FakeApiServer:
         query: dict[str, list[str]],
         body: bytes,
     ) -> None:
+        if method != "GET" and self.hold_writes is not None:
+            await self.hold_writes.wait()
         canned = self.answers.get((method, path))
         if canned is not None:
             if canned.times is not None:
