@@ -352,7 +352,7 @@ class Agent:
         if settings.kubelet and any(c.api == "dra" for c in config.classes):
             from cdi_gen.driver import DraDriver
 
-            self.dra = DraDriver(config, settings, self.metrics)
+            self.dra = DraDriver(config, settings, self.metrics, self.spec_cache)
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
     from cdi_gen.apiserver.publisher import SlicePublisher
     from cdi_gen.kubelet.draplugin import DraPlugin
+    from cdi_gen.kubelet.resolution import SpecResolver
 
 __all__ = ["RESTART_SECONDS", "WITHDRAW_SECONDS", "DraDriver"]
 
@@ -59,10 +60,19 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 class DraDriver:
     """One DRA driver for every ``api: dra`` class of the node."""
 
-    def __init__(self, config: AgentConfig, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        settings: Settings,
+        metrics: Metrics,
+        resolver: SpecResolver | None = None,
+    ) -> None:
         self.config = config
         self.settings = settings
         self.metrics = metrics
+        #: The runtime's view of the spec folders: a claim is prepared only when its CDI
+        #: names resolve there, as Allocate checks them.
+        self.resolver = resolver
         self.name = settings.driver_name(config)
         self.node = settings.node()
         #: Every device of the DRA classes: what NodePrepareResources and health answer from.
@@ -208,6 +218,7 @@ class DraDriver:
             registry_dir=settings.plugins_registry_dir,
             plugins_dir=settings.kubelet_plugins_dir,
             state_dir=settings.state_dir,
+            resolver=self.resolver,
             on_register=on_register,
             # Counted with the device plugins' allocations, under the driver's name: a
             # prepared claim is DRA's allocation on the node.

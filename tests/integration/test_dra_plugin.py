@@ -604,3 +604,39 @@ async def test_a_huge_registration_error_is_logged_quoted_and_cut(
     for line in lines:
         assert "\n" not in line, line[:200]
         assert len(line) < 1000, line[:200]
+
+
+async def test_a_claim_is_prepared_only_when_its_cdi_names_resolve(node: Node) -> None:
+    """As Allocate does: the runtime's spec folders (the real SpecCache) must resolve every
+    name the claim gets, else the kubelet would hand on a name the runtime cannot find."""
+    from cdi_gen.cdi.registry import SpecCache
+
+    folder = node.root / "cdi"
+    folder.mkdir()
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "example.com/fpga",
+        "devices": [{"name": "0", "containerEdits": {"env": ["FPGA=0"]}}],
+    }
+    (folder / "example.com-fpga.json").write_bytes(orjson.dumps(spec))
+    node.claims.add("resolves", "u-1", ours("fpga-0"))
+    node.claims.add("missing", "u-2", ours("fpga-1"))
+    # A second file defining the same device: the runtime refuses a conflicting name.
+    node.claims.add("later", "u-3", ours("fpga-0"))
+    async with (
+        FakeDraKubelet(node.root / "registry") as kubelet,
+        node.plugin(resolver=SpecCache([folder])),
+    ):
+        connection = await kubelet.next_registration()
+        response = await connection.prepare(
+            [("default", "resolves", "u-1"), ("default", "missing", "u-2")]
+        )
+        assert response.claims["u-1"].error == ""
+        assert list(response.claims["u-1"].devices[0].cdi_device_ids) == ["example.com/fpga=0"]
+        refused = response.claims["u-2"].error
+        assert "CDI devices do not resolve" in refused and "example.com/fpga=1" in refused
+        assert ("error", "unresolved") in node.prepared
+
+        (folder / "other.json").write_bytes(orjson.dumps(spec))
+        later = await connection.prepare([("default", "later", "u-3")])
+        assert "CDI devices do not resolve" in later.claims["u-3"].error

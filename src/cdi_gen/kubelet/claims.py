@@ -74,6 +74,7 @@ class Refusal(enum.StrEnum):
     UNKNOWN_DEVICE = "unknown-device"
     GONE = "gone"
     UNHEALTHY = "unhealthy"
+    UNRESOLVED = "unresolved"
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused

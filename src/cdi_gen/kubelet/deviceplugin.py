@@ -21,14 +21,12 @@ message naming the resource.
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import logging
 import operator
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import grpc
 
@@ -43,6 +41,7 @@ from cdi_gen.kubelet.allocation import (
     preferred_allocation,
 )
 from cdi_gen.kubelet.board import DeviceBoard
+from cdi_gen.kubelet.resolution import SPEC_CHECK_SECONDS, SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
@@ -67,16 +66,6 @@ API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 _SERVICE = "v1beta1.DevicePlugin"
-#: Longest an Allocate waits for the spec folders to be read when they changed (a scan
-#: reads at most a capped amount per file; this bounds a hung filesystem).
-SPEC_CHECK_SECONDS = 5.0
-
-
-@functools.cache
-def _spec_scans() -> concurrent.futures.ThreadPoolExecutor:
-    # One worker for every plugin: a stuck scan holds one thread and later checks time
-    # out instead of piling threads up.
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdi-gen-spec-scan")
 
 
 #: ListAndWatch streams open at once. The kubelet keeps one; each holds a server thread, so
@@ -91,18 +80,6 @@ _STATUS = {
     Refusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
     Refusal.TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
 }
-
-
-class SpecResolver(Protocol):
-    """What Allocate needs from :class:`cdi_gen.cdi.registry.SpecCache`.
-
-    A resolver may also offer ``unresolved_if_fresh(names) -> list[str] | None``: the same
-    answer without reading any folder, or None when the folders must be read first.
-    """
-
-    def unresolved(self, qualified_names: Iterable[str]) -> list[str]:
-        """One message per name a runtime could not resolve; empty when all resolve."""
-        ...
 
 
 #: ``on_allocate(outcome, reason)``: outcome ``"ok"`` or ``"error"``; reason ``""``, a
@@ -232,19 +209,9 @@ class DevicePlugin(SupervisedPlugin):
         return response
 
     def _unresolved(self, qualified_names: list[str]) -> list[str]:
-        """The spec folder check: here when no folder changed, else on the shared scan
-        worker and within :data:`SPEC_CHECK_SECONDS`.
-
-        A hung or hostile folder then holds one worker, not this server's threads: other
-        calls and other classes' plugins keep answering, and later checks time out.
-        """
-        fast = getattr(self.spec_cache, "unresolved_if_fresh", None)
-        answer: list[str] | None = fast(qualified_names) if fast is not None else None
-        if answer is not None:
-            return answer
-        scan = _spec_scans().submit(self.spec_cache.unresolved, qualified_names)
+        """The spec folder check (:func:`cdi_gen.kubelet.resolution.unresolved`)."""
         try:
-            return scan.result(timeout=SPEC_CHECK_SECONDS)
+            return unresolved(self.spec_cache, qualified_names)
         except TimeoutError:
             raise AllocationError(
                 Refusal.UNRESOLVED,

@@ -50,11 +50,13 @@ from cdi_gen.kubelet.claims import (
     ClaimReader,
     ClaimRefused,
     PreparedDevice,
+    Refusal,
     check_reference,
     claim_label,
     prepare_claim,
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
+from cdi_gen.kubelet.resolution import SPEC_CHECK_SECONDS, SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
@@ -117,7 +119,9 @@ class DraPlugin(SupervisedPlugin):
     only ones a recorded claim may name. The registration socket is
     ``<registry_dir>/<driver>-reg.sock``, the service socket
     ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
-    ``<state_dir>/dra-<driver>.json``. ``on_prepare`` (server threads) and ``on_register``
+    ``<state_dir>/dra-<driver>.json``. With a ``resolver``, a claim is prepared only when
+    every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
+    ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
     is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
     registrations and ``register_timeout`` each wait for the kubelet's notification.
@@ -137,6 +141,7 @@ class DraPlugin(SupervisedPlugin):
         registry_dir: Path,
         plugins_dir: Path,
         state_dir: Path,
+        resolver: SpecResolver | None = None,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
         watch_interval: float = 0.15,
@@ -156,6 +161,7 @@ class DraPlugin(SupervisedPlugin):
         self.checkpoint = Checkpoint(
             checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
         )
+        self.resolver = resolver
         self._on_prepare = on_prepare
         self._service = _Service(self)
         self.server = UnixServer(
@@ -241,9 +247,29 @@ class DraPlugin(SupervisedPlugin):
                 uid, claim, driver=self.driver, pool_name=self.pool_name, devices=self.pool.devices
             )
         )
+        self._check_resolved(claim_label(namespace, name, uid), devices)
         self.checkpoint.add(uid, PreparedClaim(namespace, name, devices))
         log.info("prepared %s: %s", claim_label(namespace, name, uid), _describe(devices))
         return devices
+
+    def _check_resolved(self, label: str, devices: tuple[PreparedDevice, ...]) -> None:
+        """Refuse a claim whose CDI names the runtime could not resolve: the kubelet would
+        hand them on, and the pod fail later, far from the cause."""
+        if self.resolver is None:
+            return
+        names = [n for device in devices for n in device.cdi_device_ids]
+        try:
+            problems = unresolved(self.resolver, names)
+        except TimeoutError:
+            raise ClaimRefused(
+                Refusal.UNRESOLVED,
+                f"{label}: its CDI devices cannot be checked: the spec folders were not read "
+                f"within {SPEC_CHECK_SECONDS:g}s",
+            ) from None
+        if problems:
+            raise ClaimRefused(
+                Refusal.UNRESOLVED, f"{label}: CDI devices do not resolve: " + "; ".join(problems)
+            )
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
         """Forget a prepared claim; an unknown one is already unprepared. Raises
