@@ -21,7 +21,7 @@ from fakes.kubelet import FakeKubelet
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.kubelet import deviceplugin as plugin_module
+from cdi_gen.kubelet import resolution
 from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
@@ -168,7 +168,7 @@ class StuckCache:
 async def test_a_stuck_folder_scan_is_bounded_and_other_classes_answer(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plugin_module, "SPEC_CHECK_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(resolution, "SPEC_CHECK_SECONDS", 0.5)
     stuck = StuckCache()
     release = threading.Timer(4, stuck.release.set)
     release.start()

@@ -41,7 +41,7 @@ from cdi_gen.kubelet.allocation import (
     preferred_allocation,
 )
 from cdi_gen.kubelet.board import DeviceBoard
-from cdi_gen.kubelet.resolution import SPEC_CHECK_SECONDS, SpecResolver, unresolved
+from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
@@ -53,11 +53,9 @@ __all__ = [
     "API_VERSION",
     "HEALTHY",
     "MAX_STREAMS",
-    "SPEC_CHECK_SECONDS",
     "UNHEALTHY",
     "AllocateHook",
     "DevicePlugin",
-    "SpecResolver",
 ]
 
 log = logging.getLogger(__name__)
@@ -212,12 +210,11 @@ class DevicePlugin(SupervisedPlugin):
         """The spec folder check (:func:`cdi_gen.kubelet.resolution.unresolved`)."""
         try:
             return unresolved(self.spec_cache, qualified_names)
-        except TimeoutError:
+        except TimeoutError as exc:
             raise AllocationError(
                 Refusal.UNRESOLVED,
                 "",
-                f"CDI devices of resource {self.resource_name} cannot be checked: the spec "
-                f"folders were not read within {SPEC_CHECK_SECONDS:g}s",
+                f"CDI devices of resource {self.resource_name} cannot be checked: {exc}",
             ) from None
 
     def preferred(

@@ -56,7 +56,7 @@ from cdi_gen.kubelet.claims import (
     prepare_claim,
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
-from cdi_gen.kubelet.resolution import SPEC_CHECK_SECONDS, SpecResolver, unresolved
+from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
@@ -260,11 +260,9 @@ class DraPlugin(SupervisedPlugin):
         names = [n for device in devices for n in device.cdi_device_ids]
         try:
             problems = unresolved(self.resolver, names)
-        except TimeoutError:
+        except TimeoutError as exc:
             raise ClaimRefused(
-                Refusal.UNRESOLVED,
-                f"{label}: its CDI devices cannot be checked: the spec folders were not read "
-                f"within {SPEC_CHECK_SECONDS:g}s",
+                Refusal.UNRESOLVED, f"{label}: its CDI devices cannot be checked: {exc}"
             ) from None
         if problems:
             raise ClaimRefused(

@@ -44,11 +44,16 @@ def _spec_scans() -> concurrent.futures.ThreadPoolExecutor:
 
 def unresolved(resolver: SpecResolver, qualified_names: list[str]) -> list[str]:
     """One message per name of ``qualified_names`` the runtime could not resolve (empty: all
-    resolve). Raises :class:`TimeoutError` when the folders changed and were not read within
-    :data:`SPEC_CHECK_SECONDS`."""
+    resolve). Raises :class:`TimeoutError`, saying so, when the folders changed and were not
+    read within :data:`SPEC_CHECK_SECONDS`."""
     fast = getattr(resolver, "unresolved_if_fresh", None)
     answer: list[str] | None = fast(qualified_names) if fast is not None else None
     if answer is not None:
         return answer
     scan = _spec_scans().submit(resolver.unresolved, qualified_names)
-    return scan.result(timeout=SPEC_CHECK_SECONDS)
+    try:
+        return scan.result(timeout=SPEC_CHECK_SECONDS)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the spec folders were not read within {SPEC_CHECK_SECONDS:g}s"
+        ) from None
