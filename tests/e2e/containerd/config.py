@@ -96,8 +96,11 @@ def daemon_config_v4(work: Path, spec_dirs: list[Path], sandbox_image: str) -> d
         "version": 4,
         "root": str(work / "root"),
         "state": str(work / "state"),
-        "grpc": {"address": str(work / "containerd.sock")},
         "plugins": {
+            # Version 4 moved the [grpc] and [ttrpc] tables into server plugins; the ttrpc
+            # socket must be private too (its default is shared by every daemon).
+            "io.containerd.server.v1.grpc": {"address": str(work / "containerd.sock")},
+            "io.containerd.server.v1.ttrpc": {"address": str(work / "containerd.sock.ttrpc")},
             CRI_IMAGES_2X: {
                 "snapshotter": "overlayfs",
                 "pinned_images": {"sandbox": sandbox_image},
