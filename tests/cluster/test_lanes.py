@@ -1,0 +1,45 @@
+"""Each lane runs what it says: the pinned Kubernetes and containerd on the Node, containerd's
+config in the lane's format with CDI on as users get it, and the lane's feature gates only."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from .cluster import Cluster
+from .lane import Lane
+
+pytestmark = pytest.mark.lanes("current", "oldest")
+
+
+def test_the_node_runs_the_lanes_releases(cluster: Cluster, lane: Lane) -> None:
+    node = cluster.node() or {}
+    info = node.get("status", {}).get("nodeInfo", {})
+    assert info.get("kubeletVersion") == lane.kubernetes.release()
+    runtime = info.get("containerRuntimeVersion", "")
+    if lane.containerd is None:
+        # Debian 13's package: "containerd://1.7.24~ds1"
+        assert runtime.startswith("containerd://1.7."), runtime
+    else:
+        assert runtime == f"containerd://{lane.containerd.release()}", runtime
+
+
+def test_containerd_runs_the_lanes_config(cluster: Cluster, lane: Lane) -> None:
+    assert cluster.containerd is not None
+    config = cluster.containerd.config
+    assert config["version"] == lane.containerd_config_version
+    if lane.containerd_config_version == 4:
+        cri = config["plugins"]["io.containerd.cri.v1.runtime"]
+        # CDI on by default in 2.x: a node as users get it has no enable_cdi line.
+        assert "enable_cdi" not in cri
+    else:
+        cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+        assert cri["enable_cdi"] is True
+    assert cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+
+
+def test_only_the_lanes_gates_are_set(cluster: Cluster, lane: Lane) -> None:
+    kubelet = yaml.safe_load((cluster.work / "kubelet.yaml").read_text())
+    assert kubelet.get("featureGates", {}) == dict(lane.feature_gates)
+    argv = cluster.components["kube-apiserver"].argv
+    assert ("--feature-gates" in argv) == bool(lane.feature_gates)
