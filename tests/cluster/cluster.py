@@ -48,6 +48,8 @@ CNI_PLUGINS = ("loopback", "ptp", "host-local")
 #: How often the kubelet recomputes its Node status; a changed allocatable reaches the API at
 #: the next tick. The kubelet's default is 10 s; 1 s keeps the tests short.
 NODE_STATUS_SECONDS = 1
+#: How often the kubelet syncs every pod again (see kubelet_config): its default is 1 min.
+SYNC_SECONDS = 10
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
@@ -462,6 +464,12 @@ class Cluster:
             },
             "authorization": {"mode": "AlwaysAllow"},
             "nodeStatusUpdateFrequency": f"{NODE_STATUS_SECONDS}s",
+            # When the kubelet sees a new pod before the API server's node authorizer has
+            # linked the pod to the node, fetching its ResourceClaim is refused ("no
+            # relationship found"), and the kubelet (1.35 and 1.37 alike) records the sync as
+            # done: the pod waits for the periodic resync, 1 min by default, longer than the
+            # tests wait. Seen once in ~40 runs of the DRA scenarios.
+            "syncFrequency": f"{SYNC_SECONDS}s",
             "failSwapOn": False,
             # Pods use the host's network namespace: the kubelet's KUBE-FIREWALL and canary
             # chains would land in the host's firewall and outlive the cluster.
