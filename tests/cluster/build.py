@@ -219,6 +219,12 @@ def build(program: GoProgram, cache: Path, *, allow_build: bool = True) -> Binar
     entry = cache / program.cache_key()
     bin_dir = entry / program.out
     record = entry / "build.json"
+    not_built = BuildError(
+        f"{program.module} {version} is not built in {entry} (go.mod or go.sum "
+        f"changed, or setup never ran): run `{SETUP_COMMAND}` first"
+    )
+    if not allow_build and not entry.exists():
+        raise not_built  # nobody builds it either: no folder to leave behind
     entry.mkdir(parents=True, exist_ok=True)
     with open(entry / ".lock", "w") as lock:
         # Two sessions starting at once: one builds, the other waits and finds the result.
@@ -227,10 +233,7 @@ def build(program: GoProgram, cache: Path, *, allow_build: bool = True) -> Binar
             cold = float(json.loads(record.read_text())["seconds"])
             return Binaries(version, bin_dir, 0.0, cold)
         if not allow_build:
-            raise BuildError(
-                f"{program.module} {version} is not built in {entry} (go.mod or go.sum "
-                f"changed, or setup never ran): run `{SETUP_COMMAND}` first"
-            )
+            raise not_built
         # One toolchain folder for every lane: it does not depend on the pins.
         go, go_line = find_go(cache.parent.parent / "go", program.min_go())
         staging = entry / "bin.new"

@@ -52,7 +52,7 @@ def prepare(lane: Lane) -> None:
     root = lane.containerd_root()
     where = f"built, {_state(built)}" if built is not None else "Debian 13's package"
     print(f"  {_version([str(root / 'usr/bin/containerd'), '--version'])} ({where})")
-    print("  Kubernetes: from the build cache, or built (5-10 min cold, 2 cores)", flush=True)
+    print("  Kubernetes: from the build cache, or built (15 min cold, 2 busy cores)", flush=True)
     binaries = lane.binaries()
     print(f"  Kubernetes {binaries.version} in {binaries.bin} ({_state(binaries)})")
     for command in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):

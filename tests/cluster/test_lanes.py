@@ -3,11 +3,15 @@ config in the lane's format with CDI on as users get it, and the lane's feature 
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import yaml
 
+from .build import SETUP_COMMAND, kubernetes
 from .cluster import Cluster
-from .lane import Lane
+from .lane import CURRENT, Lane, LaneError
 
 pytestmark = pytest.mark.lanes("current", "oldest")
 
@@ -44,3 +48,16 @@ def test_only_the_lanes_gates_are_set(cluster: Cluster, lane: Lane) -> None:
     assert kubelet.get("featureGates", {}) == dict(lane.feature_gates)
     argv = cluster.components["kube-apiserver"].argv
     assert ("--feature-gates" in argv) == bool(lane.feature_gates)
+
+
+def test_a_lane_not_built_fails_naming_the_lane_and_the_setup(tmp_path: Path) -> None:
+    # A pin nobody built: the tests never build for tens of minutes on their own.
+    (tmp_path / "go.mod").write_text("module x\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.99.0\n")
+    (tmp_path / "go.sum").write_text("")
+    lane = dataclasses.replace(CURRENT, name="unbuilt-test-lane", kubernetes=kubernetes(tmp_path))
+    with pytest.raises(LaneError) as failure:
+        lane.binaries(allow_build=False)
+    message = str(failure.value)
+    assert message.startswith("lane unbuilt-test-lane: Kubernetes: k8s.io/kubernetes v1.99.0")
+    assert SETUP_COMMAND in message
+    assert not lane.cache.exists(), "a lane that was never built left a cache folder"
