@@ -20,9 +20,10 @@ _TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from cluster.build import Binaries, build  # noqa: E402
+from cluster.build import Binaries  # noqa: E402
 from cluster.cluster import Cluster, running_cluster  # noqa: E402
-from cluster.dist import fetch_containerd, fetch_etcd  # noqa: E402
+from cluster.dist import fetch_etcd  # noqa: E402
+from cluster.lane import CURRENT, Lane  # noqa: E402
 
 #: Loop numbers of the benchmarks: the cluster tests use 400-499, other suites 200-399.
 LOOP_LOW, LOOP_HIGH = 500, 599
@@ -35,17 +36,19 @@ def missing() -> str | None:
     return None
 
 
-def components() -> tuple[Binaries, Path, Path]:
-    """The pinned Kubernetes binaries, etcd's and containerd's roots."""
-    etcd, containerd = fetch_etcd(), fetch_containerd()
-    return build(), etcd, containerd
+def components(lane: Lane = CURRENT) -> tuple[Binaries, Path, Path]:
+    """The lane's Kubernetes binaries, etcd's and containerd's roots."""
+    etcd, containerd = fetch_etcd(), lane.containerd_root()
+    return lane.binaries(), etcd, containerd
 
 
 @contextlib.contextmanager
-def bench_cluster(parts: tuple[Binaries, Path, Path] | None = None) -> Iterator[Cluster]:
-    """A running cluster with a Ready Node, stopped and removed at the end."""
-    binaries, etcd, containerd = parts or components()
-    with running_cluster(binaries, etcd, containerd) as cluster:
+def bench_cluster(
+    parts: tuple[Binaries, Path, Path] | None = None, lane: Lane = CURRENT
+) -> Iterator[Cluster]:
+    """A running cluster of ``lane`` with a Ready Node, stopped and removed at the end."""
+    binaries, etcd, containerd = parts or components(lane)
+    with running_cluster(binaries, etcd, containerd, lane) as cluster:
         yield cluster
 
 

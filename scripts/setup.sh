@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up this machine for one purpose, idempotently: `run` (the agent alone), `test` (the
-# whole suite: the real runtimes, udev, the Go CDI library, containerd 1.7, a Kubernetes node
-# and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
+# whole suite: the real runtimes, udev, the Go CDI library, containerd, Kubernetes nodes of
+# both cluster lanes and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
 # so CI proves the very path a newcomer takes. `scripts/setup.sh --packages MODE` prints the
 # Debian packages MODE installs, one a line (what `make check-setup` builds a root file system
 # from).
@@ -142,9 +142,10 @@ ensure_containerd() {
 }
 
 ensure_cluster() {
-    # The real node (tests/cluster): etcd from Debian 13, Kubernetes built from its Go module
-    # (about 10 minutes cold on 2 cores, cached outside the checkout), then the agent image
-    # from deploy/Containerfile on a base made from Debian's packages. Both scripts check
+    # The real nodes (tests/cluster): etcd from Debian 13 and both lanes, Kubernetes 1.37 with
+    # containerd 2.3 and Kubernetes 1.35 with containerd 1.7, built from their Go modules (cold
+    # about 20 and 15 minutes on 2 cores; cached per lane outside the checkout), then the agent
+    # image from deploy/Containerfile on a base made from Debian's packages. Both scripts check
     # their caches first and print what they found.
     "$VENV/bin/python" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
     "$VENV/bin/python" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"

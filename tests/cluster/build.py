@@ -1,9 +1,11 @@
-"""The Kubernetes binaries, built with ``go build`` from the release pinned in ``k8s/go.mod``.
+"""Go programs of a lane, built with ``go build`` from the release its go.mod pins.
 
-No registry ships kubelet or kube-apiserver binaries, so they are built from the Go module proxy
-(``k8s.io/kubernetes`` plus every staging module pinned by a replace). The output goes to a
-cache outside the checkout keyed by the release and a hash of go.mod and go.sum: a warm run
-builds nothing, and changing the pin builds into a new folder. The cold build's duration is
+No registry ships kubelet or kube-apiserver binaries, nor a static containerd 2.x, so they are
+built from the Go module proxy: ``k8s.io/kubernetes`` plus every staging module pinned by a
+replace (``lanes/<lane>/kubernetes/go.mod``), and ``github.com/containerd/containerd/v2``
+(``lanes/current/containerd/go.mod``). The output goes to a cache outside the checkout,
+``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod and go.sum>``: a warm
+run builds nothing, and changing a pin builds into a new folder. The cold build's duration is
 recorded next to the binaries, so later runs can still report what a cold build costs.
 """
 
@@ -17,18 +19,17 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULE_DIR = Path(__file__).resolve().parent / "k8s"
-CACHE = Path(os.environ.get("CDI_GEN_KUBERNETES_CACHE", "/var/cache/cdi-gen-test/kubernetes"))
-#: Kubernetes 1.35 needs Go >= 1.25; Debian 12's /usr/bin/go is 1.19.
-MIN_GO = (1, 25)
-#: The toolchain fetched through the Go module proxy when no Go on the machine is new enough.
+HERE = Path(__file__).resolve().parent
+#: The toolchain fetched through the Go module proxy when no Go on the machine is new enough
+#: for a module's ``go`` line; Debian 12's /usr/bin/go is 1.19.
 TOOLCHAIN = "go1.26.8"
 _GO_VERSION = re.compile(r"go version go(\d+)\.(\d+)")
+_GO_LINE = re.compile(r"^go (\d+)\.(\d+)", re.MULTILINE)
 COMMANDS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
-_REQUIRE = re.compile(r"^require k8s\.io/kubernetes (v\d+\.\d+\.\d+)$", re.MULTILINE)
 
 
 class BuildError(RuntimeError):
@@ -48,23 +49,48 @@ class Binaries:
         return self.bin / command
 
 
-def release() -> str:
-    """The pinned release, e.g. ``v1.35.4``, read from go.mod."""
-    text = (MODULE_DIR / "go.mod").read_text()
-    found = _REQUIRE.search(text)
-    if found is None:
-        raise BuildError(f"{MODULE_DIR / 'go.mod'}: no 'require k8s.io/kubernetes vX.Y.Z' line")
-    return found.group(1)
+@dataclass(frozen=True)
+class GoProgram:
+    """One Go module of a lane and the commands built from it."""
+
+    #: The cache folder's name under the lane's, e.g. ``kubernetes``.
+    name: str
+    #: The module required in go.mod, e.g. ``k8s.io/kubernetes``.
+    module: str
+    #: The folder of our go.mod and go.sum that pin it.
+    directory: Path
+    #: Package paths inside the module; each binary is named after the last element.
+    packages: tuple[str, ...]
+    #: ``-ldflags`` for a release, e.g. the version stamps.
+    ldflags: Callable[[str], str]
+    #: Where the binaries go inside the cache entry (``usr/bin`` keeps a Debian-like root).
+    out: str = "bin"
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        return tuple(p.rsplit("/", 1)[-1] for p in self.packages)
+
+    def release(self) -> str:
+        """The pinned release, e.g. ``v1.37.2``, read from go.mod."""
+        text = (self.directory / "go.mod").read_text()
+        found = re.search(rf"^require {re.escape(self.module)} (v\d+\.\d+\.\d+)$", text, re.M)
+        if found is None:
+            raise BuildError(f"{self.directory / 'go.mod'}: no 'require {self.module} vX.Y.Z' line")
+        return found.group(1)
+
+    def min_go(self) -> tuple[int, int]:
+        """The Go the module asks for (its go.mod's ``go`` line)."""
+        found = _GO_LINE.search((self.directory / "go.mod").read_text())
+        return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+    def cache_key(self) -> str:
+        digest = hashlib.sha256()
+        for name in ("go.mod", "go.sum"):
+            digest.update((self.directory / name).read_bytes())
+        return f"{self.release()}-{digest.hexdigest()[:12]}"
 
 
-def cache_key() -> str:
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update((MODULE_DIR / name).read_bytes())
-    return f"{release()}-{digest.hexdigest()[:12]}"
-
-
-def _ldflags(version: str) -> str:
+def kubernetes_ldflags(version: str) -> str:
     # What the release build stamps; without it every component reports v0.0.0-master and the
     # kubelet's version in the Node object would not name the release.
     major, minor = version.removeprefix("v").split(".")[:2]
@@ -77,6 +103,36 @@ def _ldflags(version: str) -> str:
             f"-X {package}.gitTreeState=clean",
         ]
     return " ".join(flags)
+
+
+def containerd_ldflags(version: str) -> str:
+    # Without it containerd reports "<version>+unknown", and the CRI Version answer (what
+    # cdi-gen doctor and the runtime table read) would not be the release's.
+    package = "github.com/containerd/containerd/v2/version"
+    return f"-s -w -X {package}.Version={version} -X {package}.Revision=release-{version}"
+
+
+def kubernetes(directory: Path) -> GoProgram:
+    return GoProgram(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        directory,
+        tuple(f"k8s.io/kubernetes/cmd/{c}" for c in COMMANDS),
+        kubernetes_ldflags,
+    )
+
+
+def containerd(directory: Path) -> GoProgram:
+    cmd = "github.com/containerd/containerd/v2/cmd"
+    return GoProgram(
+        "containerd",
+        "github.com/containerd/containerd/v2",
+        directory,
+        (f"{cmd}/containerd", f"{cmd}/containerd-shim-runc-v2", f"{cmd}/ctr"),
+        containerd_ldflags,
+        # The layout of Debian's package, which tests/e2e/containerd's daemon runs from.
+        out="usr/bin",
+    )
 
 
 def _go_version(go: Path) -> tuple[str, tuple[int, int]]:
@@ -122,8 +178,8 @@ def _fetch_toolchain(old_go: Path, cache: Path) -> Path:
     return dest / "bin/go"
 
 
-def find_go(cache: Path) -> tuple[Path, str]:
-    """A Go new enough for the pinned release, and its ``go version`` line.
+def find_go(cache: Path, min_go: tuple[int, int]) -> tuple[Path, str]:
+    """A Go of at least ``min_go``, and its ``go version`` line.
 
     ``CDI_GEN_GO`` if set, else /usr/local/go/bin/go or the ``go`` on PATH; when none is
     new enough, ``TOOLCHAIN`` is fetched into ``cache`` with whichever Go there is.
@@ -135,7 +191,7 @@ def find_go(cache: Path) -> tuple[Path, str]:
     runnable = []
     for go in candidates:
         line, version = _go_version(go)
-        if version >= MIN_GO:
+        if version >= min_go:
             return go, line
         if line:
             runnable.append(go)
@@ -145,7 +201,7 @@ def find_go(cache: Path) -> tuple[Path, str]:
         )
     go = _fetch_toolchain(runnable[0], cache)
     line, version = _go_version(go)
-    if version < MIN_GO:
+    if version < min_go:
         raise BuildError(f"the fetched {go} does not run or is too old: {line!r}")
     return go, line
 
@@ -153,58 +209,62 @@ def find_go(cache: Path) -> tuple[Path, str]:
 SETUP_COMMAND = ".venv/bin/python tests/cluster/setup.py"
 
 
-def build(cache: Path = CACHE, *, allow_build: bool = True) -> Binaries:
-    """The binaries of the pinned release, built into the cache unless already there.
+def build(program: GoProgram, cache: Path, *, allow_build: bool = True) -> Binaries:
+    """The binaries of ``program``'s pinned release, built into ``cache`` unless already there.
 
     With ``allow_build`` off a missing build is an error naming the setup command: the tests
-    must not spend their time limit on a build of tens of minutes.
+    must not spend their time limit on a build of minutes.
     """
-    version = release()
-    entry = cache / cache_key()
-    bin_dir = entry / "bin"
+    version = program.release()
+    entry = cache / program.cache_key()
+    bin_dir = entry / program.out
     record = entry / "build.json"
+    not_built = BuildError(
+        f"{program.module} {version} is not built in {entry} (go.mod or go.sum "
+        f"changed, or setup never ran): run `{SETUP_COMMAND}` first"
+    )
+    if not allow_build and not entry.exists():
+        raise not_built  # nobody builds it either: no folder to leave behind
     entry.mkdir(parents=True, exist_ok=True)
     with open(entry / ".lock", "w") as lock:
         # Two sessions starting at once: one builds, the other waits and finds the result.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if record.exists() and all((bin_dir / c).exists() for c in COMMANDS):
+        if record.exists() and all((bin_dir / c).exists() for c in program.commands):
             cold = float(json.loads(record.read_text())["seconds"])
             return Binaries(version, bin_dir, 0.0, cold)
         if not allow_build:
-            raise BuildError(
-                f"Kubernetes {version} is not built in {entry} (go.mod or go.sum changed, or "
-                f"setup never ran): run `{SETUP_COMMAND}` first"
-            )
-        go, go_line = find_go(cache / "go")
+            raise not_built
+        # One toolchain folder for every lane: it does not depend on the pins.
+        go, go_line = find_go(cache.parent.parent / "go", program.min_go())
         staging = entry / "bin.new"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         env = {
             **os.environ,
-            # Static binaries, as the release builds them; nothing depends on the host's libc.
+            # Static binaries, as the releases build them; nothing depends on the host's libc.
             "CGO_ENABLED": "0",
             # go.mod and go.sum are committed: a build must never rewrite them.
             "GOFLAGS": "-mod=readonly -buildvcs=false",
         }
         args = [
-            str(go), "build", "-trimpath", "-ldflags", _ldflags(version),
-            "-o", f"{staging}/",
-            *(f"k8s.io/kubernetes/cmd/{c}" for c in COMMANDS),
+            str(go), "build", "-trimpath", "-ldflags", program.ldflags(version),
+            "-o", f"{staging}/", *program.packages,
         ]  # fmt: skip
         start = time.monotonic()
         proc = subprocess.run(
-            args, cwd=MODULE_DIR, env=env, capture_output=True, text=True, check=False
+            args, cwd=program.directory, env=env, capture_output=True, text=True, check=False
         )
         seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise BuildError(
-                f"go build of Kubernetes {version} failed (exit {proc.returncode}), "
+                f"go build of {program.module} {version} failed (exit {proc.returncode}), "
                 f"{go_line}:\n{proc.stdout}{proc.stderr[-6000:]}"
             )
-        missing = [c for c in COMMANDS if not (staging / c).exists()]
+        missing = [c for c in program.commands if not (staging / c).exists()]
         if missing:
             raise BuildError(f"go build left no {', '.join(missing)} in {staging}")
         shutil.rmtree(bin_dir, ignore_errors=True)
+        bin_dir.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(bin_dir)
         record.write_text(
             json.dumps({"version": version, "go": go_line, "seconds": round(seconds, 1)}) + "\n"

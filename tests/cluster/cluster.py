@@ -1,10 +1,12 @@
 """A single-node Kubernetes cluster of real components, started and stopped as one object.
 
 Control plane on 127.0.0.1 (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) in the
-host's namespaces; containerd 1.7 with CDI on and the kubelet inside the node's private mount
-namespace (``namespace.py``). Every port is picked free at start and every file lives in one
-short work folder under /tmp, so several sessions can run side by side. ``stop()`` undoes
-everything whatever state the start reached, and reports what it could not undo.
+host's namespaces; containerd with CDI on and the kubelet inside the node's private mount
+namespace (``namespace.py``). Which releases, which containerd config and which feature gates
+come from the cluster's :class:`~cluster.lane.Lane`. Every port is picked free at start and
+every file lives in one short work folder under /tmp, so several sessions can run side by side.
+``stop()`` undoes everything whatever state the start reached, and reports what it could not
+undo.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ports import free_port
 
 from .api import Api
 from .build import Binaries
+from .lane import Lane
 from .namespace import NodeNamespace
 from .pki import Authority, Pair, kubeconfig
 from .process import Component, ComponentError
@@ -45,25 +48,8 @@ CNI_PLUGINS = ("loopback", "ptp", "host-local")
 #: How often the kubelet recomputes its Node status; a changed allocatable reaches the API at
 #: the next tick. The kubelet's default is 10 s; 1 s keeps the tests short.
 NODE_STATUS_SECONDS = 1
-#: Alpha gates of 1.35 that DRA end to end needs (issue 14), on in every component that reads
-#: them; an unknown gate makes a component refuse to start, so each was checked against the
-#: release's pkg/features/kube_features.go. resource.k8s.io/v1 itself is always on from 1.35.
-#: Taints in ResourceSlices need no other API: only DeviceTaintRule objects (gate
-#: DRADeviceTaintRules) live in resource.k8s.io/v1alpha3, and nothing here uses them.
-FEATURE_GATES = {
-    # DeviceClass.spec.extendedResourceName: the apiserver keeps the field, the scheduler
-    # allocates a pod's `limits: {vendor/class: 1}` through DRA, the kubelet prepares it.
-    "DRAExtendedResource": True,
-    # Device taints in slices: kept by the apiserver, honoured by the scheduler, NoExecute
-    # evictions by the controller-manager's device-taint-eviction controller.
-    "DRADeviceTaints": True,
-    # sharedCounters / consumesCounters in slices (kept by the apiserver, counted by the
-    # scheduler): a shared device's slots.
-    "DRAPartitionableDevices": True,
-    # containerStatuses[].allocatedResourcesStatus: the kubelet fills it from the driver's
-    # health stream, and the apiserver drops the field from pod status while the gate is off.
-    "ResourceHealthStatus": True,
-}
+#: How often the kubelet syncs every pod again (see kubelet_config): its default is 1 min.
+SYNC_SECONDS = 10
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
@@ -128,6 +114,7 @@ class Cluster:
     binaries: Binaries
     etcd_root: Path
     containerd_root: Path
+    lane: Lane
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
     components: dict[str, Component] = field(default_factory=dict)
     namespace: NodeNamespace | None = None
@@ -213,6 +200,11 @@ class Cluster:
         self._start_controllers()
         self._start_node(certs)
         self.timings["total"] = time.monotonic() - started
+
+    def _gate_flags(self) -> list[str]:
+        """``--feature-gates`` of the lane; none at all when it sets none."""
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in self.lane.feature_gates.items())
+        return ["--feature-gates", gates] if gates else []
 
     def _timed(self, name: str, since: float) -> None:
         self.timings[name] = time.monotonic() - since
@@ -307,7 +299,7 @@ class Cluster:
                 "--authorization-mode", "Node,RBAC",
                 "--enable-admission-plugins", "NodeRestriction",
                 "--allow-privileged=true",
-                "--feature-gates", _gates(),
+                *self._gate_flags(),
                 "--profiling=false",
                 "--v=1",
             ],
@@ -323,7 +315,7 @@ class Cluster:
         common = [
             "--bind-address", "127.0.0.1",
             "--leader-elect=false",
-            "--feature-gates", _gates(),
+            *self._gate_flags(),
             "--v=1",
         ]  # fmt: skip
         scheduler = self._component(
@@ -378,6 +370,7 @@ class Cluster:
             [Path("/etc/cdi"), Path("/var/run/cdi")],
             IMAGE_NAME,
             command_prefix=self.namespace.enter([]),
+            config_version=self.lane.containerd_config_version,
         )
         try:
             self.containerd.start()
@@ -471,6 +464,12 @@ class Cluster:
             },
             "authorization": {"mode": "AlwaysAllow"},
             "nodeStatusUpdateFrequency": f"{NODE_STATUS_SECONDS}s",
+            # When the kubelet sees a new pod before the API server's node authorizer has
+            # linked the pod to the node, fetching its ResourceClaim is refused ("no
+            # relationship found"), and the kubelet (1.35 and 1.37 alike) records the sync as
+            # done: the pod waits for the periodic resync, 1 min by default, longer than the
+            # tests wait. Seen once in ~40 runs of the DRA scenarios.
+            "syncFrequency": f"{SYNC_SECONDS}s",
             "failSwapOn": False,
             # Pods use the host's network namespace: the kubelet's KUBE-FIREWALL and canary
             # chains would land in the host's firewall and outlive the cluster.
@@ -486,7 +485,8 @@ class Cluster:
             "imageGCLowThresholdPercent": 99,
             "volumePluginDir": str(self.work / "volume-plugins"),
             "serializeImagePulls": False,
-            "featureGates": dict(FEATURE_GATES),
+            # None in the current lane: the kubelet as users run it.
+            **({"featureGates": dict(self.lane.feature_gates)} if self.lane.feature_gates else {}),
         }
 
     def _kubelet_argv(self, certs: dict[str, Pair]) -> list[str]:
@@ -651,18 +651,14 @@ class Cluster:
         remove_work(self.work)
 
 
-def _gates() -> str:
-    return ",".join(f"{name}={str(on).lower()}" for name, on in FEATURE_GATES.items())
-
-
 def _pair(pair: Pair) -> tuple[Path, Path]:
     return pair.cert, pair.key
 
 
 @contextlib.contextmanager
-def running_cluster(binaries: Binaries, etcd_root: Path, containerd_root: Path) -> Any:
+def running_cluster(binaries: Binaries, etcd_root: Path, containerd_root: Path, lane: Lane) -> Any:
     """A started cluster, always stopped and removed at the end (for scripts and benchmarks)."""
-    cluster = Cluster(binaries, etcd_root, containerd_root)
+    cluster = Cluster(binaries, etcd_root, containerd_root, lane)
     try:
         cluster.start()
         yield cluster

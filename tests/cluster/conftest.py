@@ -1,8 +1,12 @@
-"""Fixtures of the cluster tests: one real single-node cluster per session, and per test the
-``cdi-gen run`` agents, loop devices and pods it needs, all removed at the test's end.
+"""Fixtures of the cluster tests: one real single-node cluster per lane (``lane.py``) at a time,
+and per test the ``cdi-gen run`` agents, loop devices and pods it needs, all removed at the
+test's end.
 
-Every test here is marked ``cluster``. Nothing skips: a component that cannot be built, fetched
-or started fails the session's first test, naming the component and quoting its log. A failing
+Every test here is marked ``cluster``. A test runs in the current lane; one marked
+``@pytest.mark.lanes("current", "oldest")`` runs in each lane named (its id says which), and
+pytest orders the tests so that each lane's cluster starts once. Nothing skips: a lane whose
+component cannot be built, fetched or started fails its tests, naming the lane and the
+component and quoting its log. A failing
 test gets the end of every component's log (and the agents') in its report.
 """
 
@@ -18,11 +22,11 @@ import pytest
 from loopdev import LoopDevices
 
 from .agent import DRIVER, VENDOR, NodeAgent, dra_args
-from .build import BuildError, build
 from .claims import Claims
 from .cluster import Cluster
-from .dist import FetchError, fetch_containerd, fetch_etcd
+from .dist import FetchError, fetch_etcd
 from .image import AgentImage, ImageError, ensure_agent_image
+from .lane import CURRENT, LANES, Lane, LaneError
 from .pods import Pods
 from .process import ComponentError
 
@@ -33,6 +37,21 @@ LOOP_LOW, LOOP_HIGH = 400, 499
 #: Extra logs (name, reader) of the running test, added to its report if it fails.
 _TEST_LOGS: list[tuple[str, Callable[[], str]]] = []
 _CLUSTER: list[Cluster] = []
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that needs a cluster gets a ``lane`` parameter: the current lane, or the
+    lanes its ``lanes`` marker names."""
+    if "lane" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("lanes")
+    names = marker.args if marker is not None else (CURRENT.name,)
+    unknown = [n for n in names if n not in LANES]
+    if unknown:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown lanes {unknown}")
+    metafunc.parametrize(
+        "lane", [LANES[n] for n in names], ids=list(names), indirect=True, scope="session"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -56,23 +75,35 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """A running cluster whose Node is Ready (binaries built on first use, then cached)."""
+def lane(request: pytest.FixtureRequest) -> Lane:
+    """The lane of the test's cluster (a parameter from ``pytest_generate_tests``)."""
+    lane: Lane = getattr(request, "param", CURRENT)
+    return lane
+
+
+@pytest.fixture(scope="session")
+def cluster(lane: Lane) -> Iterator[Cluster]:
+    """A running cluster of ``lane`` whose Node is Ready (built by tests/cluster/setup.py)."""
     if os.geteuid() != 0:
         pytest.fail("cluster: needs root (mount namespace, cgroups, containerd, loop devices)")
     try:
         etcd = fetch_etcd()
-        containerd = fetch_containerd()
-        binaries = build(allow_build=False)
-    except (FetchError, BuildError) as exc:
-        pytest.fail(f"cluster: cannot get the components: {exc}", False)
-    cluster = Cluster(binaries, etcd, containerd)
+        containerd = lane.containerd_root(allow_build=False)
+        binaries = lane.binaries(allow_build=False)
+    except FetchError as exc:
+        pytest.fail(f"lane {lane.name}: cannot get etcd: {exc}", False)
+    except LaneError as exc:
+        pytest.fail(f"cannot get the components: {exc}", False)
+    cluster = Cluster(binaries, etcd, containerd, lane)
     _CLUSTER.append(cluster)
     try:
         try:
             cluster.start()
         except (ComponentError, OSError) as exc:
-            pytest.fail(f"cluster did not start: {exc}\n\n{cluster.log_report()}", False)
+            pytest.fail(
+                f"lane {lane.name}: cluster did not start: {exc}\n\n{cluster.log_report()}",
+                False,
+            )
         yield cluster
     finally:
         problems = cluster.stop()

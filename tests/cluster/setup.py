@@ -1,11 +1,14 @@
-"""Prepare everything the cluster tests need, idempotently; print versions and build time.
+"""Prepare everything the cluster tests need, idempotently; print versions and build times.
 
-    python3 tests/cluster/setup.py
+    python3 tests/cluster/setup.py [LANE...]      (default: every lane, current first)
 
-Builds kubelet, kube-apiserver, kube-scheduler, kube-controller-manager and kubectl from the
-release pinned in tests/cluster/k8s/go.mod into /var/cache/cdi-gen-test/kubernetes (nothing
-when already built), unpacks Debian 13's etcd and containerd 1.7, and checks the host tools the
-node needs. Exits 1 naming what is missing or what failed; a second run does nothing but check.
+For each lane of tests/cluster/lane.py: builds kubelet, kube-apiserver, kube-scheduler,
+kube-controller-manager and kubectl from the release pinned in
+tests/cluster/lanes/<lane>/kubernetes/go.mod, and containerd 2.3 (current lane) from
+tests/cluster/lanes/current/containerd/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing
+when already built); unpacks Debian 13's etcd (both lanes) and containerd 1.7 (oldest lane);
+checks the host tools the node needs. Exits 1 naming the lane and what is missing or failed
+(after trying the other lanes); a second run does nothing but check.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.build import BuildError, build
+from cluster.build import Binaries
 from cluster.cluster import CNI_BIN, CNI_PLUGINS
-from cluster.dist import FetchError, etcd_version, fetch_containerd, fetch_etcd
+from cluster.dist import FetchError, etcd_version, fetch_etcd
+from cluster.lane import LANES, Lane, LaneError
 
 HOST_TOOLS = {
     "unshare": "util-linux",
@@ -35,7 +39,34 @@ def _version(argv: list[str]) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0]
 
 
-def main() -> int:
+def _state(binaries: Binaries) -> str:
+    if binaries.build_seconds:
+        return f"go build took {binaries.build_seconds:.0f} s"
+    return f"cached; its cold go build took {binaries.cold_seconds:.0f} s"
+
+
+def prepare(lane: Lane) -> None:
+    """Build or fetch the lane's parts and print what they are (raises LaneError)."""
+    print(f"lane {lane.name}: {lane.proves}", flush=True)
+    built = lane.containerd_build()
+    root = lane.containerd_root()
+    where = f"built, {_state(built)}" if built is not None else "Debian 13's package"
+    print(f"  {_version([str(root / 'usr/bin/containerd'), '--version'])} ({where})")
+    print("  Kubernetes: from the build cache, or built (15 min cold, 2 busy cores)", flush=True)
+    binaries = lane.binaries()
+    print(f"  Kubernetes {binaries.version} in {binaries.bin} ({_state(binaries)})")
+    for command in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        print(f"    {command}: {_version([str(binaries.path(command)), '--version'])}")
+    print(f"    kubectl: {_version([str(binaries.path('kubectl')), 'version', '--client'])}")
+    gates = ", ".join(f"{k}={v}" for k, v in lane.feature_gates.items()) or "none"
+    print(f"  feature gates: {gates}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    unknown = [name for name in argv if name not in LANES]
+    if unknown:
+        print(f"cluster setup: unknown lanes {unknown}; known: {list(LANES)}", file=sys.stderr)
+        return 2
     missing = [f"{tool} (apt-get install {pkg})" for tool, pkg in HOST_TOOLS.items()
                if shutil.which(tool) is None]  # fmt: skip
     for plugin in CNI_PLUGINS:
@@ -48,25 +79,22 @@ def main() -> int:
         return 1
     try:
         etcd = fetch_etcd()
-        containerd = fetch_containerd()
-        print(f"etcd {etcd_version(etcd)} ({etcd})")
-        print(_version([str(containerd / "usr/bin/containerd"), "--version"]))
-        print("Kubernetes: from the build cache, or built (~10 min cold, 2 cores)", flush=True)
-        binaries = build()
-    except (FetchError, BuildError) as exc:
-        print(f"cluster setup: {exc}", file=sys.stderr)
+    except FetchError as exc:
+        print(f"cluster setup: etcd: {exc}", file=sys.stderr)
         return 1
-    state = (
-        f"go build took {binaries.build_seconds:.0f} s"
-        if binaries.build_seconds
-        else f"cached; its go build took {binaries.cold_seconds:.0f} s"
-    )
-    print(f"Kubernetes {binaries.version} in {binaries.bin} ({state})")
-    for command in ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
-        print(f"  {command}: {_version([str(binaries.path(command)), '--version'])}")
-    print(f"  kubectl: {_version([str(binaries.path('kubectl')), 'version', '--client'])}")
+    print(f"etcd {etcd_version(etcd)} ({etcd})")
+    failed = []
+    for name in argv or list(LANES):
+        try:
+            prepare(LANES[name])
+        except LaneError as exc:
+            print(f"cluster setup: {exc}", file=sys.stderr)
+            failed.append(name)
+    if failed:
+        print(f"cluster setup: lanes not ready: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

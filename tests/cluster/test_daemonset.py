@@ -29,7 +29,8 @@ from .daemonset import DEPLOY, NAMESPACE, SELECTOR, loop_fpga_config, write_over
 from .image import AgentImage
 
 # A cold agent image build takes minutes (see image.py); the scenario itself well under one.
-pytestmark = pytest.mark.timeout(900)
+#: The shipped DaemonSet runs in the oldest lane too (Kubernetes 1.35, containerd 1.7).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.lanes("current", "oldest")]
 
 RESOURCE = "example.com/fpga"
 EXAMPLE = DEPLOY / "examples" / "one-consumer.yaml"

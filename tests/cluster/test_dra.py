@@ -29,8 +29,9 @@ from .claims import (
     generated_device_classes,
     resources_status,
 )
-from .cluster import FEATURE_GATES, NODE_NAME, Cluster
+from .cluster import NODE_NAME, Cluster
 from .conftest import DraAgentFactory
+from .lane import DRA_FEATURES, Lane
 from .pods import Pods, phase, status
 from .test_seed_lab import hex_rdev
 
@@ -117,20 +118,25 @@ def wait_health(pods: Pods, pod: str, cdi: str, health: str, timeout: float = 30
         time.sleep(0.2)
 
 
-def test_dra_gates_are_on(cluster: Cluster) -> None:
-    """The gates of cluster.py are on in each component they matter to (a typo in a gate
-    name would stop the component; a gate left off would only fail later, obscurely)."""
-    wanted = {
-        "kube-apiserver": set(FEATURE_GATES),
-        "kube-scheduler": {"DRAExtendedResource", "DRADeviceTaints", "DRAPartitionableDevices"},
-        "kube-controller-manager": {"DRAExtendedResource", "DRADeviceTaints"},
-        "kubelet": {"DRAExtendedResource", "ResourceHealthStatus"},
-    }
+@pytest.mark.lanes("current", "oldest")
+def test_dra_gates_are_on(cluster: Cluster, lane: Lane) -> None:
+    """The DRA features the scenarios use are on in each component they matter to: by default
+    in the current lane (which sets no gate), through the lane's alpha gates in the oldest (a
+    typo in a gate name would stop the component; a gate left off would only fail later,
+    obscurely)."""
+    if lane.name == "current":
+        assert not lane.feature_gates, "the current lane runs Kubernetes as users do: no gates"
+    wanted: dict[str, set[str]] = {}
+    for feature, components in DRA_FEATURES.items():
+        for component in components:
+            wanted.setdefault(component, set()).add(feature)
     for component, gates in wanted.items():
         reported = cluster.feature_gates(component)
         assert {g: reported.get(g) for g in gates} == dict.fromkeys(gates, True), component
 
 
+#: The DRA scenario of the oldest lane (Kubernetes 1.35 with its alpha gates, containerd 1.7).
+@pytest.mark.lanes("current", "oldest")
 def test_claim_template_pod_gets_its_device(node: Node) -> None:
     loops, claims, pods = node.loops, node.claims, node.pods
     device = loops.add()

@@ -17,11 +17,11 @@ import yaml
 from loopdev import LoopDevices
 
 from .agent import DRIVER
-from .build import build
 from .claims import Claims, allocated_devices, device_attribute
 from .cluster import NODE_NAME, Cluster
 from .daemonset import DEPLOY_DRA, loop_fpga_config, write_dra_overlay
 from .image import AgentImage
+from .lane import Lane
 from .test_daemonset import (
     EXAMPLE,
     EXAMPLE_POD,
@@ -36,10 +36,10 @@ pytestmark = pytest.mark.timeout(900)
 RESOURCE = "example.com/fpga"
 
 
-def test_dra_overlay_renders_with_the_release_kubectl() -> None:
+def test_dra_overlay_renders_with_the_release_kubectl(lane: Lane) -> None:
     """`kubectl kustomize deploy/kubernetes/dra` builds (kustomize refuses, e.g., an overlay
     inside its base's folder) and holds the agent, its account and the DeviceClasses."""
-    kubectl = build(allow_build=False).path("kubectl")
+    kubectl = lane.binaries(allow_build=False).path("kubectl")
     proc = subprocess.run(
         [str(kubectl), "kustomize", str(DEPLOY_DRA)],
         capture_output=True,

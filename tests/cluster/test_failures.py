@@ -9,7 +9,7 @@ import pytest
 
 from .build import COMMANDS, Binaries
 from .cluster import Cluster
-from .dist import fetch_containerd, fetch_etcd
+from .dist import fetch_etcd
 from .process import ComponentError
 
 
@@ -24,7 +24,10 @@ def test_broken_kubelet_fails_by_name_and_leaves_nothing(cluster: Cluster, tmp_p
     kubelet.write_text("#!/bin/sh\necho 'kubelet: broken on purpose by the test' >&2\nexit 3\n")
     kubelet.chmod(0o755)
     broken = Cluster(
-        Binaries(cluster.binaries.version, bin_dir, 0.0, 0.0), fetch_etcd(), fetch_containerd()
+        Binaries(cluster.binaries.version, bin_dir, 0.0, 0.0),
+        fetch_etcd(),
+        cluster.containerd_root,
+        cluster.lane,
     )
     with pytest.raises(ComponentError) as failure:
         broken.start()

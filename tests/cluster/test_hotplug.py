@@ -3,6 +3,7 @@ an unused one takes it away again without disturbing the pod that holds another.
 
 from __future__ import annotations
 
+import pytest
 from loopdev import LoopDevices
 
 from .agent import class_config
@@ -10,6 +11,9 @@ from .cluster import Cluster
 from .conftest import AgentFactory, wait_capacity
 from .pods import Pods
 from .test_seed_lab import RESOURCE, hex_rdev
+
+#: The device-plugin scenarios run in the oldest lane too (Kubernetes 1.35, containerd 1.7).
+pytestmark = pytest.mark.lanes("current", "oldest")
 
 
 def test_add_and_remove_reach_the_node(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from loopdev import LoopDevices
 
 from .agent import NodeAgent, class_config
@@ -12,6 +13,9 @@ from .cluster import Cluster
 from .conftest import AgentFactory, wait_capacity
 from .pods import Pods
 from .test_seed_lab import RESOURCE, hex_rdev
+
+#: The device-plugin scenarios run in the oldest lane too (Kubernetes 1.35, containerd 1.7).
+pytestmark = pytest.mark.lanes("current", "oldest")
 
 
 def _wait_allocatable(cluster: Cluster, capacity: int, allocatable: int, timeout: float) -> None:

@@ -4,12 +4,16 @@ device a deleted pod gave back."""
 
 from __future__ import annotations
 
+import pytest
 from loopdev import LoopDevice, LoopDevices
 
 from .agent import class_config
 from .cluster import Cluster
 from .conftest import AgentFactory, wait_capacity
 from .pods import Pods, phase
+
+#: The device-plugin scenarios run in the oldest lane too (Kubernetes 1.35, containerd 1.7).
+pytestmark = pytest.mark.lanes("current", "oldest")
 
 RESOURCE = "example.com/fpga"
 

@@ -7,7 +7,9 @@ a DRAPlugin service it speaks, taking the first of the plugin's list it knows), 
 ``NotifyRegistrationStatus`` with the outcome. A socket re-created under the same name is
 registered again; a removed one is forgotten. Accepted plugins land in ``registered`` as
 :class:`DraConnection`, which calls NodePrepareResources / NodeUnprepareResources with the
-chosen version and reads NodeWatchResources.
+chosen version and reads NodeWatchResources of the health service picked as the kubelet picks
+it: the first of its own list (``v1`` then ``v1alpha1`` for 1.37, ``v1alpha1`` alone before)
+that the plugin lists.
 
 :meth:`FakeDraKubelet.restart` behaves like a kubelet restart: connections break, everything
 known is forgotten, and the existing sockets are registered again (the plugin watcher walks
@@ -30,13 +32,19 @@ import grpc
 
 from cdi_gen._proto.dra.v1 import api_pb2 as dra_v1
 from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen._proto.pluginregistration.v1 import api_pb2 as reg_pb
 from cdi_gen.names import is_dns_subdomain
 
 #: What a 1.34+ kubelet speaks, best first.
 KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+#: The health services a 1.37 kubelet knows, best first; a 1.31-1.36 kubelet knows the second.
+KUBELET_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+_HEALTH_MODULES: dict[str, ModuleType] = {
+    "v1.DRAResourceHealth": health_v1,
+    "v1alpha1.DRAResourceHealth": health_pb,
+}
 _MODULES: dict[str, ModuleType] = {"v1.DRAPlugin": dra_v1, "v1beta1.DRAPlugin": dra_v1beta1}
 _PACKAGES = {
     "v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
@@ -54,6 +62,8 @@ class DraConnection:
     info: reg_pb.PluginInfo
     service: str
     channel: grpc.aio.Channel
+    #: The health service this kubelet picked ("" when the plugin lists none it knows).
+    health_service: str = ""
     #: Every NodeWatchResources message, in order (once :meth:`watch_health` ran).
     health: asyncio.Queue[health_pb.NodeWatchResourcesResponse] = field(
         default_factory=asyncio.Queue
@@ -91,8 +101,11 @@ class DraConnection:
 
     def watch_health(self) -> None:
         """Open NodeWatchResources; its messages land in ``health``."""
-        if HEALTH_SERVICE not in self.info.supported_versions:
-            raise AssertionError(f"the plugin does not offer {HEALTH_SERVICE}")
+        if not self.health_service:
+            raise AssertionError(
+                f"the plugin offers no health service this kubelet knows: "
+                f"{list(self.info.supported_versions)}"
+            )
         self._health_task = asyncio.create_task(self._pipe_health())
 
     async def next_health(self, within: float = 5.0) -> dict[str, health_pb.DeviceHealth]:
@@ -101,14 +114,19 @@ class DraConnection:
         return {d.device.device_name: d for d in message.devices}
 
     async def _pipe_health(self) -> None:
+        pb = _HEALTH_MODULES[self.health_service]
         stream = self.channel.unary_stream(
-            f"/{HEALTH_SERVICE}/NodeWatchResources",
+            f"/{self.health_service}/NodeWatchResources",
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=health_pb.NodeWatchResourcesResponse.FromString,
+            # Read as the picked version's message, then kept as v1alpha1's: the fields are
+            # the same, and the tests compare against one set of enum values.
+            response_deserializer=pb.NodeWatchResourcesResponse.FromString,
         )
         try:
-            async for message in stream(health_pb.NodeWatchResourcesRequest()):
-                await self.health.put(message)
+            async for message in stream(pb.NodeWatchResourcesRequest()):
+                await self.health.put(
+                    health_pb.NodeWatchResourcesResponse.FromString(message.SerializeToString())
+                )
         except grpc.aio.AioRpcError as exc:
             self.health_error = exc
         finally:
@@ -140,12 +158,14 @@ class FakeDraKubelet:
         registry_dir: Path,
         *,
         services: Sequence[str] = KUBELET_SERVICES,
+        health_services: Sequence[str] = KUBELET_HEALTH_SERVICES,
         refuse: str | None = None,
         poll_interval: float = 0.02,
         dial_timeout: float = 5.0,
     ) -> None:
         self.registry_dir = Path(registry_dir)
         self.services = tuple(services)
+        self.health_services = tuple(health_services)
         #: When set, every plugin is refused with this error (after a valid GetInfo).
         self.refuse = refuse
         self.poll_interval = poll_interval
@@ -268,4 +288,5 @@ class FakeDraKubelet:
         except TimeoutError:
             await channel.close(None)
             return f"cannot connect to the DRA endpoint {info.endpoint}", None
-        return None, DraConnection(socket, info, chosen, channel)
+        health = next((s for s in self.health_services if s in info.supported_versions), "")
+        return None, DraConnection(socket, info, chosen, channel, health)

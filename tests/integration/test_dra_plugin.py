@@ -157,6 +157,7 @@ async def test_registers_through_the_plugin_watcher(node: Node) -> None:
         assert list(connection.info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         assert connection.service == "v1.DRAPlugin"
@@ -337,9 +338,23 @@ async def test_a_removed_registration_socket_is_served_again(node: Node) -> None
         await until(lambda: plugin.registrations == 2)
 
 
-async def test_the_health_stream_follows_the_pool(node: Node) -> None:
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin() as plugin:
+@pytest.mark.parametrize(
+    "kubelet_health",
+    [
+        # 1.37: v1 first, v1alpha1 still accepted; it opens the first the plugin lists.
+        ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"),
+        # 1.31 - 1.36 know only v1alpha1.
+        ("v1alpha1.DRAResourceHealth",),
+    ],
+    ids=["kubelet-1.37-v1", "kubelet-1.36-v1alpha1"],
+)
+async def test_the_health_stream_follows_the_pool(
+    node: Node, kubelet_health: tuple[str, ...]
+) -> None:
+    kubelet = FakeDraKubelet(node.root / "registry", health_services=kubelet_health)
+    async with kubelet, node.plugin() as plugin:
         connection = await kubelet.next_registration()
+        assert connection.health_service == kubelet_health[0]
         connection.watch_health()
         first = await connection.next_health()
         assert set(first) == {"fpga-0", "fpga-1"}
@@ -384,7 +399,11 @@ async def test_health_streams_are_capped(node: Node) -> None:
         await connection.next_health()
         for _ in range(draplugin.MAX_HEALTH_STREAMS):
             more = DraConnection(
-                connection.socket, connection.info, connection.service, connection.channel
+                connection.socket,
+                connection.info,
+                connection.service,
+                connection.channel,
+                connection.health_service,
             )
             more.watch_health()
             extra.append(more)

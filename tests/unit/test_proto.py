@@ -16,6 +16,7 @@ APIS = (
     "pluginregistration/v1",
     "dra/v1",
     "dra/v1beta1",
+    "drahealth/v1",
     "drahealth/v1alpha1",
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
@@ -74,6 +75,7 @@ def test_dra_wire_names_are_the_kubelets() -> None:
     """The kubelet calls /<proto package>.<Service>/<Method>: these names are the contract."""
     from cdi_gen._proto.dra.v1 import api_pb2 as v1
     from cdi_gen._proto.dra.v1beta1 import api_pb2 as v1beta1
+    from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
     from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health
     from cdi_gen._proto.pluginregistration.v1 import api_pb2 as registration
 
@@ -108,14 +110,20 @@ def test_dra_wire_names_are_the_kubelets() -> None:
     assert "share_id" not in v1beta1.Device.DESCRIPTOR.fields_by_name
     info = {f.name: f.number for f in registration.PluginInfo.DESCRIPTOR.fields}
     assert info == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
-    watch = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name
-    assert watch["NodeWatchResources"].full_name == "v1alpha1.DRAResourceHealth.NodeWatchResources"
-    assert watch["NodeWatchResources"].server_streaming
-    assert {f.name: f.number for f in health.DeviceHealth.DESCRIPTOR.fields} == {
-        "device": 1,
-        "health": 2,
-        "last_updated_time": 3,
-        "health_check_timeout_seconds": 4,
-        "message": 5,
-    }
-    assert (health.UNKNOWN, health.HEALTHY, health.UNHEALTHY) == (0, 1, 2)
+    # v1 (Kubernetes 1.37) and v1alpha1 differ only in the package: one stream serves both.
+    for module, version in ((health_v1, "v1"), (health, "v1alpha1")):
+        watch = module.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name
+        assert watch["NodeWatchResources"].full_name == (
+            f"{version}.DRAResourceHealth.NodeWatchResources"
+        )
+        assert watch["NodeWatchResources"].server_streaming
+        assert {f.name: f.number for f in module.DeviceHealth.DESCRIPTOR.fields} == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
+        identifier = {f.name: f.number for f in module.DeviceIdentifier.DESCRIPTOR.fields}
+        assert identifier == {"pool_name": 1, "device_name": 2}
+        assert (module.UNKNOWN, module.HEALTHY, module.UNHEALTHY) == (0, 1, 2)

@@ -29,6 +29,8 @@ LIMITS = [
     ("containerd@2.0.5", "1.0.0"),
     ("containerd@2.2.0", "1.0.0"),
     ("containerd@2.2.1", "1.1.0"),
+    ("containerd@2.3.0", "1.1.0"),
+    ("containerd@2.3.7", "1.1.0"),  # the cluster tests' current lane
     ("containerd@1.7.24~ds1", "0.8.0"),  # Debian 13's build, Built-Using library 0.8.0
     ("cri-o@1.27.3", None),
     ("crio@1.28.0", "0.6.0"),

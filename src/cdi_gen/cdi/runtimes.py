@@ -64,6 +64,7 @@ RELEASES: tuple[Release, ...] = (
     Release("containerd", (2, 0, 4), "0.8.1"),
     Release("containerd", (2, 0, 5), "1.0.0"),
     Release("containerd", (2, 1, 0), "1.0.1"),
+    # 2.2.1 up to 2.3.7 (the current LTS; go.mod of v2.3.0 and v2.3.7 read 2026-12-01).
     Release("containerd", (2, 2, 1), "1.1.0"),
     Release("cri-o", (1, 28, 0), "0.6.0"),
     Release("cri-o", (1, 29, 0), "0.6.2"),

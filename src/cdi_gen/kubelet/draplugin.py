@@ -3,7 +3,8 @@
 One :class:`DraPlugin` per node agent serves, on ``<kubelet plugins>/<driver>/dra.sock``, the
 kubelet's DRA node service in both versions kubelets speak (``dra.v1`` from Kubernetes 1.34,
 ``dra.v1beta1`` before; the same calls, v1 adds ``share_id``) and the device health stream
-(``v1alpha1.DRAResourceHealth``), and registers the driver through the plugin watcher
+(``v1.DRAResourceHealth`` from Kubernetes 1.37, ``v1alpha1`` before; the same messages), and
+registers the driver through the plugin watcher
 (:mod:`~cdi_gen.kubelet.registration`). The
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps both sockets served and the driver
 registered across kubelet restarts.
@@ -42,6 +43,7 @@ import grpc
 
 from cdi_gen._proto.dra.v1 import api_pb2 as dra_v1
 from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError, InvalidNameError, RegistrationError
@@ -80,7 +82,9 @@ _SERVICES = {
     "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": dra_v1,
     "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin": dra_v1beta1,
 }
-_HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+#: The 1.37 kubelet opens the newest health service the registration lists; 1.31-1.36 know
+#: only v1alpha1. The messages are the same on the wire, so one stream serves both.
+_HEALTH_SERVICES = {"v1.DRAResourceHealth": health_v1, "v1alpha1.DRAResourceHealth": health_pb}
 #: Health streams open at once: the kubelet keeps one; each holds a server thread.
 MAX_HEALTH_STREAMS = 4
 #: The kubelet reports a device's health Unknown once it heard nothing about it for the
@@ -323,13 +327,14 @@ class _Service:
                     response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
                 ),
             }
-        services[_HEALTH_SERVICE] = {
-            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                self.watch_resources,
-                request_deserializer=health_pb.NodeWatchResourcesRequest.FromString,
-                response_serializer=health_pb.NodeWatchResourcesResponse.SerializeToString,
-            )
-        }
+        for name, hpb in _HEALTH_SERVICES.items():
+            services[name] = {
+                "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                    self.watch_resources,
+                    request_deserializer=hpb.NodeWatchResourcesRequest.FromString,
+                    response_serializer=health_pb.NodeWatchResourcesResponse.SerializeToString,
+                )
+            }
         return services
 
     def end_streams(self) -> None:

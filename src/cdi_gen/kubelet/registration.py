@@ -49,9 +49,15 @@ log = logging.getLogger(__name__)
 #: ``PluginInfo.type`` of a DRA driver.
 DRA_PLUGIN_TYPE = "DRAPlugin"
 #: The services on the DRA endpoint, newest DRAPlugin first: the kubelet takes the first of
-#: the list it knows (``v1`` from 1.34, ``v1beta1`` before); the health service is optional
-#: and used by kubelets with the ResourceHealthStatus gate.
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+#: the list it knows (``v1`` from 1.34, ``v1beta1`` before); the health service is optional,
+#: used by kubelets with the ResourceHealthStatus gate (on from 1.36), and opened only when
+#: listed: the 1.37 kubelet picks ``v1`` before ``v1alpha1``, older ones know only ``v1alpha1``.
+SUPPORTED_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
 _SERVICE = "pluginregistration.Registration"
 
 

@@ -1,4 +1,5 @@
-"""A private containerd 1.7 for one test session, and everything needed to leave no trace.
+"""A private containerd for one test session (1.7; or 2.3 in the cluster tests' current lane),
+and everything needed to leave no trace.
 
 containerd writes outside its root and state folders in three places, which the teardown
 undoes: shim sockets in /run/containerd/s, cgroup parents under /sys/fs/cgroup/<controller>/,
@@ -21,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from .config import daemon_config, to_toml
+from .config import daemon_config, daemon_config_v4, to_toml
 from .cri import CRIClient
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -83,6 +84,8 @@ class Containerd:
     enable_cdi: bool | None = None
     #: Put before the command line, e.g. to enter a mount namespace (the cluster tests' node).
     command_prefix: list[str] = field(default_factory=list)
+    #: 2: containerd 1.7 from the deploy snippet; 4: containerd 2.3's native format.
+    config_version: int = 2
     process: subprocess.Popen[bytes] | None = None
     cri: CRIClient | None = None
     cgroup_parent: str = ""
@@ -107,7 +110,7 @@ class Containerd:
         return self.dist / "usr/bin"
 
     def env(self) -> dict[str, str]:
-        # The 1.7 binaries first: otherwise containerd finds Debian 12's 1.6 shim on PATH.
+        # Our binaries first: otherwise containerd finds Debian 12's 1.6 shim on PATH.
         path = f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
 
@@ -126,9 +129,12 @@ class Containerd:
         self.cgroup_parent = f"/cdi-gen-test-{self.work.name}"
         for d in ("root", "state", "runc", "opt", "cni/bin", "cni/conf", "logs"):
             (self.work / d).mkdir(parents=True, exist_ok=True)
-        self.config = daemon_config(
-            self.work, self.spec_dirs, self.sandbox_image, enable_cdi=self.enable_cdi
-        )
+        if self.config_version == 4:
+            self.config = daemon_config_v4(self.work, self.spec_dirs, self.sandbox_image)
+        else:
+            self.config = daemon_config(
+                self.work, self.spec_dirs, self.sandbox_image, enable_cdi=self.enable_cdi
+            )
         self.config_path.write_text(to_toml(self.config))
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(

@@ -1,0 +1,116 @@
+"""The lanes of the cluster tests: which Kubernetes, which containerd, which feature gates.
+
+- ``current`` (the default of every cluster test): Kubernetes 1.37 and containerd 2.3 (the LTS),
+  both built from their Go modules, containerd's config in its native version 4 with CDI left at
+  its default (on), and **no feature gates**: a cluster as users run it at the end of 2026.
+- ``oldest``: Kubernetes 1.35 with Debian 13's containerd 1.7 (config version 2, CDI switched on
+  as ``deploy/containerd/containerd-1.7-cdi.toml`` says) and the DRA alpha gates of 1.35: the
+  oldest pair we support. The device-plugin scenarios and one DRA scenario run here too
+  (``@pytest.mark.lanes("current", "oldest")``).
+
+Every lane builds or fetches into its own folder ``/var/cache/cdi-gen-test/<lane>/``; etcd (Debian
+13's 3.5, which both releases support) is shared. A lane whose parts cannot be had fails the
+tests that run on it, naming the lane and the part; nothing skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from containerd.fetch import CACHE_ROOT
+
+from .build import HERE, Binaries, BuildError, GoProgram, build, containerd, kubernetes
+from .dist import FetchError, fetch_containerd
+
+#: The features the DRA scenarios use, and where each matters: the apiserver keeps the
+#: fields, the scheduler allocates with them, the controller-manager evicts, the kubelet
+#: prepares and reports health. On by default from 1.36 or 1.37 (GA or beta); alpha in 1.35.
+DRA_FEATURES = {
+    # DeviceClass.spec.extendedResourceName: the apiserver keeps the field, the scheduler
+    # allocates a pod's `limits: {vendor/class: 1}` through DRA, the kubelet prepares it.
+    # GA (locked on) in 1.37.
+    "DRAExtendedResource": ("kube-apiserver", "kube-scheduler", "kube-controller-manager",
+                            "kubelet"),
+    # Device taints in slices: kept by the apiserver, honoured by the scheduler, NoExecute
+    # evictions by the controller-manager's device-taint-eviction controller. GA in 1.37.
+    "DRADeviceTaints": ("kube-apiserver", "kube-scheduler", "kube-controller-manager"),
+    # sharedCounters / consumesCounters in slices (kept by the apiserver, counted by the
+    # scheduler): a shared device's slots. Beta, on, in 1.36 and 1.37.
+    "DRAPartitionableDevices": ("kube-apiserver", "kube-scheduler"),
+    # containerStatuses[].allocatedResourcesStatus: the kubelet fills it from the driver's
+    # health stream, and the apiserver drops the field from pod status while the gate is off.
+    # Beta, on, from 1.36.
+    "ResourceHealthStatus": ("kube-apiserver", "kubelet"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    #: What the lane stands for (README's matrix says the same).
+    proves: str
+    kubernetes: GoProgram
+    #: None: Debian 13's containerd 1.7, unpacked (``dist.py``).
+    containerd: GoProgram | None
+    #: Set in every component; an unknown gate makes a component refuse to start, so each
+    #: was checked against the release's pkg/features/kube_features.go.
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+
+    @property
+    def cache(self) -> Path:
+        return CACHE_ROOT / self.name
+
+    @property
+    def containerd_config_version(self) -> int:
+        """containerd's native config format: 2 for 1.7, 4 for 2.3."""
+        return 2 if self.containerd is None else 4
+
+    def binaries(self, *, allow_build: bool = True) -> Binaries:
+        """The lane's Kubernetes binaries (raises :class:`LaneError` naming the lane)."""
+        try:
+            return build(self.kubernetes, self.cache / "kubernetes", allow_build=allow_build)
+        except BuildError as exc:
+            raise LaneError(f"lane {self.name}: Kubernetes: {exc}") from exc
+
+    def containerd_build(self, *, allow_build: bool = True) -> Binaries | None:
+        """The built containerd of the lane (None for Debian's)."""
+        if self.containerd is None:
+            return None
+        try:
+            return build(self.containerd, self.cache / "containerd", allow_build=allow_build)
+        except BuildError as exc:
+            raise LaneError(f"lane {self.name}: containerd: {exc}") from exc
+
+    def containerd_root(self, *, allow_build: bool = True) -> Path:
+        """A root with ``usr/bin/{containerd,containerd-shim-runc-v2,ctr}`` inside."""
+        built = self.containerd_build(allow_build=allow_build)
+        if built is not None:
+            return built.bin.parent.parent
+        try:
+            return fetch_containerd()
+        except FetchError as exc:
+            raise LaneError(f"lane {self.name}: containerd 1.7: {exc}") from exc
+
+
+class LaneError(RuntimeError):
+    """A part of a lane could not be had; the message names the lane and the part."""
+
+
+_LANES_DIR = HERE / "lanes"
+
+CURRENT = Lane(
+    "current",
+    "Kubernetes 1.37 + containerd 2.3 (LTS), no feature gates: what users run",
+    kubernetes(_LANES_DIR / "current/kubernetes"),
+    containerd(_LANES_DIR / "current/containerd"),
+)
+OLDEST = Lane(
+    "oldest",
+    "Kubernetes 1.35 + containerd 1.7 with the DRA alpha gates: the oldest pair supported",
+    kubernetes(_LANES_DIR / "oldest/kubernetes"),
+    None,
+    dict.fromkeys(DRA_FEATURES, True),
+)
+LANES = {lane.name: lane for lane in (CURRENT, OLDEST)}

@@ -1,0 +1,63 @@
+"""Each lane runs what it says: the pinned Kubernetes and containerd on the Node, containerd's
+config in the lane's format with CDI on as users get it, and the lane's feature gates only."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .build import SETUP_COMMAND, kubernetes
+from .cluster import Cluster
+from .lane import CURRENT, Lane, LaneError
+
+pytestmark = pytest.mark.lanes("current", "oldest")
+
+
+def test_the_node_runs_the_lanes_releases(cluster: Cluster, lane: Lane) -> None:
+    node = cluster.node() or {}
+    info = node.get("status", {}).get("nodeInfo", {})
+    assert info.get("kubeletVersion") == lane.kubernetes.release()
+    runtime = info.get("containerRuntimeVersion", "")
+    if lane.containerd is None:
+        # Debian 13's package: "containerd://1.7.24~ds1"
+        assert runtime.startswith("containerd://1.7."), runtime
+    else:
+        # The CRI answers the version without its "v", as for release binaries.
+        assert runtime == f"containerd://{lane.containerd.release().removeprefix('v')}", runtime
+
+
+def test_containerd_runs_the_lanes_config(cluster: Cluster, lane: Lane) -> None:
+    assert cluster.containerd is not None
+    config = cluster.containerd.config
+    assert config["version"] == lane.containerd_config_version
+    if lane.containerd_config_version == 4:
+        cri = config["plugins"]["io.containerd.cri.v1.runtime"]
+        # CDI on by default in 2.x: a node as users get it has no enable_cdi line.
+        assert "enable_cdi" not in cri
+    else:
+        cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+        assert cri["enable_cdi"] is True
+    assert cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+
+
+def test_only_the_lanes_gates_are_set(cluster: Cluster, lane: Lane) -> None:
+    kubelet = yaml.safe_load((cluster.work / "kubelet.yaml").read_text())
+    assert kubelet.get("featureGates", {}) == dict(lane.feature_gates)
+    argv = cluster.components["kube-apiserver"].argv
+    assert ("--feature-gates" in argv) == bool(lane.feature_gates)
+
+
+def test_a_lane_not_built_fails_naming_the_lane_and_the_setup(tmp_path: Path) -> None:
+    # A pin nobody built: the tests never build for tens of minutes on their own.
+    (tmp_path / "go.mod").write_text("module x\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.99.0\n")
+    (tmp_path / "go.sum").write_text("")
+    lane = dataclasses.replace(CURRENT, name="unbuilt-test-lane", kubernetes=kubernetes(tmp_path))
+    with pytest.raises(LaneError) as failure:
+        lane.binaries(allow_build=False)
+    message = str(failure.value)
+    assert message.startswith("lane unbuilt-test-lane: Kubernetes: k8s.io/kubernetes v1.99.0")
+    assert SETUP_COMMAND in message
+    assert not lane.cache.exists(), "a lane that was never built left a cache folder"
