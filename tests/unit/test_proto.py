@@ -18,6 +18,7 @@ APIS = (
     "dra/v1beta1",
     "drahealth/v1",
     "drahealth/v1alpha1",
+    "cri/v1",
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 
@@ -127,3 +128,28 @@ def test_dra_wire_names_are_the_kubelets() -> None:
         identifier = {f.name: f.number for f in module.DeviceIdentifier.DESCRIPTOR.fields}
         assert identifier == {"pool_name": 1, "device_name": 2}
         assert (module.UNKNOWN, module.HEALTHY, module.UNHEALTHY) == (0, 1, 2)
+
+
+def test_cri_wire_names_are_the_runtimes() -> None:
+    """containerd and CRI-O answer /runtime.v1.RuntimeService/Version with these numbers."""
+    from cdi_gen._proto.cri.v1 import api_pb2 as cri
+
+    service = cri.DESCRIPTOR.services_by_name["RuntimeService"]
+    assert [m.full_name for m in service.methods] == ["runtime.v1.RuntimeService.Version"]
+    assert {f.name: f.number for f in cri.VersionRequest.DESCRIPTOR.fields} == {"version": 1}
+    assert {f.name: f.number for f in cri.VersionResponse.DESCRIPTOR.fields} == {
+        "version": 1,
+        "runtime_name": 2,
+        "runtime_version": 3,
+        "runtime_api_version": 4,
+    }
+
+
+def test_the_containerd_e2e_cri_client_loads_beside_ours() -> None:
+    """The e2e tests' fuller CRI proto defines the same runtime.v1 symbols; one pytest run
+    loads both, so it keeps its own descriptor pool (proto/cri/generate.sh)."""
+    from cdi_gen._proto.cri.v1 import api_pb2 as ours
+    from tests.e2e.containerd._cri import api_pb2 as e2e
+
+    answer = e2e.VersionResponse(runtime_name="containerd", runtime_version="v2.3.7")
+    assert ours.VersionResponse.FromString(answer.SerializeToString()).runtime_version == "v2.3.7"
