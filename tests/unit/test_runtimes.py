@@ -275,3 +275,27 @@ def test_doctor_fails_a_spec_the_runtime_cannot_read(
     assert fails[0].startswith(f"FAIL cdiVersion: {above}: 0.7.0 is newer than podman 4.3.1")
     assert "additionalGids" in fails[0] and "--cdi-version runtime" in fails[0]
     assert code == 1
+
+
+def test_a_cri_answer_maps_onto_the_table_like_a_reference() -> None:
+    for name, version in (("containerd", "v2.3.7"), ("cri-o", "1.36.3"), ("crio", "1.30.0")):
+        runtime = rt.from_cri(name, version, "/run/x.sock")
+        assert runtime.limit == rt.parse_reference(f"{name}@{version}").limit
+        assert runtime.source.endswith("; version from the CRI at /run/x.sock")
+
+
+@pytest.mark.parametrize("version", ["x" * 5000, "\x1b[2J" * 100])
+def test_a_version_from_outside_is_quoted_short(version: str) -> None:
+    """A version comes from a socket or a binary's output: the line quotes it cut short."""
+    with pytest.raises(ConfigError) as info:
+        rt.from_cri("containerd", version, "/run/x.sock")
+    assert len(str(info.value)) < 200 and "\x1b" not in str(info.value)
+
+
+def test_node_limit_names_where_else_it_looked() -> None:
+    with pytest.raises(ConfigError) as info:
+        rt.node_limit([], ["no CRI socket at /run/a.sock"])
+    assert str(info.value) == (
+        "cdiVersion runtime: no container runtime found (containerd, crio, podman on PATH; no "
+        "CRI socket at /run/a.sock); name it with --runtime NAME@VERSION, e.g. containerd@1.7.24"
+    )

@@ -12,6 +12,10 @@ library it was built with, in this order of trust:
    version is the package's ``Built-Using``);
 3. the release table below, by the runtime's own version.
 
+Where no binary answers (the agent in a pod sees none), the caller may look elsewhere: the
+CRI adapter (``kubelet.cri``) asks the runtime's socket for its name and version, and
+:func:`from_cri` maps that answer onto the table like a ``NAME@VERSION`` reference.
+
 The table is the single place these facts live. Source: the ``require`` of
 ``container-device-interface`` in each runtime's ``go.mod`` at its release tags, read with
 ``go mod graph`` / ``go list -m`` through the Go module proxy (containerd, podman) and from the
@@ -21,17 +25,18 @@ next row of the same runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdi_gen.cdi.spec import Spec
 from cdi_gen.cdi.version import KNOWN_VERSIONS, minimum_of, requirements
-from cdi_gen.errors import ConfigError, Problem
+from cdi_gen.errors import ConfigError, Problem, quote
 
 Version = tuple[int, ...]
 
@@ -97,7 +102,8 @@ def parse_release(text: str) -> Version:
     """``"v1.7.24~ds1"`` → ``(1, 7, 24)``; ValueError when there is no X.Y.Z in it."""
     m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", text.strip())
     if m is None:
-        raise ValueError(f"{text!r} is not a version X.Y.Z")
+        # quote(): the text may come from a socket or a binary's output, of any length.
+        raise ValueError(f"{quote(text)} is not a version X.Y.Z")
     return (int(m[1]), int(m[2]), int(m[3]))
 
 
@@ -138,7 +144,7 @@ def canonical_name(name: str) -> str:
     if lowered == "crio":
         lowered = "cri-o"
     if lowered not in RUNTIMES:
-        raise ConfigError(f"unknown runtime {name[:40]!r}, known: {', '.join(RUNTIMES)}")
+        raise ConfigError(f"unknown runtime {quote(name, 40)}, known: {', '.join(RUNTIMES)}")
     return lowered
 
 
@@ -174,6 +180,21 @@ def parse_reference(text: str) -> Runtime:
     if not sep or not version:
         raise ConfigError(f"runtime {text[:60]!r}: expected NAME@VERSION, e.g. containerd@1.7.24")
     return from_table(name, version)
+
+
+def from_cri(runtime_name: str, runtime_version: str, where: str) -> Runtime:
+    """The runtime a CRI ``RuntimeService/Version`` answer names (``containerd``/``v2.3.7``,
+    ``cri-o``/``1.36.3``), through the table as ``containerd@2.3.7`` would be.
+
+    Raises :class:`ConfigError` quoting a name or version that is not one of ours.
+    """
+    runtime = from_table(runtime_name, runtime_version)
+    return dataclasses.replace(runtime, source=f"{runtime.source}; version from the CRI at {where}")
+
+
+#: Looks where binaries are not visible: the runtimes found, and one line per place asked
+#: that gave none (why).
+Lookup = Callable[[], tuple[list["Runtime"], list[str]]]
 
 
 def go_module_versions(binary: Path) -> dict[str, str]:
@@ -270,17 +291,30 @@ def detect_all(explicit: Sequence[str] = ()) -> list[Runtime]:
     return [r for r in found if r is not None]
 
 
-def node_limit(runtimes: Iterable[Runtime]) -> str:
+def node_runtimes(
+    explicit: Sequence[str] = (), fallback: Lookup | None = None
+) -> tuple[list[Runtime], list[str]]:
+    """:func:`detect_all`, then ``fallback`` when it found nothing (and none was named): the
+    runtimes, and the fallback's lines on why it found none where it looked."""
+    found = detect_all(explicit)
+    if found or explicit or fallback is None:
+        return found, []
+    return fallback()
+
+
+def node_limit(runtimes: Iterable[Runtime], notes: Sequence[str] = ()) -> str:
     """The newest ``cdiVersion`` every runtime given reads (a spec must suit all of them).
 
-    Raises ConfigError when there is no runtime, or none with CDI.
+    Raises ConfigError when there is no runtime, or none with CDI; ``notes`` (why a lookup
+    beyond PATH found none) join its line.
     """
     listed = list(runtimes)
     limits = [r.limit for r in listed if r.limit is not None]
     if not listed:
         raise ConfigError(
-            "cdiVersion runtime: no container runtime found (containerd, crio, podman on PATH); "
-            "name it with --runtime NAME@VERSION, e.g. containerd@1.7.24"
+            "cdiVersion runtime: no container runtime found (containerd, crio, podman on PATH"
+            + "".join(f"; {note}" for note in notes)
+            + "); name it with --runtime NAME@VERSION, e.g. containerd@1.7.24"
         )
     if len(limits) < len(listed):
         broken = ", ".join(r.describe() for r in listed if r.limit is None)
