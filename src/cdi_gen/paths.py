@@ -2,7 +2,8 @@
 
 Every command, the agent, the doctor and the kubelet plugin take these as defaults, so a
 default changes in one place. Paths come from the kubelet (device plugin folder and its
-socket), the CDI specification (the two spec folders a runtime reads) and udev.
+socket), the CDI specification (the two spec folders a runtime reads), the runtimes (their
+configs and CRI sockets) and udev.
 """
 
 from __future__ import annotations
@@ -30,3 +31,8 @@ UDEV_RUN_DIR = Path("/run/udev")
 #: Container runtime configs the doctor reads.
 CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
 CRIO_CONFIG = Path("/etc/crio/crio.conf")
+#: The runtimes' CRI sockets, asked for the runtime's name and version where its binary is
+#: not visible (the agent in a pod).
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+CRIO_SOCKET = Path("/var/run/crio/crio.sock")
+CRI_SOCKETS: tuple[Path, ...] = (CONTAINERD_SOCKET, CRIO_SOCKET)

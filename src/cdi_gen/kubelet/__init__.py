@@ -1,4 +1,5 @@
-"""The kubelet-facing consumers: the device plugin and the DRA driver; the only grpc user.
+"""The kubelet-facing consumers: the device plugin and the DRA driver; the only grpc user
+(also of the runtime's CRI socket, asked for its version).
 
 * :mod:`~cdi_gen.kubelet.transport`: unix socket files and the synchronous gRPC server every
   kubelet plugin serves on;
@@ -12,7 +13,9 @@
   :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
   :mod:`~cdi_gen.kubelet.checkpoint` (the prepared claims on disk);
 * :mod:`~cdi_gen.kubelet.board` and :mod:`~cdi_gen.kubelet.allocation`: the device list the
-  plugins advertise, and the rules their answers follow.
+  plugins advertise, and the rules their answers follow;
+* :mod:`~cdi_gen.kubelet.cri`: the container runtime's name and version from its CRI socket,
+  for ``--cdi-version runtime`` and the doctor where no runtime binary is visible.
 
 Importing the package sets :data:`GRPC_EXPERIMENTS` before any of its modules loads grpc,
 since grpc reads the variable once, when it is first imported.
