@@ -4,7 +4,8 @@ The most expensive failure of a CDI-only device plugin is silent: containerd 1.7
 ``enable_cdi = false`` and then *ignores* the CDI names the kubelet passes, so pods start
 without their devices. The doctor reads the runtime configs, the spec folders as a runtime
 would, the kubelet and udev sockets, and what the configured classes match, and says OK, WARN
-or FAIL with the fix.
+or FAIL with the fix. The runtimes are the ones named, else those on PATH, else (in a pod)
+the one answering on a CRI socket.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cdi_gen.cdi.registry import Registry, load_registry
-from cdi_gen.cdi.runtimes import Runtime, readability_problems
+from cdi_gen.cdi.runtimes import Lookup, Runtime, readability_problems
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.inventory import Discovery
@@ -501,9 +502,10 @@ def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
 
 
 def _runtimes(
-    refs: Sequence[str], containerd_version: str | None
+    refs: Sequence[str], containerd_version: str | None, fallback: Lookup | None = None
 ) -> tuple[list[Runtime], list[Check]]:
-    """The node's runtimes: named ones, else every one on PATH asked for its version."""
+    """The node's runtimes: named ones, else every one on PATH asked for its version, else
+    (in a pod, where no binary is visible) what ``fallback`` finds: the CRI sockets' answer."""
     from cdi_gen.cdi import runtimes as rt
 
     checks: list[Check] = []
@@ -519,6 +521,12 @@ def _runtimes(
                 continue
             if runtime is not None:
                 found.append(runtime)
+        if not found and containerd_version is None and fallback is not None:
+            found, notes = fallback()
+            checks += [
+                Check("WARN", "runtime", note, "mount the runtime's CRI socket or pass --runtime")
+                for note in notes
+            ]
     if containerd_version is not None:
         try:
             rt.parse_release(containerd_version)
@@ -544,9 +552,10 @@ def diagnose(
     Raises :class:`ConfigError` for a malformed ``--runtime`` or ``--containerd-version``.
     """
     from cdi_gen.cdi import runtimes as rt
+    from cdi_gen.kubelet.cri import lookup
 
     spec_dir = settings.spec_dir
-    runtimes, checks = _runtimes(settings.runtime, containerd_version)
+    runtimes, checks = _runtimes(settings.runtime, containerd_version, lookup(settings.cri_socket))
     containerd = next((r for r in runtimes if r.name == "containerd"), None)
     version = None if containerd is None else rt.parse_release(containerd.version)
     dirs = settings.spec_dirs_for_runtime()

@@ -27,6 +27,7 @@ from cdi_gen.paths import CONTAINERD_CONFIG
     help="Assume this containerd version (X.Y.Z) instead of asking `containerd --version`.",
 )
 @options.RUNTIME
+@options.CRI_SOCKET
 @click.option(
     "--crio-config",
     "crio_configs",

@@ -75,6 +75,9 @@ DEVICE_PLUGIN_DIR = setting(
 )
 CDI_VERSION = setting("cdi_version", "--cdi-version")
 RUNTIME = setting("runtime", "--runtime", multiple=True)
+CRI_SOCKET = setting(
+    "cri_socket", "--cri-socket", multiple=True, type=click.Path(path_type=Path, dir_okay=False)
+)
 API = setting("api", "--api", type=click.Choice(["config", "devicePlugin", "dra"]))
 KUBECONFIG = setting("kubeconfig", "--kubeconfig", type=click.Path(dir_okay=False))
 NODE_NAME = setting("node_name", "--node-name")

@@ -27,6 +27,7 @@ from cdi_gen.cli import options
 )
 @options.CDI_VERSION
 @options.RUNTIME
+@options.CRI_SOCKET
 @options.API
 @options.setting("dra_driver", "--dra-driver")
 @options.setting("instance", "--instance")
@@ -45,10 +46,11 @@ def run(**flags: Any) -> None:
 
     from cdi_gen.agent import Agent
     from cdi_gen.config.settings import load_settings
+    from cdi_gen.kubelet.cri import lookup
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
-    config = settings.class_config()
+    config = settings.class_config(lookup(settings.cri_socket))
     setup_logging(settings.log_format, settings.log_level)
     asyncio.run(Agent(config, settings).run())
 

@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from cdi_gen import paths
 from cdi_gen.backoff import FLOOR_SECONDS
 from cdi_gen.cdi.registry import unique_dirs
-from cdi_gen.cdi.runtimes import detect_all, node_limit
+from cdi_gen.cdi.runtimes import Lookup, node_limit, node_runtimes
 from cdi_gen.cdi.version import normalize
 from cdi_gen.config.loader import load_config
 from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
@@ -110,7 +110,13 @@ class Settings(BaseSettings):
     runtime: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
         description="the node's container runtime(s) as NAME@VERSION (containerd, cri-o, "
-        "podman), for the 'runtime' pin and the doctor; default: every runtime on PATH",
+        "podman), for the 'runtime' pin and the doctor; default: every runtime on PATH, "
+        "else the one answering on a CRI socket",
+    )
+    cri_socket: Annotated[tuple[Path, ...], NoDecode] = Field(
+        default=paths.CRI_SOCKETS,
+        description="CRI sockets asked for the runtime's name and version when no runtime "
+        "binary is on PATH (in a pod)",
     )
     api: Literal["config", "devicePlugin", "dra"] = Field(
         default="config",
@@ -152,7 +158,7 @@ class Settings(BaseSettings):
     #: from the floor of every backoff (0.1 s) to an hour, refused outside.
     retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
 
-    @field_validator("runtime_spec_dirs", "runtime", mode="before")
+    @field_validator("runtime_spec_dirs", "runtime", "cri_socket", mode="before")
     @classmethod
     def _words(cls, value: Any) -> Any:
         return _split(value)
@@ -234,11 +240,14 @@ class Settings(BaseSettings):
         """Whether to serve device plugins (not host mode)."""
         return not self.no_kubelet
 
-    def class_config(self) -> AgentConfig:
+    def class_config(self, fallback: Lookup | None = None) -> AgentConfig:
         """The class config file (or the embedded catalogue) with every class's cdiVersion
         pin concrete; ``runtime`` is resolved once, now (the runtime does not change under a
-        running agent). Raises :class:`ConfigError` (exit 2)."""
-        config = pin_versions(load_config(self.config), self.cdi_version, self.runtime)
+        running agent), by ``fallback`` (the caller's CRI lookup) when no runtime binary
+        answers. Raises :class:`ConfigError` (exit 2)."""
+        config = pin_versions(
+            load_config(self.config), self.cdi_version, self.runtime, fallback=fallback
+        )
         if self.api == "config":
             return config
         # The node's choice wins for every class, so one resource is never offered both ways.
@@ -283,15 +292,18 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) -> str | None:
-    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now.
+def resolve_version(
+    value: str | None, runtime_refs: Sequence[str], what: str, fallback: Lookup | None = None
+) -> str | None:
+    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now
+    (through ``fallback`` when no runtime binary answers and none is named).
 
     Raises :class:`ConfigError` naming ``what`` for an unknown version.
     """
     if value is None:
         return None
     if value == RUNTIME_PIN:
-        return node_limit(detect_all(runtime_refs))
+        return node_limit(*node_runtimes(runtime_refs, fallback))
     try:
         return normalize(value)
     except ValueError as exc:
@@ -299,15 +311,19 @@ def resolve_version(value: str | None, runtime_refs: Sequence[str], what: str) -
 
 
 def pin_versions(
-    config: AgentConfig, default: str | None, runtime_refs: Sequence[str]
+    config: AgentConfig,
+    default: str | None,
+    runtime_refs: Sequence[str],
+    *,
+    fallback: Lookup | None = None,
 ) -> AgentConfig:
     """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
-    ``runtime`` resolved once for all classes."""
+    ``runtime`` resolved once for all classes (``fallback``: see :func:`resolve_version`)."""
     wanted = {c.cdi_version or default for c in config.classes}
     if wanted <= {None} and default is None:
         return config
     limit = (
-        resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime")
+        resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime", fallback)
         if RUNTIME_PIN in wanted
         else None
     )
