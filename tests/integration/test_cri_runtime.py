@@ -6,6 +6,7 @@ garbage gives one clear line and the behaviour of a node without a runtime."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -35,6 +36,18 @@ classes:
     match: {subsystem: block, kernel: "loop[0-7]"}
     containerEdits: {additionalGids: [44]}
 """
+
+
+RECORDS = [
+    {
+        "sys_path": "/sys/devices/virtual/block/loop0",
+        "subsystem": "block",
+        "kernel": "loop0",
+        "devnode": "/dev/loop0",
+        "major": 7,
+        "minor": 0,
+    }
+]
 
 
 @pytest.fixture
@@ -275,3 +288,46 @@ async def test_run_pins_the_limit_of_the_runtime_the_cri_names(
     assert not (short_dir / "cdi" / "example.com-gids.json").exists()
     text = stderr.decode()
     assert "additionalGids needs cdiVersion 0.7.0 or newer, the target is 0.5.0" in text, text
+
+
+@pytest.mark.parametrize("command", ["write", "render"])
+def test_one_shot_commands_pin_what_the_cri_names_from_the_agents_variables(
+    short_dir: Path,
+    no_runtime_on_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """`cdi-gen write` in the agent's environment (an init container) pins what it pins."""
+    (short_dir / "config.yaml").write_text(CONFIG)
+    (short_dir / "records.json").write_text(json.dumps(RECORDS))
+    socket = short_dir / "containerd.sock"
+    monkeypatch.setenv("CDI_GEN_CDI_VERSION", "runtime")
+    monkeypatch.setenv("CDI_GEN_CRI_SOCKET", f"{short_dir / 'absent.sock'} {socket}")
+    out = short_dir / "cdi"
+    where = ["--spec-dir", out] if command == "write" else ["--class", "loop", "-o", out / "x"]
+    if command == "render":
+        out.mkdir()
+        where += ["--cdi-version", "runtime"]  # render reads no variable for its pin
+    with FakeCri(socket, "containerd", "v1.7.0"):
+        _, output = _cli(
+            capsys, command, "--config", short_dir / "config.yaml", "--records",
+            short_dir / "records.json", *where,
+        )  # fmt: skip
+    written = out / ("example.com-loop.json" if command == "write" else "x")
+    assert json.loads(written.read_text())["cdiVersion"] == "0.5.0", output
+
+
+def test_doctor_resolves_a_class_pinned_to_runtime_through_the_cri(
+    short_dir: Path, no_runtime_on_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A class with `cdiVersion: runtime` made the doctor itself exit 2 in a pod."""
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "vendor: example.com\nclasses:\n  - name: loop\n    cdiVersion: runtime\n"
+        '    match: {subsystem: block, kernel: "loop[0-7]"}\n'
+    )
+    socket = short_dir / "crio.sock"
+    with FakeCri(socket, "cri-o", "1.36.3"):
+        output = _doctor(capsys, short_dir, "--config", config, "--cri-socket", socket)
+    assert "OK   runtime: cri-o 1.36.3 (reads cdiVersion <= 1.1.0;" in output, output

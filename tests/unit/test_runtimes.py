@@ -246,6 +246,8 @@ def test_render_runtime_pin_without_any_runtime_is_a_config_error(
 ) -> None:
     config, records = agent_files
     monkeypatch.setenv("PATH", "/nonexistent")
+    # Nor one answering on a CRI socket (the defaults may exist on the machine).
+    monkeypatch.setenv("CDI_GEN_CRI_SOCKET", "/nonexistent/cri.sock")
     code, out = _cli(
         capsys, "render", "--class", "plain", "--config", config, "--records", records,
         "--cdi-version", "runtime",

@@ -56,7 +56,14 @@ def doctor(
     from cdi_gen.config.settings import load_settings
 
     settings = load_settings(options.flags_of(flags))
-    discovery = discover_devices(settings.config, (), records_path)
+    # A class pinned to 'runtime' is resolved as the agent resolves it (in a pod: by the CRI).
+    discovery = discover_devices(
+        settings.config,
+        (),
+        records_path,
+        runtime_refs=settings.runtime,
+        cri_sockets=settings.cri_socket,
+    )
     checks = dr.diagnose(
         settings,
         discovery,

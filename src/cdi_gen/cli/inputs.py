@@ -14,6 +14,7 @@ import click
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
+    from cdi_gen.cdi.runtimes import Lookup, Runtime
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.model import DeviceRecord
 
@@ -26,14 +27,22 @@ def discover_devices(
     *,
     cdi_version: str | None = None,
     runtime_refs: Sequence[str] = (),
+    cri_sockets: Sequence[str | Path] | None = None,
 ) -> Discovery:
-    """Load the config (pins resolved), read the devices and return a fed :class:`Discovery`."""
+    """Load the config (pins resolved; the ``runtime`` pin asks ``cri_sockets``, default
+    containerd's and CRI-O's, when no runtime binary answers), read the devices and return a
+    fed :class:`Discovery`."""
     from cdi_gen.config.loader import load_config
     from cdi_gen.config.settings import pin_versions
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.sources.udev import enumerate_records
 
-    config = pin_versions(load_config(config_path), cdi_version, runtime_refs)
+    config = pin_versions(
+        load_config(config_path),
+        cdi_version,
+        runtime_refs,
+        fallback=cri_lookup(cri_sockets),
+    )
     if vendor is not None:
         config = config.with_vendor(vendor)
     discovery = Discovery(config, classes or None)
@@ -45,6 +54,21 @@ def discover_devices(
         records = load_records_file(records_path)
     discovery.replace(records)
     return discovery
+
+
+def cri_lookup(sockets: Sequence[str | Path] | None = None) -> Lookup:
+    """The CRI sockets' runtimes (None: containerd's and CRI-O's), asked only when called:
+    grpc is loaded only by a ``runtime`` pin on a node where no runtime binary answers."""
+    from cdi_gen import paths
+
+    chosen = paths.CRI_SOCKETS if sockets is None else tuple(map(Path, sockets))
+
+    def ask() -> tuple[list[Runtime], list[str]]:
+        from cdi_gen.kubelet.cri import node_runtimes
+
+        return node_runtimes(chosen)
+
+    return ask
 
 
 def load_records_file(path: Path) -> list[DeviceRecord]:

@@ -96,8 +96,8 @@ RECORDS = click.option(
     help="Use recorded udev data (`udevadm info --export-db` text or a JSON list of "
     "records) instead of this machine's devices.",
 )
-#: The pins of the one-shot commands: they read the agent's variables for these two only, so
-#: `cdi-gen write` in the agent's environment pins what the agent pins.
+#: The pins of the one-shot commands: they read the agent's variables for these three only,
+#: so `cdi-gen write` in the agent's environment pins what the agent pins.
 PIN_CDI_VERSION = click.option(
     "--cdi-version",
     envvar="CDI_GEN_CDI_VERSION",
@@ -113,6 +113,18 @@ PIN_RUNTIME = click.option(
     help="The node's container runtime(s) as NAME@VERSION (containerd, cri-o, podman; "
     "repeatable), for the 'runtime' pin and the doctor. Default: every runtime on PATH, "
     "asked for its version.  [env: CDI_GEN_RUNTIME, space-separated]",
+)
+PIN_CRI_SOCKET = click.option(
+    "--cri-socket",
+    "cri_sockets",
+    multiple=True,
+    # str, not click.Path: click splits a Path list from the environment on ':', and the
+    # agent's variable is space-separated.
+    envvar="CDI_GEN_CRI_SOCKET",
+    help="CRI sockets asked for the runtime's name and version when no runtime binary is on "
+    "PATH (in a pod), for the 'runtime' pin (repeatable). Default: "
+    "/run/containerd/containerd.sock and /var/run/crio/crio.sock.  "
+    "[env: CDI_GEN_CRI_SOCKET, space-separated]",
 )
 
 

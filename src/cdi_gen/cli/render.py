@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import discover_devices, emit_document, warn_skipped
+from cdi_gen.cli.inputs import cri_lookup, discover_devices, emit_document, warn_skipped
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     "spec needs.",
 )
 @options.PIN_RUNTIME
+@options.PIN_CRI_SOCKET
 @options.RECORDS
 def render(
     *,
@@ -41,6 +42,7 @@ def render(
     output: Path | None,
     cdi_version: str | None,
     runtime_refs: tuple[str, ...],
+    cri_sockets: tuple[str, ...],
     records_path: Path | None,
 ) -> None:
     """Render the CDI spec of one class from the devices present now."""
@@ -48,9 +50,15 @@ def render(
     from cdi_gen.config.settings import resolve_version
     from cdi_gen.errors import DiscoveryError
 
-    pin = resolve_version(cdi_version, runtime_refs, "--cdi-version")
+    sockets = cri_sockets or None
+    pin = resolve_version(cdi_version, runtime_refs, "--cdi-version", cri_lookup(sockets))
     discovery = discover_devices(
-        config_path, [cls], records_path, vendor, runtime_refs=runtime_refs
+        config_path,
+        [cls],
+        records_path,
+        vendor,
+        runtime_refs=runtime_refs,
+        cri_sockets=sockets,
     )
     config: AgentConfig = discovery.config
     warn_skipped(discovery, cls)

@@ -45,12 +45,12 @@ def run(**flags: Any) -> None:
     import asyncio
 
     from cdi_gen.agent import Agent
+    from cdi_gen.cli.inputs import cri_lookup
     from cdi_gen.config.settings import load_settings
-    from cdi_gen.kubelet.cri import lookup
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
-    config = settings.class_config(lookup(settings.cri_socket))
+    config = settings.class_config(cri_lookup(settings.cri_socket))
     setup_logging(settings.log_format, settings.log_level)
     asyncio.run(Agent(config, settings).run())
 

@@ -30,6 +30,7 @@ from cdi_gen.cli import options
 )
 @options.PIN_CDI_VERSION
 @options.PIN_RUNTIME
+@options.PIN_CRI_SOCKET
 @options.RECORDS
 def write(
     *,
@@ -39,6 +40,7 @@ def write(
     instance: str | None,
     cdi_version: str | None,
     runtime_refs: tuple[str, ...],
+    cri_sockets: tuple[str, ...],
     records_path: Path | None,
 ) -> None:
     """Write the spec of every class with devices; remove our specs of classes without.
@@ -52,7 +54,12 @@ def write(
     from cdi_gen.errors import CdiGenError, SpecWriteError
 
     discovery = discover_devices(
-        config_path, classes, records_path, cdi_version=cdi_version, runtime_refs=runtime_refs
+        config_path,
+        classes,
+        records_path,
+        cdi_version=cdi_version,
+        runtime_refs=runtime_refs,
+        cri_sockets=cri_sockets or None,
     )
     vendor = discovery.config.vendor
     failures: list[str] = []
