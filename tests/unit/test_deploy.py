@@ -85,3 +85,30 @@ def test_containerfile_base_is_a_build_argument_defaulting_to_public_python() ->
     assert 'requires-python = ">=3.11"' in pyproject
     readme = (REPO / "README.md").read_text()
     assert "podman build -f deploy/Containerfile -t cdi-gen:0.1.0 ." in readme
+
+
+def test_runtime_pin_component_mounts_the_cri_sockets_the_agent_asks_read_only() -> None:
+    """In the pod no runtime binary is visible: the 'runtime' pin asks the CRI sockets, so the
+    component that sets it mounts their folders (read-only, following the host's unmounts), at
+    the paths the agent asks by default; the shipped variants give the pod no CRI access."""
+    from cdi_gen.config.settings import load_settings
+
+    folder = K8S / "runtime-pin"
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    (patch,) = _load(folder / kustomization["patches"][0]["path"])
+    (ds,) = _load(BASE / "daemonset.yaml")
+    assert patch["metadata"] == {k: ds["metadata"][k] for k in ("name", "namespace")}
+    spec = patch["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["name"] == ds["spec"]["template"]["spec"]["containers"][0]["name"]
+    assert {"name": "CDI_GEN_CDI_VERSION", "value": "runtime"} in container["env"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    for socket in load_settings({}).cri_socket:
+        mount = mounts[str(socket.parent)]
+        assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+        assert hosts[mount["name"]] == str(socket.parent)
+    for variant in (BASE / "daemonset.yaml", K8S / "dra" / "daemonset-patch.yaml"):
+        text = variant.read_text()
+        assert "/run/containerd" not in text and "crio" not in text, variant
