@@ -331,3 +331,12 @@ def test_doctor_resolves_a_class_pinned_to_runtime_through_the_cri(
     with FakeCri(socket, "cri-o", "1.36.3"):
         output = _doctor(capsys, short_dir, "--config", config, "--cri-socket", socket)
     assert "OK   runtime: cri-o 1.36.3 (reads cdiVersion <= 1.1.0;" in output, output
+
+
+def test_the_help_shows_the_default_sockets_as_the_variable_takes_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, output = _cli(capsys, "run", "--help")
+    assert code == 0
+    text = " ".join(output.split())
+    assert "Default: /run/containerd/containerd.sock /var/run/crio/crio.sock." in text, text

@@ -41,8 +41,11 @@ class _SettingOption(click.Option):
         info = Settings.model_fields[self.field]
         text = info.description or ""
         out = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
-        if info.default not in (None, (), False):
-            out += f" Default: {info.default}."
+        default = info.default
+        if default not in (None, (), False):
+            # A list default shown as its variable takes it: space-separated.
+            shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+            out += f" Default: {shown}."
         out += f"  [env: {_ENV_PREFIX}{self.field.upper()}"
         return out + (", space-separated]" if self.multiple else "]")
 
