@@ -194,7 +194,7 @@ def from_cri(runtime_name: str, runtime_version: str, where: str) -> Runtime:
 
 #: Looks where binaries are not visible: the runtimes found, and one line per place asked
 #: that gave none (why).
-Lookup = Callable[[], tuple[list["Runtime"], list[str]]]
+Lookup = Callable[[], tuple[list[Runtime], list[str]]]
 
 
 def go_module_versions(binary: Path) -> dict[str, str]:
