@@ -61,3 +61,32 @@ def test_a_lane_not_built_fails_naming_the_lane_and_the_setup(tmp_path: Path) ->
     assert message.startswith("lane unbuilt-test-lane: Kubernetes: k8s.io/kubernetes v1.99.0")
     assert SETUP_COMMAND in message
     assert not lane.cache.exists(), "a lane that was never built left a cache folder"
+
+
+def test_the_runtime_is_found_through_the_cri_socket(
+    cluster: Cluster, lane: Lane, tmp_path: Path
+) -> None:
+    """In a pod no runtime binary is visible: doctor (and `--cdi-version runtime`) ask the
+    lane's real containerd through its CRI socket, and read its release table row."""
+    import os
+    import subprocess
+    import sys
+
+    assert cluster.containerd is not None
+    socket = cluster.containerd.socket
+    # No runtime on PATH (podman is on this machine's): only the CRI can answer.
+    env = {**os.environ, "PATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "doctor", "--cri-socket", str(socket),
+         "--spec-dir", str(tmp_path / "cdi")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("OK   runtime: ")]
+    expected = (
+        "OK   runtime: containerd 1.7.24~ds1 (reads cdiVersion <= 0.8.0;"
+        if lane.containerd is None
+        else f"OK   runtime: containerd {lane.containerd.release().removeprefix('v')} "
+        "(reads cdiVersion <= 1.1.0;"
+    )
+    assert len(lines) == 1 and lines[0].startswith(expected), proc.stdout + proc.stderr
+    assert lines[0].endswith(f"version from the CRI at {socket})"), lines[0]
