@@ -111,10 +111,6 @@ class ClassChange:
     warnings: tuple[DiscoveryWarning, ...] = ()
     after_write: tuple[AdvertisedDevice, ...] = ()
 
-    @property
-    def devices_changed(self) -> bool:
-        return bool(self.added or self.removed or self.changed)
-
     def before_write(self, advertised: Iterable[AdvertisedDevice]) -> list[AdvertisedDevice]:
         """What to advertise while the spec is rewritten, given what is ``advertised`` now.
 

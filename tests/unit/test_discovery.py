@@ -220,7 +220,7 @@ def test_duplicate_name_keeps_incumbent() -> None:
     assert "device name 'disk' is already used by /sys/devices/virtual/block/loop205" in str(
         warning
     )
-    assert not second.devices_changed
+    assert (second.added, second.removed, second.changed) == ((), (), ())
 
 
 # --- specs -------------------------------------------------------------------------------------
