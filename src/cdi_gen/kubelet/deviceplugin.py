@@ -172,10 +172,6 @@ class DevicePlugin(SupervisedPlugin):
 
     # -- answers (called on server threads) -------------------------------------------------
 
-    def list_response(self) -> api_pb2.ListAndWatchResponse:
-        """The ListAndWatchResponse for the board's current devices."""
-        return api_pb2.ListAndWatchResponse.FromString(self._service.list_bytes())
-
     def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Build the AllocateResponse; raise :class:`AllocationError` when a rule fails.
 
