@@ -179,8 +179,8 @@ def _sys_number(sys_name: str) -> str | None:
     return sys_name[-digits:] if digits else None
 
 
-def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[DeviceRecord]:
-    """Records from ``udevadm info --export-db`` output.
+def records_from_export_db(text: str) -> list[DeviceRecord]:
+    """Records from ``udevadm info --export-db`` output, of the devices with a device node.
 
     The database has properties but no sysfs attributes; parents are rebuilt from the other
     entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
@@ -207,7 +207,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
         props: dict[str, str] = e.get("E", {})
         devpath = e["P"]
         devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
-        if with_node_only and not devnode:
+        if not devnode:
             continue
         parents = []
         # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
