@@ -27,7 +27,8 @@ from pathlib import Path
 
 from _table import Row, best_ms, percentile, print_table
 
-from cdi_gen.cdi.writer import spec_filename, write_spec
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.writer import spec_filename, sync_spec
 from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.model import DeviceRecord
@@ -74,10 +75,13 @@ async def _hotplug(cycles: int) -> list[Row]:  # noqa: C901, PLR0915
         async for batch in watcher.batches():
             changes = (discovery.replace if batch.full else discovery.apply)(batch.records)
             if changes:
-                spec = discovery.spec("loop")
-                if spec is not None:
-                    write_spec(spec_dir, spec)
+                write()
                 written.set()
+
+    def write() -> None:
+        doc = discovery.document("loop")
+        data = None if doc is None else dump_document(doc)
+        sync_spec(spec_dir, "example.com", "loop", data)
 
     def names_on_disk() -> list[str]:
         return [d["name"] for d in json.loads(spec_path.read_bytes())["devices"]]
@@ -90,9 +94,7 @@ async def _hotplug(cycles: int) -> list[Row]:  # noqa: C901, PLR0915
         add_loop(keep, fd)
         created.add(keep)
         discovery.replace(watcher.start())
-        spec = discovery.spec("loop")
-        assert spec is not None
-        write_spec(spec_dir, spec)
+        write()
         task = asyncio.create_task(follow())
         await asyncio.sleep(0)
         for _ in range(cycles):
@@ -176,7 +178,7 @@ def _discovery_cost(quick: bool) -> list[Row]:
         d = Discovery(catalogue)
         d.replace(records)
         for cls in d.class_names:
-            d.spec(cls)
+            d.document(cls)
 
     loops = [
         DeviceRecord(

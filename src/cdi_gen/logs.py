@@ -13,8 +13,6 @@ from typing import Any
 
 import orjson
 
-LOG_FORMATS = ("text", "json")
-
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:

@@ -34,8 +34,8 @@ __all__ = [
 #: One shared empty mapping for the many devices without templated attributes.
 NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 
-#: A DRA device attribute: ResourceSlices know ints, bools, strings and (semantic) versions;
-#: a version is a string here, told apart by the attribute's name (see ``PoolDevice``).
+#: A DRA device attribute as the driver publishes it: an int, a bool or a string (ResourceSlices
+#: also know semantic versions, which no attribute of ours is).
 AttributeValue = int | bool | str
 
 
@@ -111,10 +111,6 @@ class ClassChange:
     warnings: tuple[DiscoveryWarning, ...] = ()
     after_write: tuple[AdvertisedDevice, ...] = ()
 
-    @property
-    def devices_changed(self) -> bool:
-        return bool(self.added or self.removed or self.changed)
-
     def before_write(self, advertised: Iterable[AdvertisedDevice]) -> list[AdvertisedDevice]:
         """What to advertise while the spec is rewritten, given what is ``advertised`` now.
 
@@ -154,8 +150,8 @@ class PoolDevice:
     ``name`` is the device's name in the pool, a DNS label unique on the node (class and CDI
     name, see :func:`cdi_gen.discovery.pool.device_name`); ``cdi_name`` the fully-qualified CDI name
     NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
-    is implied); ``versions`` names those that are semantic versions. A slot of a shared
-    device has ``slots`` > 1 and shares ``physical`` with the device's other slots.
+    is implied). A slot of a shared device has ``slots`` > 1 and shares ``physical`` with the
+    device's other slots.
     """
 
     name: str
@@ -168,7 +164,6 @@ class PoolDevice:
     taint_when_gone: bool = False
     numa_node: int | None = None
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
-    versions: frozenset[str] = frozenset()
     slots: int = 1
 
 

@@ -132,15 +132,6 @@ def qualified_name(vendor: str, cls: str, name: str) -> str:
     return f"{vendor}/{cls}={name}"
 
 
-def is_qualified_name(qualified: str) -> bool:
-    """Tell whether ``qualified`` parses as ``vendor/class=name``."""
-    try:
-        parse_qualified_name(qualified)
-    except InvalidNameError:
-        return False
-    return True
-
-
 def is_k8s_qualified_name(name: str) -> bool:
     """Whether ``name`` is a Kubernetes qualified name (no prefix): 1-63 characters of
     ``A-Z a-z 0-9 - _ .``, starting and ending with a letter or digit.

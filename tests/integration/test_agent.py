@@ -137,10 +137,11 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
 async def test_cleanup_on_exit_and_stale_specs(short_dir: Path, loops: LoopDevices) -> None:
     from cdi_gen.cdi import writer
     from cdi_gen.cdi.builder import assemble, build_entry
+    from cdi_gen.cdi.codec import dump_document
 
     spec_dir = short_dir / "cdi"
-    stale = assemble("example.com/gone", [build_entry("x0", {"env": ["A=1"]})])
-    writer.write_document(spec_dir, stale)
+    stale = dump_document(assemble("example.com/gone", [build_entry("x0", {"env": ["A=1"]})]))
+    writer.write_bytes(spec_dir, "example.com", "gone", stale)
     (spec_dir / "foreign.json").write_text("{}")
     first = loops.add()
     async with running_agent(short_dir, _config(), cleanup_on_exit=True, no_kubelet=True):
@@ -160,12 +161,14 @@ async def test_the_specs_of_other_instances_survive_the_start(short_dir: Path) -
     spec_dir = short_dir / "cdi"
     entry = [build_entry("x0", {"env": ["A=1"]})]
     # `cdi-gen write --config b.yaml`: vendor b.example.com, its default instance.
-    writer.write_document(spec_dir, assemble("b.example.com/nul", entry))
+    nul = dump_document(assemble("b.example.com/nul", entry))
+    writer.write_bytes(spec_dir, "b.example.com", "nul", nul)
     # Another agent of our vendor, named team-b.
     team_b = dump_document(assemble("example.com/fpga", entry))
     writer.write_bytes(spec_dir, "example.com", "fpga", team_b, instance="team-b")
     # Ours, from a run whose config still had the class.
-    writer.write_document(spec_dir, assemble("example.com/gone", entry))
+    gone = dump_document(assemble("example.com/gone", entry))
+    writer.write_bytes(spec_dir, "example.com", "gone", gone)
     async with running_agent(short_dir, _config(), no_kubelet=True):
         present = sorted(p.name for p in spec_dir.glob("*.json"))
     assert present == ["b.example.com-nul.json", "example.com-fpga.json"]

@@ -22,7 +22,8 @@ import orjson
 import pytest
 from loopdev import LoopDevices
 
-from cdi_gen.cdi.writer import remove_spec, spec_filename, write_spec
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.writer import spec_filename, sync_spec
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
@@ -103,11 +104,9 @@ class Follower:
 
     def _sync(self) -> None:
         for cls in self.discovery.class_names:
-            spec = self.discovery.spec(cls)
-            if spec is None:
-                remove_spec(self.spec_dir, self.discovery.config.vendor, cls)
-            else:
-                write_spec(self.spec_dir, spec)
+            doc = self.discovery.document(cls)
+            data = None if doc is None else dump_document(doc)
+            sync_spec(self.spec_dir, self.discovery.config.vendor, cls, data)
 
     async def _run(self) -> None:
         async for batch in self.watcher.batches():

@@ -12,14 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.cdi.codec import dump_spec
-from cdi_gen.cdi.spec import DeviceNode
-from cdi_gen.cdi.validation import check_spec
+from cdi_gen.cdi.validation import check_document
 from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.match import glob_match, match_record, matches
-from cdi_gen.discovery.spec import build_spec
 from cdi_gen.errors import VersionError
 from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
 from cdi_gen.sources.records import record_from_json, records_from_export_db
@@ -150,16 +147,16 @@ def test_catalogue_on_recorded_hardware(hw_records: list[DeviceRecord]) -> None:
     assert [d.name for d in discovery.devices("serial")] == ["ttyACM0", "ttyUSB0", "ttyUSB1"]
     assert [d.name for d in discovery.devices("xilinx-user")] == ["renderD129"]
     assert [d.name for d in discovery.devices("vfio")] == ["iommu-group-42"]
-    spec = discovery.spec("vfio")
-    assert spec is not None
-    assert spec.devices[0].container_edits.device_nodes == [
-        DeviceNode(path="/dev/vfio/42"),
-        DeviceNode(path="/dev/vfio/vfio"),
+    doc = discovery.document("vfio")
+    assert doc is not None
+    assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/vfio/42"},
+        {"path": "/dev/vfio/vfio"},
     ]
     for cls in discovery.class_names:
-        spec = discovery.spec(cls)
-        if spec is not None:
-            assert check_spec(spec) == [], cls
+        doc = discovery.document(cls)
+        if doc is not None:
+            assert check_document(doc) == [], cls
 
 
 # --- naming ------------------------------------------------------------------------------------
@@ -223,7 +220,7 @@ def test_duplicate_name_keeps_incumbent() -> None:
     assert "device name 'disk' is already used by /sys/devices/virtual/block/loop205" in str(
         warning
     )
-    assert not second.devices_changed
+    assert (second.added, second.removed, second.changed) == ((), (), ())
 
 
 # --- specs -------------------------------------------------------------------------------------
@@ -233,9 +230,7 @@ def test_spec_has_node_path_only_and_minimum_version() -> None:
     config = _config({**LOOP, "containerEdits": {"env": ["LOOP_{kernel}={name}"]}})
     discovery = Discovery(config)
     discovery.replace([_loop(201), _loop(7)])
-    spec = discovery.spec("loop")
-    assert spec is not None
-    assert json.loads(dump_spec(spec)) == {
+    assert discovery.document("loop") == {
         "cdiVersion": "0.3.0",
         "kind": "example.com/loop",
         "devices": [
@@ -259,18 +254,18 @@ def test_spec_pinned_numbers_and_container_path() -> None:
     )
     discovery = Discovery(config)
     discovery.replace([_loop(201)])
-    spec = discovery.spec("loop")
-    assert spec is not None
-    assert spec.cdi_version == "0.5.0"  # hostPath
-    assert spec.devices[0].container_edits.device_nodes == [
-        DeviceNode(
-            path="/dev/disk201",
-            host_path="/dev/loop201",
-            type="b",
-            major=7,
-            minor=201,
-            permissions="rw",
-        )
+    doc = discovery.document("loop")
+    assert doc is not None
+    assert doc["cdiVersion"] == "0.5.0"  # hostPath
+    assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {
+            "path": "/dev/disk201",
+            "hostPath": "/dev/loop201",
+            "type": "b",
+            "major": 7,
+            "minor": 201,
+            "permissions": "rw",
+        }
     ]
 
 
@@ -279,12 +274,13 @@ def test_spec_version_pin_too_old_raises() -> None:
     discovery = Discovery(config)
     discovery.replace([_loop(201)])
     with pytest.raises(VersionError):
-        discovery.spec("loop")
+        discovery.document("loop")
 
 
 def test_no_device_no_spec() -> None:
-    config = _config(LOOP)
-    assert build_spec("example.com", config.classes[0], []) is None
+    discovery = Discovery(_config(LOOP))
+    assert discovery.replace([_loop(3)])[0].devices == ()  # loop3 is not matched
+    assert discovery.document("loop") is None
 
 
 # --- changes and health ------------------------------------------------------------------------
@@ -337,7 +333,7 @@ def test_when_gone_unhealthy_keeps_and_recovers() -> None:
     (change,) = discovery.apply([remove])
     assert change.changed == ("loop201",) and not change.removed
     assert [d.healthy for d in discovery.devices("loop")] == [False]
-    assert discovery.spec("loop") is not None  # the entry stays while advertised
+    assert discovery.document("loop") is not None  # the entry stays while advertised
     (back,) = discovery.apply([dataclasses.replace(_loop(201), action="add")])
     assert back.changed == ("loop201",)
     assert [d.healthy for d in discovery.devices("loop")] == [True]

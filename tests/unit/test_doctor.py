@@ -9,6 +9,7 @@ import pytest
 from cdi_gen import doctor
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document
 
 RUN = Path("/var/run/cdi")
 
@@ -97,7 +98,8 @@ def test_crio_dropins(tmp_path: Path) -> None:
 def test_spec_dirs_report_conflicts_shadowing_and_our_broken_files(tmp_path: Path) -> None:
     etc, run = tmp_path / "etc", tmp_path / "run"
     entry = build_entry("loop200", {"deviceNodes": [{"path": "/dev/loop200"}]})
-    writer.write_document(run, assemble("example.com/loop", [entry]))
+    data = dump_document(assemble("example.com/loop", [entry]))
+    writer.write_bytes(run, "example.com", "loop", data)
     etc.mkdir()
     (etc / "old.json").write_bytes((run / "example.com-loop.json").read_bytes())
     (run / "example.com-broken.json").write_text("{")

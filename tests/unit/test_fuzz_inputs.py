@@ -253,7 +253,7 @@ def check_records(data: str, suffix: str) -> None:
         try:
             discovery.replace(records)
             for cls in discovery.class_names:
-                discovery.spec(cls)
+                discovery.document(cls)
                 for warning in discovery.warnings(cls):
                     short_lines(str(warning))
         except CdiGenError as exc:  # a documented refusal, with its message

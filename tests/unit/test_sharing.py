@@ -53,9 +53,9 @@ def test_preferred_allocation_spreads_or_packs_slots() -> None:
 
 
 def test_cli_spec_and_agent_agree_on_slot_order() -> None:
-    """`cdi-gen write` (build_spec) and the agent (expand_change) list slots alike."""
+    """`cdi-gen write` (Discovery.document) and the agent (expand_change) list slots alike."""
     from cdi_gen.cdi.builder import assemble, build_entry
-    from cdi_gen.cdi.codec import dump_document, dump_spec
+    from cdi_gen.cdi.codec import dump_document
     from cdi_gen.config.loader import parse_config
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.discovery.sharing import expand_change
@@ -81,9 +81,9 @@ def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     ]
     discovery = Discovery(config)
     (change,) = discovery.replace(records)
-    spec = discovery.spec("loop")
-    assert spec is not None
-    assert [d.name for d in spec.devices][:3] == ["loop10-0", "loop10-1", "loop10-2"]
+    doc = discovery.document("loop")
+    assert doc is not None
+    assert [d["name"] for d in doc["devices"]][:3] == ["loop10-0", "loop10-1", "loop10-2"]
     slots = expand_change(change, 12)
     entries = [build_entry(d.name, d.edits.to_wire()) for d in slots.devices]
-    assert dump_document(assemble("example.com/loop", entries)) == dump_spec(spec)
+    assert dump_document(assemble("example.com/loop", entries)) == dump_document(doc)

@@ -29,7 +29,7 @@ from cdi_gen.discovery.pool import pool_devices
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.model import DeviceRecord, PoolDevice
 from cdi_gen.names import is_dns_label, is_dns_subdomain
-from cdi_gen.sources.records import record_to_json
+from tests.recordfiles import record_to_json
 from tests.slicerules import pool_problems, slice_problems
 
 DRIVER = "cdi-gen.example.com"
@@ -64,16 +64,12 @@ def test_no_owner_without_uid_and_empty_pool_is_one_empty_slice() -> None:
 
 
 def test_attribute_types() -> None:
-    d = dev(
-        "a",
-        attributes={"flag": True, "count": 3, "text": "x", "fw": "1.2.3"},
-        versions=frozenset({"fw"}),
-    )
+    d = dev("a", attributes={"flag": True, "count": 3, "text": "x", "fw": "1.2.3"})
     (s,) = build_slices(DRIVER, "n", [d], 1, node_uid=None)
     assert s["spec"]["devices"][0]["attributes"] == {
         "count": {"int": 3},
         "flag": {"bool": True},
-        "fw": {"version": "1.2.3"},
+        "fw": {"string": "1.2.3"},
         "text": {"string": "x"},
     }
 

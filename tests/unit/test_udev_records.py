@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.model import DeviceRecord, ParentRecord
-from cdi_gen.sources.records import record_from_json, record_to_json, records_from_export_db
+from cdi_gen.sources.records import record_from_json, records_from_export_db
 from cdi_gen.sources.udev import UdevWatcher, resolve_source
+from tests.recordfiles import record_to_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 

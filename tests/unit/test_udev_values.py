@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from cdi_gen.cdi.codec import load_spec
-from cdi_gen.cdi.validation import check_spec
+from cdi_gen.cdi.validation import check_document
 from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import SpecError
@@ -80,8 +80,8 @@ def _hostile(
 def _discover(records: list[DeviceRecord]) -> tuple[list[str], list[str]]:
     discovery = Discovery(parse_config(_serial_class(), "test.yaml"))
     (change,) = discovery.replace(records)
-    spec = discovery.spec("serial")
-    assert spec is not None and check_spec(spec) == []
+    doc = discovery.document("serial")
+    assert doc is not None and check_document(doc) == []
     return [d.name for d in change.devices], [str(w) for w in change.warnings]
 
 

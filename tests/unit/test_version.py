@@ -1,4 +1,6 @@
-"""One case per row of the CDI version table, in both directions."""
+"""One case per row of the CDI version table, in both directions: what the agent writes
+(:func:`~cdi_gen.cdi.builder.assemble`) and what a reader accepts
+(:func:`~cdi_gen.cdi.validation.check_document`)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.cdi.spec import Spec
-from cdi_gen.cdi.version import apply_version, minimum_version, parse_version, version_problems
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.validation import check_document
+from cdi_gen.cdi.version import parse_version
 from cdi_gen.errors import VersionError
 
 
-def _spec(device_edits: dict[str, Any], **top: Any) -> Spec:
-    doc: dict[str, Any] = {
+def _spec(device_edits: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {
         "cdiVersion": "0.3.0",
         "kind": top.pop("kind", "example.com/fpga"),
         "devices": [
@@ -20,7 +23,17 @@ def _spec(device_edits: dict[str, Any], **top: Any) -> Spec:
         ],
         **top,
     }
-    return Spec.model_validate(doc)
+
+
+def _assemble(doc: dict[str, Any], target: str | None = None) -> str:
+    """The cdiVersion the agent writes for ``doc``'s one device (no spec-level fields)."""
+    (device,) = doc["devices"]
+    entry = build_entry(device["name"], device["containerEdits"])
+    return str(assemble(doc["kind"], [entry], target_version=target)["cdiVersion"])
+
+
+def _declared(doc: dict[str, Any], version: str) -> dict[str, Any]:
+    return {**doc, "cdiVersion": version}
 
 
 NODE = {"deviceNodes": [{"path": "/dev/x"}]}
@@ -88,45 +101,56 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("spec", "minimum", "field"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS]
-)
-def test_minimum_version_row(spec: Spec, minimum: str, field: str | None) -> None:
-    assert minimum_version(spec) == minimum
-    # Upward: the minimum and every newer version accept it.
-    assert apply_version(spec).cdi_version == minimum
-    assert apply_version(spec, "1.1.0").cdi_version == "1.1.0"
-    # Downward: the version just below refuses, naming the field and the version it needs.
-    below = {
-        "0.3.0": None,
-        "0.4.0": "0.3.0",
-        "0.5.0": "0.4.0",
-        "0.6.0": "0.5.0",
-        "0.7.0": "0.6.0",
-        "1.1.0": "1.0.0",
-    }[minimum]
+BELOW = {"0.3.0": None, "0.4.0": "0.3.0", "0.5.0": "0.4.0", "0.6.0": "0.5.0", "0.7.0": "0.6.0"}
+BELOW["1.1.0"] = "1.0.0"
+#: Rows the agent cannot produce: it writes no annotations and no spec-level edits.
+READ_ONLY = {"spec-annotations", "device-annotations", "spec-level-edits"}
+
+
+@pytest.mark.parametrize(("row", "spec", "minimum", "field"), ROWS, ids=[r[0] for r in ROWS])
+def test_minimum_version_row(
+    row: str, spec: dict[str, Any], minimum: str, field: str | None
+) -> None:
+    below = BELOW[minimum]
+    # A reader: the minimum and every newer version accept it; the one below refuses.
+    assert check_document(_declared(spec, minimum)) == []
+    assert check_document(_declared(spec, "1.1.0")) == []
+    if below is not None:
+        (problem,) = check_document(_declared(spec, below))
+        assert f"must be at least v{minimum}" in problem.message
+    if row in READ_ONLY:
+        return
+    # The agent: writes the minimum, or a newer pin; a pin just below refuses, naming the
+    # field and the version it needs.
+    assert _assemble(spec) == minimum
+    assert _assemble(spec, "1.1.0") == "1.1.0"
     if below is None:
         return
     with pytest.raises(VersionError) as info:
-        apply_version(spec, below)
+        _assemble(spec, below)
     text = str(info.value)
-    assert field in text
+    assert field is not None
+    # The builder names a device by its name, where a document names it by its index.
+    assert field.replace("devices[0]", f"devices[{spec['devices'][0]['name']!r}]") in text
     assert f"needs cdiVersion {minimum}" in text
     assert f"the target is {below}" in text
 
 
 def test_removed_fields_cap_the_version() -> None:
     spec = _spec({"intelRdt": {"closID": "c", "enableCMT": True}})
-    assert minimum_version(spec) == "0.7.0"
-    assert apply_version(spec, "1.0.0").cdi_version == "1.0.0"
-    problems = version_problems(spec, "1.1.0")
-    assert [p.path for p in problems] == ["devices[0].containerEdits.intelRdt.enableCMT"]
-    assert "only valid up to cdiVersion 1.0.0" in problems[0].message
+    assert _assemble(spec) == "0.7.0"
+    assert _assemble(spec, "1.0.0") == "1.0.0"
+    with pytest.raises(VersionError) as info:
+        _assemble(spec, "1.1.0")
+    assert "devices['fpga0'].containerEdits.intelRdt.enableCMT" in str(info.value)
+    (problem,) = check_document(_declared(spec, "1.1.0"))
+    assert problem.path == "devices[0].containerEdits.intelRdt.enableCMT"
+    assert "only valid up to cdiVersion 1.0.0" in problem.message
 
 
 def test_unknown_target_and_leading_v() -> None:
     spec = _spec(NODE)
-    assert apply_version(spec, "v0.5.0").cdi_version == "0.5.0"
+    assert _assemble(spec, "v0.5.0") == "0.5.0"
     with pytest.raises(VersionError, match=r"invalid version '0\.9\.0'"):
-        apply_version(spec, "0.9.0")
+        _assemble(spec, "0.9.0")
     assert parse_version("v1.0.0") == (1, 0, 0)

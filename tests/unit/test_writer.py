@@ -7,13 +7,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from cdi_gen.cdi import writer
-from cdi_gen.cdi.codec import dump_spec, load_spec
-from cdi_gen.cdi.spec import Spec
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document, load_spec
 from cdi_gen.errors import SpecWriteError
 
 STEPS = [
@@ -28,32 +29,31 @@ STEPS = [
 ]
 
 
-def make_spec(*names: str) -> Spec:
-    return Spec.model_validate(
-        {
-            "cdiVersion": "0.3.0",
-            "kind": "example.com/loop",
-            "devices": [
-                {"name": n, "containerEdits": {"deviceNodes": [{"path": f"/dev/{n}"}]}}
-                for n in names
-            ],
-        }
-    )
+def make_spec(*names: str, kind: str = "example.com/loop") -> bytes:
+    """A spec's bytes as the agent makes them: entries, assembled, serialised."""
+    entries = [build_entry(n, {"deviceNodes": [{"path": f"/dev/{n}"}]}) for n in names]
+    return dump_document(assemble(kind, entries))
+
+
+def write(spec_dir: Path, data: bytes, **kw: Any) -> bool:
+    """Write ``data`` under the name its kind gives, as the agent does."""
+    vendor, _, cls = orjson.loads(data)["kind"].partition("/")
+    return writer.write_bytes(spec_dir, vendor, cls, data, **kw)
 
 
 def test_write_creates_folder_mode_and_skips_identical(tmp_path: Path) -> None:
     spec_dir = tmp_path / "run" / "cdi"
     old_umask = os.umask(0o077)
     try:
-        assert writer.write_spec(spec_dir, make_spec("loop200")) is True
+        assert write(spec_dir, make_spec("loop200")) is True
     finally:
         os.umask(old_umask)
     target = spec_dir / "example.com-loop.json"
     assert target.stat().st_mode & 0o777 == 0o644
     before = target.stat().st_mtime_ns, target.stat().st_ino
-    assert writer.write_spec(spec_dir, make_spec("loop200")) is False
+    assert write(spec_dir, make_spec("loop200")) is False
     assert (target.stat().st_mtime_ns, target.stat().st_ino) == before
-    assert target.read_bytes() == dump_spec(make_spec("loop200"))
+    assert target.read_bytes() == make_spec("loop200")
     assert sorted(os.listdir(spec_dir)) == [
         ".example.com-loop.json.cdi-gen-owner",
         "example.com-loop.json",
@@ -61,25 +61,27 @@ def test_write_creates_folder_mode_and_skips_identical(tmp_path: Path) -> None:
 
 
 def test_output_is_byte_stable(tmp_path: Path) -> None:
-    a = dump_spec(make_spec("b", "a"))
-    b = dump_spec(Spec.model_validate(orjson.loads(a)))
-    assert a == b
+    """The same devices give the same bytes (so an unchanged spec is never rewritten), and a
+    reader loads back exactly the document written."""
+    a = make_spec("b", "a")
+    assert a == make_spec("b", "a")
     assert a.endswith(b"\n")
+    assert load_spec(a).to_wire() == orjson.loads(a)
 
 
 def test_foreign_file_is_never_replaced_or_removed(tmp_path: Path) -> None:
     foreign = tmp_path / "example.com-loop.json"
     foreign.write_bytes(b'{"foreign": true}')
     with pytest.raises(SpecWriteError, match="not written by cdi-gen"):
-        writer.write_spec(tmp_path, make_spec("loop200"))
+        write(tmp_path, make_spec("loop200"))
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
     assert foreign.read_bytes() == b'{"foreign": true}'
     assert writer.owned_specs(tmp_path) == []
 
 
 def test_replaced_by_someone_else_becomes_foreign(tmp_path: Path) -> None:
-    writer.write_spec(tmp_path, make_spec("loop200"))
-    (tmp_path / "example.com-loop.json").write_bytes(dump_spec(make_spec("other")))
+    write(tmp_path, make_spec("loop200"))
+    (tmp_path / "example.com-loop.json").write_bytes(make_spec("other"))
     assert writer.owned_specs(tmp_path) == []
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
     assert (tmp_path / "example.com-loop.json").exists()
@@ -92,14 +94,13 @@ def test_symlink_planted_at_target_is_not_followed(tmp_path: Path) -> None:
     spec_dir.mkdir()
     (spec_dir / "example.com-loop.json").symlink_to(victim)
     with pytest.raises(SpecWriteError):
-        writer.write_spec(spec_dir, make_spec("loop200"))
+        write(spec_dir, make_spec("loop200"))
     assert victim.read_text() == "precious"
 
 
 def test_remove_ours_and_list_owned(tmp_path: Path) -> None:
-    writer.write_spec(tmp_path, make_spec("loop200"))
-    other = make_spec("x").model_copy(update={"kind": "example.com/fpga.v2"})
-    writer.write_spec(tmp_path, other)
+    write(tmp_path, make_spec("loop200"))
+    write(tmp_path, make_spec("x", kind="example.com/fpga.v2"))
     assert writer.owned_specs(tmp_path) == [("example.com", "fpga.v2"), ("example.com", "loop")]
     assert writer.remove_spec(tmp_path, "example.com", "loop") is True
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
@@ -110,7 +111,7 @@ def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SpecWriteError, match="cannot write"):
-        writer.write_spec(blocker / "cdi", make_spec("loop200"))
+        write(blocker / "cdi", make_spec("loop200"))
 
 
 CHILD = textwrap.dedent(
@@ -118,15 +119,12 @@ CHILD = textwrap.dedent(
     import os, sys
     from pathlib import Path
     from cdi_gen.cdi import writer
-    from cdi_gen.cdi.spec import Spec
     step = sys.argv[2]
     def hook(name):
         if name == step:
             os._exit(9)
-    spec = Spec.model_validate({"cdiVersion": "0.3.0", "kind": "example.com/loop", "devices": [
-        {"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/" + n}]}}
-        for n in ("loop200", "loop201")]})
-    writer.write_spec(Path(sys.argv[1]), spec, step_hook=hook)
+    data = sys.argv[3].encode()
+    writer.write_bytes(Path(sys.argv[1]), "example.com", "loop", data, step_hook=hook)
     """
 )
 
@@ -134,17 +132,19 @@ CHILD = textwrap.dedent(
 @pytest.mark.parametrize("step", STEPS)
 def test_kill_at_any_step_leaves_old_or_new_file(tmp_path: Path, step: str) -> None:
     old, new = make_spec("loop200"), make_spec("loop200", "loop201")
-    writer.write_spec(tmp_path, old)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), step], check=False)
+    write(tmp_path, old)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), step, new.decode()], check=False
+    )
     assert proc.returncode == 9, "the child must have been killed at the step"
     on_disk = (tmp_path / "example.com-loop.json").read_bytes()
-    assert on_disk in (dump_spec(old), dump_spec(new))
+    assert on_disk in (old, new)
     load_spec(on_disk)  # complete and valid
     # Whatever is on disk is still recognised as ours...
     assert writer.owned_specs(tmp_path) == [("example.com", "loop")]
     # ...and the next run finishes the job and leaves no temporary file behind.
-    writer.write_spec(tmp_path, new)
-    assert (tmp_path / "example.com-loop.json").read_bytes() == dump_spec(new)
+    write(tmp_path, new)
+    assert (tmp_path / "example.com-loop.json").read_bytes() == new
     assert not [n for n in os.listdir(tmp_path) if n.endswith(writer.TEMP_SUFFIX)]
 
 
@@ -172,12 +172,10 @@ def test_write_file_is_atomic_and_readable_wherever_it_goes(tmp_path: Path) -> N
 
 def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
     """The agent and `cdi-gen write` share these: write/remove one class, drop stale ones."""
-    assert writer.sync_spec(tmp_path, "example.com", "loop", dump_spec(make_spec("a"))) == "written"
-    assert writer.sync_spec(tmp_path, "example.com", "loop", dump_spec(make_spec("a"))) == (
-        "unchanged"
-    )
-    writer.write_spec(tmp_path, make_spec("b").model_copy(update={"kind": "example.com/gone"}))
-    writer.write_spec(tmp_path, make_spec("c").model_copy(update={"kind": "other.org/gone"}))
+    assert writer.sync_spec(tmp_path, "example.com", "loop", make_spec("a")) == "written"
+    assert writer.sync_spec(tmp_path, "example.com", "loop", make_spec("a")) == "unchanged"
+    write(tmp_path, make_spec("b", kind="example.com/gone"))
+    write(tmp_path, make_spec("c", kind="other.org/gone"))
     (tmp_path / "example.com-foreign.json").write_text("{}")
     configured = {("example.com", "loop")}
     # Each vendor's own instance (the default) removes its own stale specs, never another's.
@@ -194,7 +192,7 @@ def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
 
 
 def test_an_instance_never_replaces_or_removes_another_instances_spec(tmp_path: Path) -> None:
-    data = dump_spec(make_spec("loop200"))
+    data = make_spec("loop200")
     assert writer.write_bytes(tmp_path, "example.com", "loop", data, instance="team-a")
     with pytest.raises(SpecWriteError, match="written by cdi-gen instance 'team-a', not 'team-b'"):
         writer.write_bytes(tmp_path, "example.com", "loop", b"{}", instance="team-b")
@@ -209,7 +207,7 @@ def test_an_instance_never_replaces_or_removes_another_instances_spec(tmp_path: 
 
 
 def test_a_record_from_before_instances_belongs_to_its_vendor(tmp_path: Path) -> None:
-    writer.write_spec(tmp_path, make_spec("loop200"))
+    write(tmp_path, make_spec("loop200"))
     owner = tmp_path / ".example.com-loop.json.cdi-gen-owner"
     record = orjson.loads(owner.read_bytes())
     assert record["instance"] == "example.com"

@@ -99,14 +99,12 @@ def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
     return []
 
 
-def _attribute(name: str, value: AttributeValue, versions: frozenset[str]) -> dict[str, Any]:
+def _attribute(value: AttributeValue) -> dict[str, Any]:
     # bool before int: True is an int to Python, a different attribute type to the API.
     if isinstance(value, bool):
         return {"bool": value}
     if isinstance(value, int):
         return {"int": value}
-    if name in versions:
-        return {"version": value}
     return {"string": value}
 
 
@@ -115,9 +113,7 @@ def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
     if device.attributes:
         # Unqualified names: the driver's domain is implied, and a qualified key is limited
         # to a 63-character domain that a driver name may exceed.
-        out["attributes"] = {
-            k: _attribute(k, v, device.versions) for k, v in sorted(device.attributes.items())
-        }
+        out["attributes"] = {k: _attribute(v) for k, v in sorted(device.attributes.items())}
     taints = device_taints(driver, device)
     if taints:
         out["taints"] = taints

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from cdi_gen import names
-from cdi_gen.cdi.validation import annotation_problems, device_problems, edits_problems
+from cdi_gen.cdi.validation import device_problems
 from cdi_gen.cdi.version import (
     Requirement,
     choose_version,
@@ -34,18 +34,13 @@ class DeviceEntry:
     requirements: tuple[Requirement, ...]
 
 
-def build_entry(
-    name: str, container_edits: Mapping[str, Any], annotations: Mapping[str, str] | None = None
-) -> DeviceEntry:
+def build_entry(name: str, container_edits: Mapping[str, Any]) -> DeviceEntry:
     """Validate one device and return its entry.
 
     ``container_edits`` is a wire ``containerEdits`` dict; it is kept by reference, so the
     caller must not mutate it afterwards. Raises :class:`SpecError` listing every problem.
     """
-    doc: dict[str, Any] = {"name": name}
-    if annotations:
-        doc["annotations"] = dict(sorted(annotations.items()))
-    doc["containerEdits"] = container_edits
+    doc: dict[str, Any] = {"name": name, "containerEdits": container_edits}
     where = f"devices[{name!r}]"
     problems = device_problems(doc, where)
     if problems:
@@ -77,12 +72,7 @@ def _kind_and_device_problems(kind: str, entries: Sequence[DeviceEntry]) -> list
 
 
 def assemble(
-    kind: str,
-    entries: Sequence[DeviceEntry],
-    *,
-    container_edits: Mapping[str, Any] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    target_version: str | None = None,
+    kind: str, entries: Sequence[DeviceEntry], *, target_version: str | None = None
 ) -> dict[str, Any]:
     """The wire spec document of ``kind`` holding ``entries`` in the given order.
 
@@ -91,18 +81,12 @@ def assemble(
     :class:`~cdi_gen.errors.VersionError` when the pinned version is too old for a field.
     """
     problems = _kind_and_device_problems(kind, entries)
-    if annotations:
-        problems += annotation_problems(annotations, "annotations")
-    if container_edits:
-        problems += edits_problems(container_edits, "containerEdits")
     reqs: list[Requirement] = [r for e in entries for r in e.requirements]
-    reqs += spec_requirements(kind, annotations, container_edits or None)
+    reqs += spec_requirements(kind, None, None)
     if problems:
         raise SpecError(problems, kind)
-    doc: dict[str, Any] = {"cdiVersion": choose_version(reqs, target_version, kind), "kind": kind}
-    if annotations:
-        doc["annotations"] = dict(sorted(annotations.items()))
-    doc["devices"] = [e.doc for e in entries]
-    if container_edits:
-        doc["containerEdits"] = container_edits
-    return doc
+    return {
+        "cdiVersion": choose_version(reqs, target_version, kind),
+        "kind": kind,
+        "devices": [e.doc for e in entries],
+    }

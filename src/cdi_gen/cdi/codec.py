@@ -1,6 +1,6 @@
 """Reading and writing CDI spec documents.
 
-Output is deterministic (same spec → byte-identical file), because the writer skips files whose
+Output is deterministic (same document → byte-identical file), because the writer skips files whose
 bytes would not change and runtimes rescan the folder on every write. Input is parsed strictly
 and judged completely: structure (pydantic), semantics (:mod:`cdi_gen.cdi.validation`) and version,
 every problem reported with its path.
@@ -22,21 +22,6 @@ Format = Literal["json", "yaml"]
 FORMATS: tuple[Format, ...] = ("json", "yaml")
 
 
-def _canonical(doc: dict[str, Any]) -> dict[str, Any]:
-    # Field order comes from the models; only free-form maps need sorting to be stable.
-    if doc.get("annotations"):
-        doc["annotations"] = dict(sorted(doc["annotations"].items()))
-    for device in doc.get("devices", ()):
-        if device.get("annotations"):
-            device["annotations"] = dict(sorted(device["annotations"].items()))
-    return doc
-
-
-def spec_document(spec: Spec) -> dict[str, Any]:
-    """The wire document of ``spec`` (camelCase keys, unset fields left out, stable order)."""
-    return _canonical(spec.to_wire())
-
-
 def dump_document(doc: dict[str, Any], fmt: Format = "json") -> bytes:
     """Serialise a wire document; JSON is indented and ends with a newline."""
     if fmt == "json":
@@ -47,11 +32,6 @@ def dump_document(doc: dict[str, Any], fmt: Format = "json") -> bytes:
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
         return b"---\n" + text.encode()
     raise ValueError(f"unknown format {fmt!r}, should be one of {', '.join(FORMATS)}")
-
-
-def dump_spec(spec: Spec, fmt: Format = "json") -> bytes:
-    """Serialise ``spec`` deterministically as JSON (default) or YAML."""
-    return dump_document(spec_document(spec), fmt)
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:

@@ -211,18 +211,17 @@ class SpecCache:
     Between changes a check costs one look at the inotify queue and one stat of each
     folder's path (see :class:`~cdi_gen.cdi.folderwatch.FolderWatch`: the folder a path
     leads to may change without an event), whatever the folders hold; a rescan
-    stats every entry and re-reads only files whose stat changed. Without inotify (or with
-    ``watch=False``) every check rescans, slower but as exact. Thread-safe.
+    stats every entry and re-reads only files whose stat changed. Without inotify every check
+    rescans, slower but as exact. Thread-safe.
     """
 
-    def __init__(self, spec_dirs: Sequence[Path], *, watch: bool = True) -> None:
+    def __init__(self, spec_dirs: Sequence[Path]) -> None:
         self.spec_dirs = unique_dirs(spec_dirs)
         # Checks come from the device plugins' server threads and the scan worker.
         self._lock = threading.Lock()
         self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
         self._listing: _Listing | None = None
         self._registry = Registry(dirs=self.spec_dirs)
-        self._use_watch = watch
         self._watch: FolderWatch | None = None
         #: A scan must run before the registry is trusted again.
         self._stale = True
@@ -271,8 +270,6 @@ class SpecCache:
         """The registry if nothing changed since it was built, else None (no folder I/O)."""
         watch = self._watch
         if watch is None:
-            if not self._use_watch:
-                return None
             watch = self._watch = FolderWatch(self.spec_dirs, _relevant)
         if watch.changed():
             self._stale = True

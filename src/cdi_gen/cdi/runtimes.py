@@ -262,10 +262,10 @@ def version_from_output(name: str, output: str) -> str | None:
     return m[1] if m else None
 
 
-def detect(name: str, binary: str | None = None) -> Runtime | None:
+def detect(name: str) -> Runtime | None:
     """The runtime ``name`` installed here (None when its binary is not on PATH)."""
     name = canonical_name(name)
-    path = shutil.which(binary or BINARIES[name])
+    path = shutil.which(BINARIES[name])
     if path is None:
         return None
     output = _version_output(path)

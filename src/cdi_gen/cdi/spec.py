@@ -95,7 +95,7 @@ class Device(_Wire):
 
 
 class Spec(_Wire):
-    #: Filled in by :func:`cdi_gen.cdi.version.apply_version` when building; required on the wire.
+    #: Required: the version whose rules the reader judges the fields by (see validation).
     cdi_version: str
     kind: str
     annotations: dict[str, str] | None = None

@@ -32,7 +32,6 @@ KNOWN_VERSIONS: tuple[str, ...] = (
 )
 #: The oldest version a producer emits: the first tagged specification.
 BASE_VERSION = "0.3.0"
-LATEST_VERSION = KNOWN_VERSIONS[-1]
 _ORDER = {v: i for i, v in enumerate(KNOWN_VERSIONS)}
 #: containerEdits keys that need no more than the base version whatever their content.
 _BASE_EDIT_KEYS = frozenset({"env", "hooks"})
@@ -142,12 +141,6 @@ def minimum_of(reqs: Iterator[Requirement] | list[Requirement]) -> str:
     return newest(*(r.version for r in reqs if not r.at_most))
 
 
-def minimum_version(spec: Spec | Mapping[str, Any]) -> str:
-    """The lowest version whose rules allow every field the spec uses."""
-    doc = spec.to_wire() if isinstance(spec, Spec) else spec
-    return minimum_of(document_requirements(doc))
-
-
 def problems_for(reqs: list[Requirement], version: str) -> list[Problem]:
     """Why content with ``reqs`` cannot be stated as ``version``; empty when it can."""
     try:
@@ -175,12 +168,6 @@ def problems_for(reqs: list[Requirement], version: str) -> list[Problem]:
     return problems
 
 
-def version_problems(spec: Spec | Mapping[str, Any], version: str) -> list[Problem]:
-    """Why ``spec`` cannot be stated as ``version``; empty when it can."""
-    doc = spec.to_wire() if isinstance(spec, Spec) else spec
-    return problems_for(list(document_requirements(doc)), version)
-
-
 def choose_version(reqs: list[Requirement], target: str | None, what: str) -> str:
     """The version to emit: the minimum, or ``target`` if it allows everything.
 
@@ -198,14 +185,3 @@ def choose_version(reqs: list[Requirement], target: str | None, what: str) -> st
     if problems:
         raise VersionError(problems, f"{what} as cdiVersion {version}")
     return version
-
-
-def apply_version(spec: Spec, target: str | None = None) -> Spec:
-    """Return ``spec`` with ``cdiVersion`` set to its minimum, or to the pinned ``target``.
-
-    Raises :class:`VersionError` (see :func:`choose_version`).
-    """
-    version = choose_version(requirements(spec), target, spec.kind)
-    if spec.cdi_version == version:
-        return spec
-    return spec.model_copy(update={"cdi_version": version})

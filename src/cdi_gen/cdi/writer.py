@@ -30,15 +30,13 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
 from cdi_gen import names
-from cdi_gen.cdi.codec import dump_document, dump_spec
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.errors import InvalidNameError, SpecWriteError, quote
 from cdi_gen.files import OWNER_MAX_BYTES, SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.modes import make_folder
@@ -261,39 +259,12 @@ def write_bytes(
     return True
 
 
-def write_spec(spec_dir: Path, spec: Spec, *, step_hook: StepHook | None = None) -> bool:
-    """Serialise ``spec`` (JSON) into ``spec_dir/<vendor>-<class>.json``; True if it changed.
-
-    The spec must already carry its final ``cdiVersion`` (see
-    :func:`cdi_gen.cdi.version.apply_version`). Raises :class:`SpecWriteError`.
-    """
-    return write_bytes(spec_dir, spec.vendor, spec.cls, dump_spec(spec), step_hook=step_hook)
-
-
-def write_document(
-    spec_dir: Path, doc: Mapping[str, Any], *, step_hook: StepHook | None = None
-) -> bool:
-    """Like :func:`write_spec` for a wire document built by :func:`cdi_gen.cdi.builder.assemble`."""
-    vendor, _, cls = str(doc["kind"]).partition("/")
-    return write_bytes(spec_dir, vendor, cls, dump_document(dict(doc)), step_hook=step_hook)
-
-
 def _is_owned_in(dir_fd: int, filename: str) -> bool:
     try:
         current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
     except SpecWriteError:
         return False
     return current is not None and _digest(current) in _owned_hashes(dir_fd, filename)
-
-
-def is_owned(spec_dir: Path, vendor: str, cls: str) -> bool:
-    """Whether the spec file of ``vendor/cls`` exists and holds content we wrote."""
-    try:
-        filename = spec_filename(vendor, cls)
-        with _folder(spec_dir) as dir_fd:
-            return _is_owned_in(dir_fd, filename)
-    except (InvalidNameError, OSError):
-        return False
 
 
 def remove_spec(spec_dir: Path, vendor: str, cls: str, *, instance: str | None = None) -> bool:

@@ -154,8 +154,11 @@ class Settings(BaseSettings):
         "replaces and removes only the specs it wrote; default: the config's vendor (two "
         "agents with one vendor need distinct names)",
     )
-    #: Longest wait between retries of a failed spec write or plugin start, in seconds;
-    #: from the floor of every backoff (0.1 s) to an hour, refused outside.
+    #: Longest wait, in seconds, between the agent's retries of a class's spec write or device
+    #: plugin start, of the DRA driver's start, and between restarts of a DRA slice publisher
+    #: that failed unexpectedly (not the kubelet registrations or the publisher's own API
+    #: retries, which keep their bounds); from the floor of every backoff (0.1 s) to an hour,
+    #: refused outside.
     retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
 
     @field_validator("runtime_spec_dirs", "runtime", "cri_socket", mode="before")

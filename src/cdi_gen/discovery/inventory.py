@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.cdi.validation import check_document
 from cdi_gen.config.models import (
     AgentConfig,
@@ -47,23 +46,27 @@ class Discovery:
 
     Feed it :meth:`replace` with a full enumeration (at start and on every resync) and
     :meth:`apply` with event records; both return a :class:`ClassChange` for each class whose
-    devices (or warnings) changed. Pure and synchronous: call it from the loop. The agent's
-    loop, in short::
+    devices (or warnings) changed. Pure and synchronous: call it from the loop. The agent
+    (:mod:`cdi_gen.agent`) runs it, in short, as::
 
         discovery = Discovery(config)
-        watcher = UdevWatcher(source=config.udev_source, subsystems=discovery.subsystems,
+        watcher = UdevWatcher(source=..., subsystems=discovery.subsystems,
                               interest=discovery.interest, wants=discovery.wants,
                               resync_seconds=config.resync_seconds)
         changes = discovery.replace(watcher.start())     # monitor first, then enumeration
-        ...                                               # write specs, then publish
+        ...                                               # each change to its class's task
         async for batch in watcher.batches():
             feed = discovery.replace if batch.full else discovery.apply
-            for change in feed(batch.records):
-                log each change.warnings
-                board.publish(change.before_write(board.devices.values()))  # withdraw first
-                spec = discovery.spec(change.class_name)  # None: no device left
-                write_spec(...) if spec else remove_spec(...)
-                board.publish(change.after_write)         # advertise once on disk
+            changes = feed(batch.records)                 # each to its class's task
+
+    and each class's task, for each of its changes (shared devices expanded into slots)::
+
+        log change.warnings
+        board.publish(change.before_write(board.devices.values()))  # withdraw first
+        writer.sync_spec(spec_dir, vendor, cls, spec bytes, or None without devices)
+        board.publish(change.after_write)                 # advertise once on disk
+
+    ``cdi-gen render`` and ``cdi-gen write`` take a class's spec from :meth:`document`.
     """
 
     def __init__(self, config: AgentConfig, classes: Iterable[str] | None = None) -> None:
@@ -176,11 +179,6 @@ class Discovery:
         if doc is not None and (problems := check_document(doc)):
             raise SpecError(problems, doc["kind"])
         return doc
-
-    def spec(self, cls: str) -> Spec | None:
-        """:meth:`document` as a model."""
-        doc = self.document(cls)
-        return None if doc is None else Spec.model_validate(doc)
 
     def config_of(self, cls: str) -> ClassConfig:
         return self._state(cls).config

@@ -1,8 +1,9 @@
-"""The CDI spec of one class, built from its devices through the one spec builder.
+"""The CDI spec document of one class, built from its devices through the one spec builder.
 
-:func:`class_document` is the only way a class's devices become a spec: the agent calls it on
-every change (with an :class:`EntryCache`, so a device's entry is validated once, when it
-appears), ``cdi-gen render`` and ``cdi-gen write`` once. Both end in
+:func:`class_document` is how ``cdi-gen render`` and ``cdi-gen write`` (through
+:meth:`~cdi_gen.discovery.inventory.Discovery.document`) turn a class's devices into a spec;
+the agent keeps the same entries cached per device, so that a device is validated once, when
+it appears, and assembles them itself on every change. Both end in
 :func:`cdi_gen.cdi.builder.assemble`, so they write the same bytes for the same devices.
 """
 
@@ -11,29 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
-from cdi_gen.cdi.spec import ContainerEdits, Spec
+from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.discovery.sharing import expand_devices
 from cdi_gen.model import DiscoveredDevice
 
-__all__ = ["EntryCache", "build_spec", "class_document", "spec_devices"]
-
-
-class EntryCache:
-    """Validated spec entries by device name, reused while a device's edits stay the same."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[ContainerEdits, DeviceEntry]] = {}
-
-    def entry(self, device: DiscoveredDevice) -> DeviceEntry:
-        """The entry of ``device``; raises :class:`~cdi_gen.errors.SpecError` if invalid."""
-        cached = self._entries.get(device.name)
-        if cached is not None and cached[0] == device.edits:
-            return cached[1]
-        entry = build_entry(device.name, device.edits.to_wire())
-        self._entries[device.name] = (device.edits, entry)
-        return entry
+__all__ = ["class_document", "spec_devices"]
 
 
 def spec_devices(cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> list[DiscoveredDevice]:
@@ -46,11 +30,7 @@ def spec_devices(cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> list[
 
 
 def class_document(
-    kind: str,
-    devices: Sequence[DiscoveredDevice],
-    *,
-    cdi_version: str | None = None,
-    cache: EntryCache | None = None,
+    kind: str, devices: Sequence[DiscoveredDevice], *, cdi_version: str | None = None
 ) -> dict[str, Any] | None:
     """The wire spec document of ``kind`` holding ``devices`` in order, or None without any.
 
@@ -60,14 +40,5 @@ def class_document(
     """
     if not devices:
         return None
-    entries = cache or EntryCache()
-    return assemble(kind, [entries.entry(d) for d in devices], target_version=cdi_version)
-
-
-def build_spec(vendor: str, cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> Spec | None:
-    """The CDI spec of a class as a model (see :func:`class_document`), or None without
-    devices."""
-    doc = class_document(
-        f"{vendor}/{cls.name}", spec_devices(cls, devices), cdi_version=cls.cdi_version
-    )
-    return None if doc is None else Spec.model_validate(doc)
+    entries = [build_entry(d.name, d.edits.to_wire()) for d in devices]
+    return assemble(kind, entries, target_version=cdi_version)

@@ -4,9 +4,9 @@
 * :mod:`~cdi_gen.kubelet.transport`: unix socket files and the synchronous gRPC server every
   kubelet plugin serves on;
 * :mod:`~cdi_gen.kubelet.supervisor`: serve, register, notice a kubelet restart, serve and
-  register again, shared by every kubelet plugin (the device plugin's Register today, the
-  plugin watcher's registration socket for DRA next);
-* :mod:`~cdi_gen.kubelet.plugin`: the protocol the agent runs kubelet plugins through;
+  register again, shared by every kubelet plugin (the device plugin's Register call, the DRA
+  plugin's plugin-watcher socket);
+* :mod:`~cdi_gen.kubelet.plugin`: the protocol the agent holds its device plugins through;
 * :mod:`~cdi_gen.kubelet.deviceplugin`: the ``deviceplugin/v1beta1`` plugin of one class;
 * :mod:`~cdi_gen.kubelet.draplugin`: the DRA driver's node service (``dra.v1``/``v1beta1``,
   health), with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's socket),

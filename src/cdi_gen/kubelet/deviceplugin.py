@@ -69,6 +69,8 @@ _SERVICE = "v1beta1.DevicePlugin"
 #: ListAndWatch streams open at once. The kubelet keeps one; each holds a server thread, so
 #: the cap keeps threads free for Allocate whatever a local client opens.
 MAX_STREAMS = 4
+#: Longest a Register call to the kubelet may take before the attempt counts as failed.
+REGISTER_TIMEOUT_SECONDS = 10.0
 
 _STATUS = {
     Refusal.UNKNOWN: grpc.StatusCode.INVALID_ARGUMENT,
@@ -95,9 +97,7 @@ class DevicePlugin(SupervisedPlugin):
     ``pack`` onto the fullest); ``one_slot_per_device`` refuses a container request holding two
     slots of one physical device. ``on_allocate`` is called on the server's threads and
     ``on_register`` on the loop, for metrics; their exceptions are logged and ignored.
-    ``watch_interval`` is how often the socket files are checked for a kubelet restart,
-    ``register_timeout`` bounds each Register call and ``max_backoff`` the wait between
-    failed registrations.
+    ``watch_interval`` is how often the socket files are checked for a kubelet restart.
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``vendor/class`` is
     not both a CDI kind and a Kubernetes extended resource name, and
@@ -119,8 +119,6 @@ class DevicePlugin(SupervisedPlugin):
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
         watch_interval: float = 0.15,
-        register_timeout: float = 10.0,
-        max_backoff: float = 2.0,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
         self.vendor = vendor
@@ -141,10 +139,9 @@ class DevicePlugin(SupervisedPlugin):
         self._supervisor = Supervisor(
             self.resource_name,
             [self.server],
-            _KubeletRegistration(self, register_timeout),
+            _KubeletRegistration(self),
             on_register=on_register,
             watch_interval=watch_interval,
-            max_backoff=max_backoff,
         )
 
     @property
@@ -171,10 +168,6 @@ class DevicePlugin(SupervisedPlugin):
         log.info("serving %s on %s", self.resource_name, self.socket_path)
 
     # -- answers (called on server threads) -------------------------------------------------
-
-    def list_response(self) -> api_pb2.ListAndWatchResponse:
-        """The ListAndWatchResponse for the board's current devices."""
-        return api_pb2.ListAndWatchResponse.FromString(self._service.list_bytes())
 
     def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Build the AllocateResponse; raise :class:`AllocationError` when a rule fails.
@@ -262,9 +255,8 @@ def _encode(device: AdvertisedDevice) -> bytes:
 class _KubeletRegistration:
     """Registers the device plugin by calling Register on ``kubelet.sock``."""
 
-    def __init__(self, plugin: DevicePlugin, timeout: float) -> None:
+    def __init__(self, plugin: DevicePlugin) -> None:
         self.plugin = plugin
-        self.timeout = timeout
 
     def kubelet_id(self) -> FileId | None:
         # A starting kubelet creates kubelet.sock anew: its identity is the kubelet's.
@@ -281,7 +273,7 @@ class _KubeletRegistration:
         try:
             async with grpc.aio.insecure_channel(f"unix://{plugin.kubelet_socket}") as channel:
                 stub = api_pb2_grpc.RegistrationStub(channel)
-                await stub.Register(request, timeout=self.timeout)
+                await stub.Register(request, timeout=REGISTER_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
         except Exception as exc:

@@ -184,11 +184,6 @@ class DraPlugin(SupervisedPlugin):
             serve_anew_on_restart=False,
         )
 
-    @property
-    def resource_name(self) -> str:
-        """The driver name (what logs and ``/readyz`` call this plugin)."""
-        return self.driver
-
     async def start(self) -> None:
         """Read the checkpoint, serve both sockets, then register in the background.
 

@@ -1,7 +1,9 @@
-"""The protocol the agent runs kubelet plugins through.
+"""The protocol the agent holds each class's device plugin through.
 
-The agent starts, stops and watches plugins only through :class:`KubeletPlugin`, so a DRA
-driver can run beside the device plugins without the agent knowing which API each speaks.
+The agent starts and stops its device plugins, and reads their registrations for
+``/readyz``, only through :class:`KubeletPlugin`, so it imports no grpc until a kubelet is
+used. The DRA plugin is not held this way: the DRA driver (:mod:`cdi_gen.driver`) builds,
+starts and stops its :class:`~cdi_gen.kubelet.draplugin.DraPlugin` itself.
 """
 
 from __future__ import annotations
@@ -15,11 +17,6 @@ class KubeletPlugin(Protocol):
     """One plugin the kubelet talks to: served on its socket(s), registered, restartable."""
 
     @property
-    def resource_name(self) -> str:
-        """What the plugin serves, for logs and ``/readyz`` (resource or driver name)."""
-        ...
-
-    @property
     def registrations(self) -> int:
         """Successful registrations so far; 0 means the kubelet does not know it yet."""
         ...
@@ -30,8 +27,4 @@ class KubeletPlugin(Protocol):
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving and registering; never raises for a stopped plugin."""
-        ...
-
-    async def wait_registered(self) -> None:
-        """Return once the kubelet has accepted the current registration."""
         ...

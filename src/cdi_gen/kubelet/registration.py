@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,10 +62,9 @@ _SERVICE = "pluginregistration.Registration"
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """One NotifyRegistrationStatus: after which GetInfo, and what the kubelet said
-    (``error`` quoted and cut, "" when it gave none)."""
+    """One NotifyRegistrationStatus: what the kubelet said (``error`` quoted and cut, "" when
+    it gave none)."""
 
-    info_call: int
     registered: bool
     error: str
 
@@ -78,12 +76,9 @@ class RegistrationService:
     state from the event loop.
     """
 
-    def __init__(
-        self, driver: str, endpoint: Path, versions: Sequence[str] = SUPPORTED_SERVICES
-    ) -> None:
+    def __init__(self, driver: str, endpoint: Path) -> None:
         self.driver = driver
         self.endpoint = Path(endpoint)
-        self.versions = tuple(versions)
         self._lock = threading.Lock()
         #: GetInfo calls so far.
         self.info_calls = 0
@@ -112,7 +107,7 @@ class RegistrationService:
             type=DRA_PLUGIN_TYPE,
             name=self.driver,
             endpoint=str(self.endpoint),
-            supported_versions=list(self.versions),
+            supported_versions=list(SUPPORTED_SERVICES),
         )
 
     def get_info(self, request: api_pb2.InfoRequest, context: grpc.ServicerContext) -> Any:
@@ -125,7 +120,7 @@ class RegistrationService:
     def notify(self, request: api_pb2.RegistrationStatus, context: grpc.ServicerContext) -> Any:
         error = quote(request.error) if request.error else ""
         with self._lock:
-            notice = Notice(self.info_calls, request.plugin_registered, error)
+            notice = Notice(request.plugin_registered, error)
             self.notices.append(notice)
             del self.notices[:-16]  # the registrar reads only the newest
             self.notified += 1

@@ -71,13 +71,11 @@ class UnixServer:
         services: Callable[[], Mapping[str, Mapping[str, grpc.RpcMethodHandler[Any, Any]]]],
         *,
         on_stop: Callable[[], None] | None = None,
-        workers: int = WORKERS,
     ) -> None:
         check_socket_path(path)
         self.path = path
         self._services = services
         self._on_stop = on_stop
-        self._workers = workers
         self._server: grpc.Server | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.socket_id: FileId | None = None
@@ -112,7 +110,7 @@ class UnixServer:
             except OSError as exc:
                 raise RegistrationError(f"cannot remove stale {str(path)!r}: {exc}") from exc
         pool = concurrent.futures.ThreadPoolExecutor(
-            self._workers, thread_name_prefix=f"grpc {path.name}"
+            WORKERS, thread_name_prefix=f"grpc {path.name}"
         )
         handlers = [
             grpc.method_handlers_generic_handler(name, dict(methods))

@@ -22,7 +22,6 @@ __all__ = [
     "load_records",
     "parse_records",
     "record_from_json",
-    "record_to_json",
     "records_from_export_db",
 ]
 
@@ -55,44 +54,6 @@ def load_records(path: Path) -> list[DeviceRecord]:
     return parse_records(read_regular(path, RECORDS_MAX_BYTES))
 
 
-def record_to_json(record: DeviceRecord) -> dict[str, Any]:
-    """A JSON-ready dict; :func:`record_from_json` reads it back unchanged."""
-    out: dict[str, Any] = {
-        "sys_path": record.sys_path,
-        "subsystem": record.subsystem,
-        "sys_name": record.sys_name,
-    }
-    for key in ("sys_number", "devnode", "devtype", "major", "minor", "driver", "numa_node"):
-        value = getattr(record, key)
-        if value is not None:
-            out[key] = value
-    if record.properties:
-        out["properties"] = dict(record.properties)
-    if record.attributes:
-        out["attributes"] = dict(record.attributes)
-    if record.parents:
-        out["parents"] = [
-            {
-                k: v
-                for k, v in (
-                    ("sys_path", p.sys_path),
-                    ("sys_name", p.sys_name),
-                    ("subsystem", p.subsystem),
-                    ("devtype", p.devtype),
-                    ("driver", p.driver),
-                    ("attributes", dict(p.attributes) or None),
-                )
-                if v is not None
-            }
-            for p in record.parents
-        ]
-    if not record.node_exists:
-        out["node_exists"] = False
-    if record.action is not None:
-        out["action"] = record.action
-    return out
-
-
 def _json_text(data: Mapping[str, Any], key: str, required: bool = False) -> str | None:
     value = data.get(key)
     if value is None and not required:
@@ -123,7 +84,9 @@ def _json_strings(data: Mapping[str, Any], key: str) -> dict[str, str]:
 
 
 def record_from_json(data: Mapping[str, Any]) -> DeviceRecord:
-    """Inverse of :func:`record_to_json`; raise ValueError naming a missing or bad key.
+    """A record from its JSON form (the fields of :class:`~cdi_gen.model.DeviceRecord` by
+    name, parents as objects of :class:`~cdi_gen.model.ParentRecord` fields, unset ones left
+    out); raise ValueError naming a missing or bad key.
 
     Every field is type-checked here: a record file is input, and ``devnode: 5`` must be
     one clear error, not a failure deep inside discovery.
@@ -179,8 +142,8 @@ def _sys_number(sys_name: str) -> str | None:
     return sys_name[-digits:] if digits else None
 
 
-def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[DeviceRecord]:
-    """Records from ``udevadm info --export-db`` output.
+def records_from_export_db(text: str) -> list[DeviceRecord]:
+    """Records from ``udevadm info --export-db`` output, of the devices with a device node.
 
     The database has properties but no sysfs attributes; parents are rebuilt from the other
     entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
@@ -207,7 +170,7 @@ def records_from_export_db(text: str, *, with_node_only: bool = True) -> list[De
         props: dict[str, str] = e.get("E", {})
         devpath = e["P"]
         devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
-        if with_node_only and not devnode:
+        if not devnode:
             continue
         parents = []
         # Ancestors are the path's prefixes; a path without "/" (a broken dump) has none,
