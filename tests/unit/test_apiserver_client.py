@@ -13,7 +13,6 @@ import gzip
 import json
 import os
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +30,10 @@ from cdi_gen.errors import ClaimError
 from cdi_gen.files import CONFIG_MAX_BYTES
 from cdi_gen.model import PoolDevice
 from tests.fakes.apiserver import SLICES, Answer, FakeApiServer
+from tests.unit.conftest import API_NODE
 
 DRIVER = "drv.example.com"
-NODE = "n1"
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        server.nodes[NODE] = "node-uid"
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    client = await ApiClient.open(api.kubeconfig(tmp_path))
-    try:
-        yield client
-    finally:
-        await client.close()
+NODE = API_NODE
 
 
 def _claim(size: int) -> dict[str, Any]:

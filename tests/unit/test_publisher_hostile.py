@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +25,10 @@ from cdi_gen.apiserver.slices import slice_name
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.model import PoolDevice
 from tests.fakes.apiserver import INT64_MAX, SLICES, Answer, FakeApiServer
+from tests.unit.conftest import API_NODE
 
 DRIVER = "drv.example.com"
-NODE = "n1"
+NODE = API_NODE
 LOG = "cdi_gen.apiserver.publisher"
 
 
@@ -36,22 +36,6 @@ def device(name: str, **kw: Any) -> PoolDevice:
     return PoolDevice(
         name=name, cdi_name=f"v.com/c={name}", class_name="c", physical=f"/{name}", **kw
     )
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as server:
-        server.nodes[NODE] = "node-uid"
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    client = await ApiClient.open(api.kubeconfig(tmp_path))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 @contextlib.asynccontextmanager
