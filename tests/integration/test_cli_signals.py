@@ -64,14 +64,19 @@ async def test_modes_ignore_the_umask_and_sighup_stops_cleanly(short_dir: Path, 
     sock = plugin_dir / "example.com-loop.sock"
     spec = spec_dir / "example.com-loop.json"
     async with FakeKubelet(plugin_dir) as kubelet:
+        # The umask is set by the child itself, then it becomes the agent: a preexec_fn runs
+        # Python between fork and exec while this process's gRPC threads hold locks, which
+        # once aborted the child (SIGABRT) before it could exec.
+        umask_then_run = (
+            f"import os, sys; os.umask({mask}); "
+            "os.execv(sys.executable, [sys.executable, '-m', 'cdi_gen', 'run'])"
+        )
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            "cdi_gen",
-            "run",
+            "-c",
+            umask_then_run,
             env=env,
             stderr=asyncio.subprocess.PIPE,
-            preexec_fn=lambda: os.umask(mask),
         )
         try:
             await kubelet.next_registration(within=20)
