@@ -129,6 +129,31 @@ def test_run_write_render_and_slices_leave_out_the_same_device(
     assert offered == ["example.com/serial=ttyUSB0", "example.com/serial=ttyUSB1"]
 
 
+def test_write_removes_its_spec_when_every_device_is_left_out_as_the_agent_does(
+    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path
+) -> None:
+    spec_dir = tmp_path / "cdi"
+    argv = ["write", "--records", HW, "--config", str(config), "--spec-dir", str(spec_dir)]
+    # Unpinned, and every device needs a hostPath (cdiVersion 0.5.0): /dev/s<number>.
+    unpinned = PINNED.replace('    cdiVersion: "0.4.0"\n', "")
+    config.write_text(unpinned.replace("/dev/ttyUSB{number}", "/dev/s{number}"))
+    code, _, err = _cli(capsys, *argv)
+    assert (code, err) == (0, [])
+    assert (spec_dir / FILE).exists()
+    code, out, err = _cli(capsys, *argv, "--cdi-version", "0.4.0")
+    assert code == 1
+    assert out == f"example.com/serial: every device left out, removed {spec_dir}/{FILE}\n"
+    assert [e.split(":")[2] for e in err[:3]] == [
+        " device 'ttyACM0' left out of the spec (version)",
+        " device 'ttyUSB0' left out of the spec (version)",
+        " device 'ttyUSB1' left out of the spec (version)",
+    ]
+    assert err[3] == (
+        "error: 3 devices left out (named in the warnings above); the other devices are written"
+    )
+    assert not (spec_dir / FILE).exists()
+
+
 # --- class_spec, the function the four share ---------------------------------------------------
 
 

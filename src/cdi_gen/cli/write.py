@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cdi_gen import paths
 from cdi_gen.cli import options
+
+if TYPE_CHECKING:
+    from cdi_gen.discovery.spec import ClassSpec
 
 
 @click.command()
@@ -80,18 +84,9 @@ def write(
         except CdiGenError as exc:
             failures.extend(str(exc).splitlines())
             continue
-        if doc is None:
-            if outcome == "removed":
-                none = "every device left out" if spec.left_out else "no device"
-                click.echo(f"{vendor}/{cls}: {none}, removed {path}")
-            continue
-        count, ids = len(discovery.devices(cls)), len(doc["devices"]) + len(spec.left_out)
-        slots = f" ({ids} slots)" if ids != count else ""
-        out = f", {len(spec.left_out)} left out" if spec.left_out else ""
-        click.echo(
-            f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}{slots}{out}, "
-            f"{path} {outcome}"
-        )
+        line = _outcome(len(discovery.devices(cls)), spec, path, outcome)
+        if line:
+            click.echo(f"{vendor}/{cls}: {line}")
     if not classes:
         # Classes that left the config have no devices any more either.
         configured = {(vendor, cls) for cls in discovery.class_names}
@@ -104,4 +99,18 @@ def write(
     if failures:
         raise SpecWriteError("\n".join(failures))
     if left:
-        raise left_out_error(left, "the specs hold the others")
+        raise left_out_error(left, "the other devices are written")
+
+
+def _outcome(count: int, spec: ClassSpec, path: Path, outcome: str) -> str:
+    """What became of one class's spec, for its line on stdout ("" for nothing to say)."""
+    doc = spec.document
+    if doc is None:
+        if spec.left_out:
+            done = f"removed {path}" if outcome == "removed" else "no spec"
+            return f"every device left out, {done}"
+        return f"no device, removed {path}" if outcome == "removed" else ""
+    ids = len(doc["devices"]) + len(spec.left_out)
+    slots = f" ({ids} slots)" if ids != count else ""
+    out = f", {len(spec.left_out)} left out" if spec.left_out else ""
+    return f"{count} device{'s' if count > 1 else ''}{slots}{out}, {path} {outcome}"
