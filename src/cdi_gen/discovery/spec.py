@@ -114,7 +114,13 @@ def class_spec(
     fresh: list[LeftOut] = []
     for device in devices:
         cached = None if cache is None else cache.get(device.name)
-        if cached is not None and cached[1] == target and cached[0] == device.edits:
+        # Discovery hands out the same edits object while a device is unchanged: ``is``
+        # first spares comparing every field of every device on every event.
+        if (
+            cached is not None
+            and cached[1] == target
+            and (cached[0] is device.edits or cached[0] == device.edits)
+        ):
             verdict = cached[2]
         else:
             verdict = _judge(device, own, target)
