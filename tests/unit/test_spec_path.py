@@ -154,6 +154,44 @@ def test_write_removes_its_spec_when_every_device_is_left_out_as_the_agent_does(
     assert not (spec_dir / FILE).exists()
 
 
+def test_a_device_whose_slot_names_are_too_long_is_named_and_counted_as_the_agent_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A shared device's slot ``<name>-1`` over 63 characters: the agent skips the device
+    with a warning; render said "0 devices left out" and named none."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "vendor: example.com\nclasses:\n  - name: tun\n    match: {kernel: tun}\n"
+        f'    deviceName: "{"t" * 60}{{kernel}}"\n    sharing: {{replicas: 2}}\n'
+    )
+    vm = str(DATA / "export-db-vm.txt")
+    code, out, err = _cli(
+        capsys, "render", "--records", vm, "--config", str(config), "--class", "tun"
+    )
+    assert (code, out) == (1, "")
+    assert (
+        len(err) == 2 and "slot name " in err[0] and "-1 is not a valid CDI device name" in err[0]
+    )
+    assert err[1].startswith("error: 1 device left out (named in the warnings above)")
+
+    async def agent_skips() -> tuple[float, list[str]]:
+        source = PipeSource.from_data("export-db-vm.txt", only={"tun"})
+        settings = Settings(spec_dir=tmp_path / "cdi", no_kubelet=True, metrics_address=None)
+        agent = Agent(load_config(config), settings, source=source)
+        task = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(agent.started.wait(), 5)
+            skipped = agent.metrics.failures.labels("example.com/tun", "device-skipped")
+            return skipped._value.get(), list(agent.runners["tun"].board.devices)
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+            source.release()
+
+    assert asyncio.run(agent_skips()) == (1, [])
+    assert not (tmp_path / "cdi" / "example.com-tun.json").exists()
+
+
 # --- class_spec, the function the four share ---------------------------------------------------
 
 

@@ -91,8 +91,14 @@ def load_records_file(path: Path) -> list[DeviceRecord]:
 
 
 def warn_skipped(discovery: Discovery, cls: str) -> int:
-    """One ``warning:`` line on stderr per device of ``cls`` that discovery skipped; how many."""
-    warnings = discovery.warnings(cls)
+    """One ``warning:`` line on stderr per device of ``cls`` that discovery skipped, or whose
+    slots would have invalid names (the agent skips it too, and its spec has none); how many."""
+    from cdi_gen.discovery.sharing import expand_devices
+
+    warnings = list(discovery.warnings(cls))
+    replicas = discovery.config_of(cls).sharing.replicas
+    if replicas > 1:
+        warnings += expand_devices(discovery.devices(cls), replicas)[1]
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     return len(warnings)
