@@ -79,7 +79,7 @@ async def _hotplug(cycles: int) -> list[Row]:  # noqa: C901, PLR0915
                 written.set()
 
     def write() -> None:
-        doc = discovery.document("loop")
+        doc = discovery.class_spec("loop").document
         data = None if doc is None else dump_document(doc)
         sync_spec(spec_dir, "example.com", "loop", data)
 
@@ -178,7 +178,7 @@ def _discovery_cost(quick: bool) -> list[Row]:
         d = Discovery(catalogue)
         d.replace(records)
         for cls in d.class_names:
-            d.document(cls)
+            d.class_spec(cls)
 
     loops = [
         DeviceRecord(

@@ -20,10 +20,10 @@ leaves step 3 undone and is retried with backoff: the kubelet never sees a devic
 cannot resolve. Entries never pin major/minor for nodes that exist on the host, so a
 re-plugged device with new numbers is injected with its current ones.
 
-Each device's spec entry is validated once, when it appears, and reused (see
-:mod:`cdi_gen.cdi.builder`): re-writing a class's spec after an event costs about one
-serialisation, done on the loop; the write and its fsyncs run in a thread, so a slow disk
-never stalls ListAndWatch or Allocate. The settings come from
+Each device is judged once, when it appears or changes, by the one spec path the CLI uses
+too (:func:`~cdi_gen.discovery.spec.class_spec`), and its entry reused: re-writing a class's
+spec after an event costs about one serialisation, done on the loop; the write and its fsyncs
+run in a thread, so a slow disk never stalls ListAndWatch or Allocate. The settings come from
 :class:`~cdi_gen.config.settings.Settings`.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
@@ -50,21 +50,17 @@ from typing import TYPE_CHECKING, Any
 
 from cdi_gen.backoff import Backoff, describe
 from cdi_gen.cdi import writer
-from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.cdi.spec import ContainerEdits
-from cdi_gen.cdi.version import choose_version
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.discovery.spec import Verdicts, class_spec
 from cdi_gen.errors import (
     CdiGenError,
     ConfigError,
-    SpecError,
     SpecWriteError,
-    VersionError,
     quote,
 )
 from cdi_gen.kubelet.board import DeviceBoard
@@ -92,13 +88,14 @@ FOLDER_SCAN_SECONDS = 10.0
 
 @dataclass(slots=True)
 class _ClassRunner:
-    """One class: its board, its plugin, its cached entries and its pending spec write."""
+    """One class: its board, its plugin, its devices' verdicts and its pending spec write."""
 
     agent: Agent
     config: ClassConfig
     board: DeviceBoard = field(default_factory=DeviceBoard)
     plugin: KubeletPlugin | None = None
-    entries: dict[str, tuple[DiscoveredDevice, DeviceEntry]] = field(default_factory=dict)
+    #: Each device's entry, or why it is left out, judged once per edits (see class_spec).
+    verdicts: Verdicts = field(default_factory=dict)
     devices: tuple[DiscoveredDevice, ...] = ()
     target: tuple[AdvertisedDevice, ...] = ()
     spec_ok: bool = False
@@ -106,8 +103,8 @@ class _ClassRunner:
     #: The waits between failed spec writes (made on the first failure: it needs the
     #: settings).
     backoff: Backoff | None = None
-    #: Devices left out of the spec and the list: name → (the edits judged, why).
-    rejected: dict[str, tuple[ContainerEdits, str]] = field(default_factory=dict)
+    #: The devices the last spec left out: kept out of the list too.
+    left_out: frozenset[str] = frozenset()
     #: Why the class's device plugin is not serving, or None.
     plugin_error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -156,8 +153,7 @@ class _ClassRunner:
         self._log_transitions(change)
         change = expand_change(change, self.config.sharing.replicas)
         for name in change.removed:
-            self.entries.pop(name, None)
-            self.rejected.pop(name, None)
+            self.verdicts.pop(name, None)  # judged, and logged, afresh if it comes back
         for warning in change.warnings:
             self.fail(
                 "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
@@ -210,7 +206,7 @@ class _ClassRunner:
         if changed:
             self.agent.metrics.spec_writes.labels(self.resource, "written").inc()
         published = (
-            [d for d in self.target if d.id not in self.rejected] if self.rejected else self.target
+            [d for d in self.target if d.id not in self.left_out] if self.left_out else self.target
         )
         self.board.publish(published)
         if self.dra is not None:
@@ -235,16 +231,15 @@ class _ClassRunner:
     async def _write_spec(self) -> bool:
         """Write (or, without devices, remove) the class's spec; True if the file changed.
 
-        Built on the loop from cached entries (cheap), written in a thread (the fsyncs).
+        Built on the loop from cached verdicts (cheap), written in a thread (the fsyncs).
         """
         spec_dir = self.agent.settings.spec_dir
         vendor, cls = self.agent.config.vendor, self.config.name
-        entries = [e for e in map(self._entry, self.devices) if e is not None]
-        doc = (
-            assemble(f"{vendor}/{cls}", entries, target_version=self.config.cdi_version)
-            if entries
-            else None
-        )
+        spec = class_spec(vendor, self.config, self.devices, cache=self.verdicts)
+        self.left_out = frozenset(d.device for d in spec.left_out)
+        for left in spec.fresh:  # each logged and counted once, when it is judged
+            self.fail(left.reason, "%s", left, device=left.physical)
+        doc = spec.document
         data = None if doc is None else dump_document(doc)
         instance = self.agent.settings.instance
         outcome = await asyncio.to_thread(
@@ -260,41 +255,12 @@ class _ClassRunner:
                 "spec written",
                 extra=fields(
                     resource=self.resource,
-                    devices=len(entries),
+                    devices=len(doc["devices"]),
                     cdiVersion=doc["cdiVersion"],
                     file=str(spec_dir / writer.spec_filename(vendor, cls)),
                 ),
             )
         return outcome in ("written", "removed")
-
-    def _entry(self, device: DiscoveredDevice) -> DeviceEntry | None:
-        """The device's validated entry, or None when it cannot be in this class's spec."""
-        cached = self.entries.get(device.name)
-        if cached is not None and cached[0].edits == device.edits:
-            return cached[1]
-        rejected = self.rejected.get(device.name)
-        if rejected is not None and rejected[0] == device.edits:
-            return None  # logged and counted when it was judged
-        self.rejected.pop(device.name, None)
-        try:
-            entry = build_entry(device.name, device.edits.to_wire())
-            if self.config.cdi_version is not None:
-                # A pinned class: a device needing more than the pin would make the whole
-                # file unreadable for the runtime the pin is for.
-                choose_version(list(entry.requirements), self.config.cdi_version, device.name)
-        except SpecError as exc:
-            reason = "version" if isinstance(exc, VersionError) else "invalid-device"
-            self.rejected[device.name] = (device.edits, reason)
-            self.entries.pop(device.name, None)
-            self.fail(
-                reason,
-                "device skipped: %s",
-                str(exc).replace("\n", "; "),
-                device=device.physical,
-            )
-            return None
-        self.entries[device.name] = (device, entry)
-        return entry
 
     def _log_transitions(self, change: ClassChange) -> None:
         by_name = {d.name: d for d in change.devices}

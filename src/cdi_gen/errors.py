@@ -9,6 +9,7 @@
     │   └── VersionError                  a field needs a newer cdiVersion than allowed
     ├── SpecWriteError           exit 1   the spec folder could not be written
     ├── DiscoveryError           exit 1   udev could not be read
+    ├── LeftOutError             exit 1   devices left out of a spec still written or printed
     └── RegistrationError        exit 3   the kubelet refused or never answered
 
 Each error keeps its inputs as attributes and quotes them in its message, so that a log line
@@ -142,6 +143,11 @@ class SpecWriteError(CdiGenError):
 
 class DiscoveryError(CdiGenError):
     """udev or sysfs could not be read."""
+
+
+class LeftOutError(CdiGenError):
+    """A command wrote or printed its specs, but left devices out of them (each named in a
+    warning before): the exit status must say that not every device made it."""
 
 
 class RegistrationError(CdiGenError):

@@ -104,7 +104,7 @@ class Follower:
 
     def _sync(self) -> None:
         for cls in self.discovery.class_names:
-            doc = self.discovery.document(cls)
+            doc = self.discovery.class_spec(cls).document
             data = None if doc is None else dump_document(doc)
             sync_spec(self.spec_dir, self.discovery.config.vendor, cls, data)
 

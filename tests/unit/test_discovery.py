@@ -17,7 +17,6 @@ from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.match import glob_match, match_record, matches
-from cdi_gen.errors import VersionError
 from cdi_gen.model import AdvertisedDevice, DeviceRecord, ParentRecord
 from cdi_gen.sources.records import record_from_json, records_from_export_db
 
@@ -147,14 +146,14 @@ def test_catalogue_on_recorded_hardware(hw_records: list[DeviceRecord]) -> None:
     assert [d.name for d in discovery.devices("serial")] == ["ttyACM0", "ttyUSB0", "ttyUSB1"]
     assert [d.name for d in discovery.devices("xilinx-user")] == ["renderD129"]
     assert [d.name for d in discovery.devices("vfio")] == ["iommu-group-42"]
-    doc = discovery.document("vfio")
+    doc = discovery.class_spec("vfio").document
     assert doc is not None
     assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/vfio/42"},
         {"path": "/dev/vfio/vfio"},
     ]
     for cls in discovery.class_names:
-        doc = discovery.document(cls)
+        doc = discovery.class_spec(cls).document
         if doc is not None:
             assert check_document(doc) == [], cls
 
@@ -230,7 +229,7 @@ def test_spec_has_node_path_only_and_minimum_version() -> None:
     config = _config({**LOOP, "containerEdits": {"env": ["LOOP_{kernel}={name}"]}})
     discovery = Discovery(config)
     discovery.replace([_loop(201), _loop(7)])
-    assert discovery.document("loop") == {
+    assert discovery.class_spec("loop").document == {
         "cdiVersion": "0.3.0",
         "kind": "example.com/loop",
         "devices": [
@@ -254,7 +253,7 @@ def test_spec_pinned_numbers_and_container_path() -> None:
     )
     discovery = Discovery(config)
     discovery.replace([_loop(201)])
-    doc = discovery.document("loop")
+    doc = discovery.class_spec("loop").document
     assert doc is not None
     assert doc["cdiVersion"] == "0.5.0"  # hostPath
     assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [
@@ -269,18 +268,25 @@ def test_spec_pinned_numbers_and_container_path() -> None:
     ]
 
 
-def test_spec_version_pin_too_old_raises() -> None:
+def test_spec_version_pin_too_old_leaves_the_device_out_naming_the_field() -> None:
     config = _config({**LOOP, "cdiVersion": "0.4.0", "node": {"path": "/dev/x{number}"}})
     discovery = Discovery(config)
     discovery.replace([_loop(201)])
-    with pytest.raises(VersionError):
-        discovery.document("loop")
+    spec = discovery.class_spec("loop")
+    assert spec.document is None
+    (left,) = spec.left_out
+    assert (left.device, left.reason) == ("loop201", "version")
+    assert str(left) == (
+        "device 'loop201' left out of the spec (version): "
+        "devices['loop201'].containerEdits.deviceNodes[0].hostPath: device node hostPath "
+        "needs cdiVersion 0.5.0 or newer, the target is 0.4.0"
+    )
 
 
 def test_no_device_no_spec() -> None:
     discovery = Discovery(_config(LOOP))
     assert discovery.replace([_loop(3)])[0].devices == ()  # loop3 is not matched
-    assert discovery.document("loop") is None
+    assert discovery.class_spec("loop").document is None
 
 
 # --- changes and health ------------------------------------------------------------------------
@@ -333,7 +339,7 @@ def test_when_gone_unhealthy_keeps_and_recovers() -> None:
     (change,) = discovery.apply([remove])
     assert change.changed == ("loop201",) and not change.removed
     assert [d.healthy for d in discovery.devices("loop")] == [False]
-    assert discovery.document("loop") is not None  # the entry stays while advertised
+    assert discovery.class_spec("loop").document is not None  # the entry stays while advertised
     (back,) = discovery.apply([dataclasses.replace(_loop(201), action="add")])
     assert back.changed == ("loop201",)
     assert [d.healthy for d in discovery.devices("loop")] == [True]

@@ -253,7 +253,8 @@ def check_records(data: str, suffix: str) -> None:
         try:
             discovery.replace(records)
             for cls in discovery.class_names:
-                discovery.document(cls)
+                for left in discovery.class_spec(cls).left_out:
+                    short_lines(str(left))
                 for warning in discovery.warnings(cls):
                     short_lines(str(warning))
         except CdiGenError as exc:  # a documented refusal, with its message

@@ -56,7 +56,7 @@ def test_attribute_check_decides_health(loops: list[DeviceRecord]) -> None:
     assert health == {attached.sys_name: True, detached.sys_name: False}
     # An unhealthy device stays advertised (as Unhealthy) and in the spec.
     assert {d.id: d.healthy for d in discovery.advertised("loop")} == health
-    doc = discovery.document("loop")
+    doc = discovery.class_spec("loop").document
     assert doc is not None and [d["name"] for d in doc["devices"]] == sorted(health)
 
     # A change uevent with the new value flips it, and is reported as a change.

@@ -81,7 +81,7 @@ def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     ]
     discovery = Discovery(config)
     (change,) = discovery.replace(records)
-    doc = discovery.document("loop")
+    doc = discovery.class_spec("loop").document
     assert doc is not None
     assert [d["name"] for d in doc["devices"]][:3] == ["loop10-0", "loop10-1", "loop10-2"]
     slots = expand_change(change, 12)

@@ -80,7 +80,7 @@ def _hostile(
 def _discover(records: list[DeviceRecord]) -> tuple[list[str], list[str]]:
     discovery = Discovery(parse_config(_serial_class(), "test.yaml"))
     (change,) = discovery.replace(records)
-    doc = discovery.document("serial")
+    doc = discovery.class_spec("serial").document
     assert doc is not None and check_document(doc) == []
     return [d.name for d in change.devices], [str(w) for w in change.warnings]
 

@@ -1,5 +1,6 @@
 """What the one-shot commands read and print: the config, the devices (udev or a
-recording), the skipped devices' warnings, and a spec document to stdout or a file."""
+recording), a warning per device skipped or left out of a spec (and the error that makes the
+exit status say so), and a spec document to stdout or a file."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
     from cdi_gen.cdi.runtimes import Lookup, Runtime
     from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.discovery.spec import ClassSpec
+    from cdi_gen.errors import LeftOutError
     from cdi_gen.model import DeviceRecord
 
 
@@ -87,10 +90,35 @@ def load_records_file(path: Path) -> list[DeviceRecord]:
         raise ConfigError(f"{path}: not udev records: {one_line(exc)}") from None
 
 
-def warn_skipped(discovery: Discovery, cls: str) -> None:
-    """One ``warning:`` line on stderr per device of ``cls`` that discovery skipped."""
-    for warning in discovery.warnings(cls):
+def warn_skipped(discovery: Discovery, cls: str) -> int:
+    """One ``warning:`` line on stderr per device of ``cls`` that discovery skipped, or whose
+    slots would have invalid names (the agent skips it too, and its spec has none); how many."""
+    from cdi_gen.discovery.sharing import expand_devices
+
+    warnings = list(discovery.warnings(cls))
+    replicas = discovery.config_of(cls).sharing.replicas
+    if replicas > 1:
+        warnings += expand_devices(discovery.devices(cls), replicas)[1]
+    for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
+    return len(warnings)
+
+
+def warn_left_out(cls: str, spec: ClassSpec) -> int:
+    """One ``warning:`` line on stderr per device left out of the spec of ``cls`` (naming
+    the device, the field and the rule, as the agent logs it); how many."""
+    for left in spec.left_out:
+        click.echo(f"warning: class {cls!r}: {left}", err=True)
+    return len(spec.left_out)
+
+
+def left_out_error(count: int, rest: str) -> LeftOutError:
+    """The error a command ends with (exit 1) when it left ``count`` devices out of what it
+    wrote or printed (``rest`` says where the others went)."""
+    from cdi_gen.errors import LeftOutError
+
+    devices = f"{count} device{'s' if count != 1 else ''}"
+    return LeftOutError(f"{devices} left out (named in the warnings above); {rest}")
 
 
 def emit_document(

@@ -1,9 +1,10 @@
 """The ``cdi-gen`` command line.
 
-Exit codes: 0 success, 1 problems found or a runtime failure, 2 bad usage or bad config,
-3 registration failure. Errors go to stderr, one line each, as ``error: ...``; a traceback
-only with ``--debug``. Heavy modules are imported inside the commands so that a short command
-such as ``render`` starts fast.
+Exit codes: 0 success, 1 problems found or a runtime failure (among them a device that
+``render``, ``write`` or ``slices`` left out of what it still printed or wrote), 2 bad usage or
+bad config, 3 registration failure. Errors go to stderr, one line each, as ``error: ...``; a
+traceback only with ``--debug``. Heavy modules are imported inside the commands so that a short
+command such as ``render`` starts fast.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``cdi-gen render``: the CDI spec of one class from the devices present now."""
+"""``cdi-gen render``: the CDI spec of one class from the devices present now, built as the
+agent builds it: a device the agent would leave out is left out, named on stderr, and the
+command exits 1 after printing the rest."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ from typing import TYPE_CHECKING
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import cri_lookup, discover_devices, emit_document, warn_skipped
+from cdi_gen.cli.inputs import (
+    cri_lookup,
+    discover_devices,
+    emit_document,
+    left_out_error,
+    warn_left_out,
+    warn_skipped,
+)
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
@@ -45,7 +54,12 @@ def render(
     cri_sockets: tuple[str, ...],
     records_path: Path | None,
 ) -> None:
-    """Render the CDI spec of one class from the devices present now."""
+    """Render the CDI spec of one class from the devices present now.
+
+    A device left out (skipped, invalid, or needing a newer cdiVersion than the pin) gets a
+    warning line naming the field and the rule; the spec holds the others, and the exit
+    status is 1.
+    """
     from cdi_gen.config.models import AgentConfig
     from cdi_gen.config.settings import resolve_version
     from cdi_gen.errors import DiscoveryError
@@ -61,13 +75,19 @@ def render(
         cri_sockets=sockets,
     )
     config: AgentConfig = discovery.config
-    warn_skipped(discovery, cls)
+    kind = f"{config.vendor}/{cls}"
+    skipped = warn_skipped(discovery, cls)
     class_config = discovery.config_of(cls)
     if not discovery.devices(cls):
+        if skipped:
+            raise left_out_error(skipped, f"no device of {kind} is left to render")
         rules = " | ".join(r.describe() for r in class_config.match)
-        raise DiscoveryError(
-            f"class {cls!r} ({config.vendor}/{cls}) has no device: nothing matches {rules}"
-        )
-    doc = discovery.document(cls, cdi_version=pin)
-    assert doc is not None  # it has devices
-    emit_document(doc, fmt=fmt, output=output)
+        raise DiscoveryError(f"class {cls!r} ({kind}) has no device: nothing matches {rules}")
+    # The agent's path: a device it would leave out is left out here, named on stderr.
+    spec = discovery.class_spec(cls, cdi_version=pin)
+    left = skipped + warn_left_out(cls, spec)
+    if spec.document is None:
+        raise left_out_error(left, f"no device of {kind} is left to render")
+    emit_document(spec.document, fmt=fmt, output=output)
+    if left:
+        raise left_out_error(left, "the spec holds the others")

@@ -1,4 +1,8 @@
-"""``cdi-gen slices``: the ResourceSlices this node would publish through DRA."""
+"""``cdi-gen slices``: the ResourceSlices this node would publish through DRA.
+
+As the agent, it offers only the devices in their class's spec: a device left out of the
+spec (skipped, invalid, or needing a newer cdiVersion than the pin) is left out of the
+slices too, named on stderr, and the command exits 1 after printing the rest."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import discover_devices, warn_skipped
+from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, warn_skipped
 
 
 @click.command()
@@ -31,7 +35,8 @@ def slices(
 ) -> None:
     """Print the ResourceSlices (YAML documents) that `cdi-gen run` would publish for the
     devices found now, without an API server: a preview of the DRA view of each class.
-    Generation 1, and no owner reference (the Node's UID comes from the API server)."""
+    Generation 1, and no owner reference (the Node's UID comes from the API server).
+    A device left out of its class's spec is left out here too (a warning each, exit 1)."""
     import socket
 
     import yaml
@@ -39,6 +44,7 @@ def slices(
     from cdi_gen.apiserver.slices import build_slices
     from cdi_gen.discovery.pool import pool_devices
     from cdi_gen.discovery.sharing import expand_advertised, expand_devices
+    from cdi_gen.errors import SpecError
 
     node = node if node is not None else socket.gethostname().lower()
     discovery = discover_devices(config_path, (), records_path)
@@ -46,25 +52,39 @@ def slices(
     _check_name("--node", node)
     driver = _driver(driver, config.vendor)
     devices = []
+    left = 0
     for cls in discovery.class_names:
         cls_config = discovery.config_of(cls)
         if dra_only and cls_config.api != "dra":
             continue
+        left += warn_skipped(discovery, cls)
         replicas = cls_config.sharing.replicas
         discovered, advertised = discovery.devices(cls), discovery.advertised(cls)
         if replicas > 1:  # as the agent does (expand_change): slots only when shared
             discovered, _ = expand_devices(discovered, replicas)
             advertised = expand_advertised(advertised, replicas)
+        # The agent publishes a device only once its entry is in the spec it wrote.
+        try:
+            spec = discovery.class_spec(cls)
+        except SpecError as exc:  # no spec at all: the agent would publish none of them
+            for line in str(exc).splitlines():
+                click.echo(f"warning: class {cls!r}: no spec, no device offered: {line}", err=True)
+            left += len(advertised)
+            continue
+        left += warn_left_out(cls, spec)
+        out = {d.device for d in spec.left_out}
         devices += pool_devices(
             config.vendor,
             cls_config,
-            advertised,
+            [d for d in advertised if d.id not in out],
             {d.name: d for d in discovered},
             classes=config.class_names,
         )
-        warn_skipped(discovery, cls)
     docs = build_slices(driver, node, devices, 1, node_uid=None)
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=1 << 16))
+    if left:
+        sys.stdout.flush()
+        raise left_out_error(left, "the slices offer the others")
 
 
 def _driver(given: str | None, vendor: str) -> str:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cdi_gen import paths
 from cdi_gen.cli import options
+
+if TYPE_CHECKING:
+    from cdi_gen.discovery.spec import ClassSpec
 
 
 @click.command()
@@ -46,11 +50,14 @@ def write(
     """Write the spec of every class with devices; remove our specs of classes without.
 
     One-shot host mode (a systemd unit or udev rule for podman/docker). Each file is written
-    atomically and only if it changes; foreign files are never touched.
+    atomically and only if it changes; foreign files are never touched. A device the agent
+    would leave out (skipped, invalid, or needing a newer cdiVersion than the pin) is left
+    out here too, with a warning line naming the field and the rule; the spec holds the
+    others, and the exit status is 1.
     """
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.writer import remove_unconfigured, spec_filename, sync_spec
-    from cdi_gen.cli.inputs import discover_devices, warn_skipped
+    from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, warn_skipped
     from cdi_gen.errors import CdiGenError, SpecWriteError
 
     discovery = discover_devices(
@@ -63,25 +70,23 @@ def write(
     )
     vendor = discovery.config.vendor
     failures: list[str] = []
+    left = 0
     for cls in discovery.class_names:
-        warn_skipped(discovery, cls)
+        left += warn_skipped(discovery, cls)
         path = spec_dir / spec_filename(vendor, cls)
         try:
-            doc = discovery.document(cls)
+            # The agent's path: what it would leave out is left out, the rest written.
+            spec = discovery.class_spec(cls)
+            left += warn_left_out(cls, spec)
+            doc = spec.document
             data = None if doc is None else dump_document(doc)
             outcome = sync_spec(spec_dir, vendor, cls, data, instance=instance)
         except CdiGenError as exc:
             failures.extend(str(exc).splitlines())
             continue
-        if doc is None:
-            if outcome == "removed":
-                click.echo(f"{vendor}/{cls}: no device, removed {path}")
-            continue
-        count, ids = len(discovery.devices(cls)), len(doc["devices"])
-        slots = f" ({ids} slots)" if ids != count else ""
-        click.echo(
-            f"{vendor}/{cls}: {count} device{'s' if count > 1 else ''}{slots}, {path} {outcome}"
-        )
+        line = _outcome(len(discovery.devices(cls)), spec, path, outcome)
+        if line:
+            click.echo(f"{vendor}/{cls}: {line}")
     if not classes:
         # Classes that left the config have no devices any more either.
         configured = {(vendor, cls) for cls in discovery.class_names}
@@ -93,3 +98,19 @@ def write(
                 failures.extend(str(error).splitlines())
     if failures:
         raise SpecWriteError("\n".join(failures))
+    if left:
+        raise left_out_error(left, "the other devices are written")
+
+
+def _outcome(count: int, spec: ClassSpec, path: Path, outcome: str) -> str:
+    """What became of one class's spec, for its line on stdout ("" for nothing to say)."""
+    doc = spec.document
+    if doc is None:
+        if spec.left_out:
+            done = f"removed {path}" if outcome == "removed" else "no spec"
+            return f"every device left out, {done}"
+        return f"no device, removed {path}" if outcome == "removed" else ""
+    ids = len(doc["devices"]) + len(spec.left_out)
+    slots = f" ({ids} slots)" if ids != count else ""
+    out = f", {len(spec.left_out)} left out" if spec.left_out else ""
+    return f"{count} device{'s' if count > 1 else ''}{slots}{out}, {path} {outcome}"

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from cdi_gen.cdi.validation import check_document
 from cdi_gen.config.models import (
     AgentConfig,
     ClassConfig,
 )
 from cdi_gen.discovery.devices import MemberKey, as_gone, build_devices
 from cdi_gen.discovery.match import could_match, match_record
-from cdi_gen.discovery.spec import class_document, spec_devices
-from cdi_gen.errors import SpecError
+from cdi_gen.discovery.spec import ClassSpec, class_spec, spec_devices
 from cdi_gen.model import (
     AdvertisedDevice,
     ClassChange,
@@ -63,10 +60,12 @@ class Discovery:
 
         log change.warnings
         board.publish(change.before_write(board.devices.values()))  # withdraw first
-        writer.sync_spec(spec_dir, vendor, cls, spec bytes, or None without devices)
-        board.publish(change.after_write)                 # advertise once on disk
+        spec = class_spec(vendor, cls, change.devices, cache=verdicts)  # log spec.fresh
+        writer.sync_spec(spec_dir, vendor, cls, spec.document's bytes, or None)
+        board.publish(change.after_write less spec.left_out)   # advertise once on disk
 
-    ``cdi-gen render`` and ``cdi-gen write`` take a class's spec from :meth:`document`.
+    ``cdi-gen render``, ``write`` and ``slices`` take a class's spec from :meth:`class_spec`,
+    which leaves out the devices the agent leaves out.
     """
 
     def __init__(self, config: AgentConfig, classes: Iterable[str] | None = None) -> None:
@@ -163,22 +162,19 @@ class Discovery:
     def warnings(self, cls: str) -> tuple[DiscoveryWarning, ...]:
         return self._state(cls).warnings
 
-    def document(self, cls: str, cdi_version: str | None = None) -> dict[str, Any] | None:
-        """The wire spec document of ``cls`` now, or None without devices.
+    def class_spec(self, cls: str, cdi_version: str | None = None) -> ClassSpec:
+        """The spec of ``cls`` now, and the devices left out of it (see
+        :func:`~cdi_gen.discovery.spec.class_spec`, the agent's path too).
 
-        ``cdiVersion`` is the class's pin (or ``cdi_version`` over it), else the minimum.
-        Raises :class:`~cdi_gen.errors.VersionError` when the pin is too old for a field and
-        :class:`~cdi_gen.errors.SpecError` when the document breaks a runtime rule.
+        ``cdiVersion`` is ``cdi_version`` when given, else the class's pin, else the minimum.
         """
         config = self._state(cls).config
-        doc = class_document(
-            f"{self.config.vendor}/{cls}",
+        return class_spec(
+            self.config.vendor,
+            config,
             spec_devices(config, self.devices(cls)),
-            cdi_version=cdi_version or config.cdi_version,
+            cdi_version=cdi_version,
         )
-        if doc is not None and (problems := check_document(doc)):
-            raise SpecError(problems, doc["kind"])
-        return doc
 
     def config_of(self, cls: str) -> ClassConfig:
         return self._state(cls).config
