@@ -16,6 +16,7 @@ from cdi_gen.config.settings import Settings
 from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
+from tests.waiting import until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
 
@@ -104,11 +105,7 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
         # Removal: withdrawn from ListAndWatch first, then from the spec.
         loops.remove(second)
         await _until(plugin, spec_dir, {first.name}, mine)
-        for _ in range(100):
-            if second.name not in _spec_names(spec_dir):
-                break
-            await asyncio.sleep(0.01)
-        assert second.name not in _spec_names(spec_dir)
+        await until(lambda: second.name not in _spec_names(spec_dir), "the device out of the spec")
 
         # A device that comes back goes through the same steps.
         loops.add(second)
@@ -267,11 +264,7 @@ async def test_shared_device_slots_follow_the_device(short_dir: Path, loops: Loo
                     break
             assert not ids & gone
             assert {f"{first.name}-{i}" for i in range(3)} <= ids
-            for _ in range(100):
-                if not _spec_names(spec_dir) & gone:
-                    break
-                await asyncio.sleep(0.01)
-            assert not _spec_names(spec_dir) & gone
+            await until(lambda: not _spec_names(spec_dir) & gone, "the shares out of the spec")
         finally:
             agent.stop()
             await asyncio.wait_for(task, 10)
