@@ -3,8 +3,9 @@
 ``until`` (on the event loop; ``condition`` may be a plain function or a coroutine function,
 e.g. one scraping /metrics) and ``until_sync`` (from a thread) poll ``condition`` until it
 returns something truthy and return that value. On timeout they fail with one line naming
-``what`` was awaited and the last value the condition returned, so a failure says what the
-system was doing instead of only "timed out".
+``what`` was awaited and what was last observed (``observe()`` when given, else the last value
+the condition returned), so a failure says what the system was doing instead of only "timed
+out".
 
 A negative check ("X did not happen") is never "sleep, then look": wait with these helpers for a
 later event that proves the system handled the moment in question (a counter of scans, attempts
@@ -35,18 +36,30 @@ def _failure(what: str, within: float, last: object) -> AssertionError:
 
 @overload
 async def until(
-    condition: Callable[[], Awaitable[T]], what: str, within: float = ..., every: float = ...
+    condition: Callable[[], Awaitable[T]],
+    what: str,
+    within: float = ...,
+    every: float = ...,
+    observe: Callable[[], object] | None = ...,
 ) -> T: ...
 
 
 @overload
 async def until(
-    condition: Callable[[], T], what: str, within: float = ..., every: float = ...
+    condition: Callable[[], T],
+    what: str,
+    within: float = ...,
+    every: float = ...,
+    observe: Callable[[], object] | None = ...,
 ) -> T: ...
 
 
 async def until(
-    condition: Callable[[], object], what: str, within: float = 10.0, every: float = EVERY
+    condition: Callable[[], object],
+    what: str,
+    within: float = 10.0,
+    every: float = EVERY,
+    observe: Callable[[], object] | None = None,
 ) -> object:
     """Poll ``condition`` on the running loop until it is truthy; return its value."""
     deadline = time.monotonic() + within
@@ -57,12 +70,16 @@ async def until(
         if last:
             return last
         if time.monotonic() >= deadline:
-            raise _failure(what, within, last)
+            raise _failure(what, within, last if observe is None else observe())
         await asyncio.sleep(every)
 
 
 def until_sync(
-    condition: Callable[[], T], what: str, within: float = 10.0, every: float = EVERY
+    condition: Callable[[], T],
+    what: str,
+    within: float = 10.0,
+    every: float = EVERY,
+    observe: Callable[[], object] | None = None,
 ) -> T:
     """Poll ``condition`` from a thread (no event loop) until it is truthy; return its value."""
     deadline = time.monotonic() + within
@@ -71,5 +88,5 @@ def until_sync(
         if last:
             return last
         if time.monotonic() >= deadline:
-            raise _failure(what, within, last)
+            raise _failure(what, within, last if observe is None else observe())
         time.sleep(every)

@@ -302,14 +302,13 @@ def test_rendered_spec_pinned_to_0_5_0_runs_in_podman(
 
 
 def _wait_for_names(spec_file: Path, want: set[str]) -> None:
-    def names() -> set[str] | bool:
+    def names() -> set[str]:
         try:
-            found = _spec_device_names(spec_file)
+            return _spec_device_names(spec_file)
         except (json.JSONDecodeError, KeyError):  # pragma: no cover - atomic writes expected
             pytest.fail(f"{spec_file} was read half-written", False)
-        return True if found == want else found
 
-    until_sync(names, f"{spec_file} listing {sorted(want)}", within=15)
+    until_sync(lambda: names() == want, f"{spec_file} listing {sorted(want)}", 15, observe=names)
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
