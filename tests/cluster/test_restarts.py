@@ -63,7 +63,7 @@ def test_kubelet_restart(
 
     for name, (device, restarts) in before.items():
         assert pods.restarts(name) == restarts, f"{name} was restarted"
-        seen = pods.seen(name, after=2.5)
+        seen = pods.seen(name, fresh=True)
         assert seen.devices == {device: hex_rdev(by_path[device])}
 
     pods.create("after", {RESOURCE: 1})
@@ -92,7 +92,7 @@ def test_agent_restart(
     wait_capacity(cluster, RESOURCE, 2)
 
     assert pods.restarts("steady") == restarts
-    assert pods.seen("steady", after=2.5).devices == {held: hex_rdev(by_path[held])}
+    assert pods.seen("steady", fresh=True).devices == {held: hex_rdev(by_path[held])}
     pods.create("second", {RESOURCE: 1})
     pods.wait_running("second")
     (other,) = pods.seen("second").devices
