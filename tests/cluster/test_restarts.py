@@ -3,10 +3,10 @@ alone, the agent registers again, and new pods still get free devices."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from loopdev import LoopDevices
+
+from tests.waiting import until_sync
 
 from .agent import NodeAgent, class_config
 from .cluster import Cluster
@@ -19,20 +19,23 @@ pytestmark = pytest.mark.lanes("current", "oldest")
 
 
 def _wait_allocatable(cluster: Cluster, capacity: int, allocatable: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while cluster.allocatable(RESOURCE) != (capacity, allocatable):
-        assert time.monotonic() < deadline, (
-            f"{RESOURCE} (capacity, allocatable) stayed {cluster.allocatable(RESOURCE)}, "
-            f"wanted {(capacity, allocatable)}"
-        )
-        time.sleep(0.05)
+    until_sync(
+        lambda: cluster.allocatable(RESOURCE) == (capacity, allocatable),
+        f"{RESOURCE} (capacity, allocatable) {(capacity, allocatable)}",
+        timeout,
+        every=0.05,
+        observe=lambda: cluster.allocatable(RESOURCE),
+    )
 
 
 def _wait_log(agent: NodeAgent, line: str, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while agent.log().count(line) < count:
-        assert time.monotonic() < deadline, f"agent log never had {count}x {line!r}"
-        time.sleep(0.1)
+    until_sync(
+        lambda: agent.log().count(line) >= count,
+        f"agent log with {count}x {line!r}",
+        timeout,
+        every=0.1,
+        observe=lambda: agent.log().count(line),
+    )
 
 
 def test_kubelet_restart(
