@@ -63,7 +63,9 @@ async def _next_checked(plugin: ConnectedPlugin, spec_dir: Path) -> set[str]:
     return set(devices)
 
 
-async def _until(plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: set[str]) -> None:
+async def _until_advertised(
+    plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: set[str]
+) -> None:
     for _ in range(50):
         if (await _next_checked(plugin, spec_dir)) & mine == want:
             return
@@ -85,7 +87,7 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
 
         second = loops.add()
         mine = {first.name, second.name}
-        await _until(plugin, spec_dir, mine, mine)
+        await _until_advertised(plugin, spec_dir, mine, mine)
         assert second.name in _spec_names(spec_dir)
 
         response = await plugin.stub.Allocate(
@@ -104,12 +106,12 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
 
         # Removal: withdrawn from ListAndWatch first, then from the spec.
         loops.remove(second)
-        await _until(plugin, spec_dir, {first.name}, mine)
+        await _until_advertised(plugin, spec_dir, {first.name}, mine)
         await until(lambda: second.name not in _spec_names(spec_dir), "the device out of the spec")
 
         # A device that comes back goes through the same steps.
         loops.add(second)
-        await _until(plugin, spec_dir, mine, mine)
+        await _until_advertised(plugin, spec_dir, mine, mine)
 
         # Kubelet restart: the plugin re-creates its socket and registers again.
         await kubelet.restart()
@@ -199,7 +201,7 @@ async def test_unwritable_spec_folder_is_retried_not_advertised(
         assert first.name not in await plugin.next_devices(within=5)
         assert agent.ready()[0] is False
         spec_dir.unlink()
-        await _until(plugin, spec_dir, {first.name}, {first.name})
+        await _until_advertised(plugin, spec_dir, {first.name}, {first.name})
         assert first.name in _spec_names(spec_dir)
 
 
