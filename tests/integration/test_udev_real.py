@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
@@ -29,7 +28,7 @@ from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.sources import RecordBatch
 from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, udevd_running
-from tests.waiting import until
+from tests.waiting import until, until_sync
 
 pytestmark = pytest.mark.kernel
 
@@ -48,16 +47,13 @@ def udevd() -> Iterator[None]:
     had_run_dir = UDEV_RUN_DIR.exists()
     proc = subprocess.Popen([str(UDEVD)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(
-                ["udevadm", "control", "--ping"], capture_output=True, check=False
-            ).returncode
-            != 0
-        ):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"systemd-udevd did not come up (exit code {proc.poll()})")
-            time.sleep(0.02)
+
+        def pinged() -> bool:
+            ping = ["udevadm", "control", "--ping"]
+            return subprocess.run(ping, capture_output=True, check=False).returncode == 0
+
+        until_sync(lambda: proc.poll() is not None or pinged(), "systemd-udevd up", every=0.02)
+        assert proc.poll() is None, f"systemd-udevd exited {proc.returncode}"
         yield
     finally:
         subprocess.run(["udevadm", "control", "--exit"], capture_output=True, check=False)
