@@ -14,9 +14,10 @@ import fcntl
 import os
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.waiting import until_sync
 
 LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_REMOVE = 0x4C81
@@ -123,7 +124,7 @@ class LoopDevices:
                     continue
                 raise
             self.created.append(dev)
-            _wait_for(dev.path.exists, f"{dev.path} to appear")
+            until_sync(dev.path.exists, f"{dev.path} to appear", within=5.0, every=0.005)
             return dev
         raise RuntimeError("could not create a loop device")
 
@@ -157,11 +158,3 @@ class LoopDevices:
                 errors.append(f"{dev.path}: {exc}")
         if errors:
             raise RuntimeError("could not remove loop devices: " + "; ".join(errors))
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.005)

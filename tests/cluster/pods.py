@@ -63,6 +63,17 @@ class Seen:
     env: dict[str, str]
 
 
+def complete_blocks(log: str) -> int:
+    """How many complete BEGIN..END blocks a consumer log holds."""
+    count, inside = 0, False
+    for line in log.splitlines():
+        if line == "BEGIN":
+            inside = True
+        elif line == "END" and inside:
+            count, inside = count + 1, False
+    return count
+
+
 def parse(log: str) -> Seen | None:
     """The last complete BEGIN..END block of a consumer log, or None."""
     block: list[str] | None = None
@@ -171,10 +182,12 @@ class Pods:
             )
             time.sleep(0.2)
 
-    def seen(self, name: str, timeout: float = 30, after: float = 0.0) -> Seen:
-        """What the pod's container sees: the last block printed (at least ``after`` seconds
-        from now, so that the block is current)."""
-        not_before = time.monotonic() + after
+    def seen(self, name: str, timeout: float = 30, fresh: bool = False) -> Seen:
+        """What the pod's container sees: the last complete block printed. With ``fresh``, a
+        block begun after this call (the second block completed from now: the first may have
+        begun before), so that it shows the present rather than the past, whatever the pace of
+        the printing loop."""
+        base: int | None = None
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -183,11 +196,18 @@ class Pods:
                 log, error = "", str(exc)
             else:
                 error = ""
-            result = parse(log)
-            if result is not None and time.monotonic() >= not_before:
+            result, blocks = parse(log), complete_blocks(log)
+            if fresh and base is None and not error:
+                base = blocks
+            if base is not None and blocks < base:
+                base = -1  # a new container's log: each of its blocks is fresh
+            if result is not None and (not fresh or (base is not None and blocks >= base + 2)):
                 return result
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pod {name}: no complete output within {timeout} s {error}")
+                raise TimeoutError(
+                    f"pod {name}: no {'fresh ' if fresh else ''}complete output within "
+                    f"{timeout} s (blocks {blocks}, first seen {base}) {error}"
+                )
             time.sleep(0.5)
 
     def restarts(self, name: str) -> tuple[int, str]:

@@ -23,6 +23,8 @@ from containerd.image import build_archive
 from loopdev import LoopDevices
 from ports import free_port
 
+from tests.waiting import until_sync
+
 from .cluster import NODE_NAME, Cluster
 from .conftest import _TEST_LOGS, _wait_nothing_allocatable, wait_capacity
 from .daemonset import DEPLOY, NAMESPACE, SELECTOR, loop_fpga_config, write_overlay
@@ -179,11 +181,19 @@ def test_daemonset_as_shipped_serves_the_example_consumer(
         120,
         "example pod fpga-consumer Running",
     )
+
     # The example prints its device nodes and the class env, then sleeps.
-    deadline = time.monotonic() + 30
-    while "FPGA_DEVICE=" not in (log := cluster.api.text(f"{EXAMPLE_POD}/log")):
-        assert time.monotonic() < deadline, f"no output from the example pod: {log!r}"
-        time.sleep(0.5)
+    def example_log() -> str:
+        return cluster.api.text(f"{EXAMPLE_POD}/log")
+
+    until_sync(
+        lambda: "FPGA_DEVICE=" in example_log(),
+        "output from the example pod",
+        30,
+        every=0.5,
+        observe=example_log,
+    )
+    log = example_log()
     major, minor = device.rdev()
     # ls -l of a block device: "brw-rw-rw- 1 root root 7, 432 <date> /dev/dfl-port.432".
     node = re.search(rf"^b\S+\s+\d+\s+\S+\s+\S+\s+{major},\s+{minor}\s.*(/dev/\S+)$", log, re.M)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from loopdev import LoopDevices
+
+from tests.waiting import until_sync
 
 from .agent import DRIVER
 from .claims import Claims, allocated_devices, device_attribute
@@ -125,10 +126,17 @@ def test_dra_daemonset_as_shipped_serves_the_example_consumer(
     (result,) = allocated_devices(claims.get_claim(name))
     assert (result["driver"], result["pool"]) == (DRIVER, NODE_NAME)
 
-    deadline = time.monotonic() + 30
-    while "FPGA_DEVICE=" not in (log := cluster.api.text(f"{EXAMPLE_POD}/log")):
-        assert time.monotonic() < deadline, f"no output from the example pod: {log!r}"
-        time.sleep(0.5)
+    def example_log() -> str:
+        return cluster.api.text(f"{EXAMPLE_POD}/log")
+
+    until_sync(
+        lambda: "FPGA_DEVICE=" in example_log(),
+        "output from the example pod",
+        30,
+        every=0.5,
+        observe=example_log,
+    )
+    log = example_log()
     major, minor = device.rdev()
     node = re.search(rf"^b\S+\s+\d+\s+\S+\s+\S+\s+{major},\s+{minor}\s.*(/dev/\S+)$", log, re.M)
     assert node is not None, log

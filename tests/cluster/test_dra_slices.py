@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from cdi_gen.apiserver.publisher import SlicePublisher
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import PoolDevice
+from tests.waiting import until
 
 from .api import Api
 from .cluster import NODE_NAME, Cluster
@@ -53,11 +53,7 @@ def device_names(slices: list[dict[str, Any]]) -> list[str]:
 
 
 async def wait_until(what: str, check: Callable[[], bool], within: float = 20) -> None:
-    deadline = time.monotonic() + within
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within} s: {what}")
-        await asyncio.sleep(0.05)
+    await until(lambda: asyncio.to_thread(check), what, within, every=0.05)
 
 
 @pytest.fixture

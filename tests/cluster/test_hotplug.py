@@ -43,6 +43,6 @@ def test_add_and_remove_reach_the_node(
     wait_capacity(cluster, RESOURCE, 2)
 
     by_path = {str(d.path): d for d in [*first, later]}
-    seen = pods.seen("holder", after=2.5)
+    seen = pods.seen("holder", fresh=True)
     assert seen.devices == {held: hex_rdev(by_path[held])}
     assert pods.restarts("holder")[0] == 0

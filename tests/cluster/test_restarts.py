@@ -3,10 +3,10 @@ alone, the agent registers again, and new pods still get free devices."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from loopdev import LoopDevices
+
+from tests.waiting import until_sync
 
 from .agent import NodeAgent, class_config
 from .cluster import Cluster
@@ -19,20 +19,23 @@ pytestmark = pytest.mark.lanes("current", "oldest")
 
 
 def _wait_allocatable(cluster: Cluster, capacity: int, allocatable: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while cluster.allocatable(RESOURCE) != (capacity, allocatable):
-        assert time.monotonic() < deadline, (
-            f"{RESOURCE} (capacity, allocatable) stayed {cluster.allocatable(RESOURCE)}, "
-            f"wanted {(capacity, allocatable)}"
-        )
-        time.sleep(0.05)
+    until_sync(
+        lambda: cluster.allocatable(RESOURCE) == (capacity, allocatable),
+        f"{RESOURCE} (capacity, allocatable) {(capacity, allocatable)}",
+        timeout,
+        every=0.05,
+        observe=lambda: cluster.allocatable(RESOURCE),
+    )
 
 
 def _wait_log(agent: NodeAgent, line: str, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while agent.log().count(line) < count:
-        assert time.monotonic() < deadline, f"agent log never had {count}x {line!r}"
-        time.sleep(0.1)
+    until_sync(
+        lambda: agent.log().count(line) >= count,
+        f"agent log with {count}x {line!r}",
+        timeout,
+        every=0.1,
+        observe=lambda: agent.log().count(line),
+    )
 
 
 def test_kubelet_restart(
@@ -63,7 +66,7 @@ def test_kubelet_restart(
 
     for name, (device, restarts) in before.items():
         assert pods.restarts(name) == restarts, f"{name} was restarted"
-        seen = pods.seen(name, after=2.5)
+        seen = pods.seen(name, fresh=True)
         assert seen.devices == {device: hex_rdev(by_path[device])}
 
     pods.create("after", {RESOURCE: 1})
@@ -92,7 +95,7 @@ def test_agent_restart(
     wait_capacity(cluster, RESOURCE, 2)
 
     assert pods.restarts("steady") == restarts
-    assert pods.seen("steady", after=2.5).devices == {held: hex_rdev(by_path[held])}
+    assert pods.seen("steady", fresh=True).devices == {held: hex_rdev(by_path[held])}
     pods.create("second", {RESOURCE: 1})
     pods.wait_running("second")
     (other,) = pods.seen("second").devices

@@ -14,7 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import IO
 
@@ -30,6 +31,9 @@ from consumers import (
     loop_class_config,
 )
 from loopdev import LoopDevice, LoopDevices
+
+from tests.ports import free_port
+from tests.waiting import until_sync
 
 VENDOR = "example.com"
 CLASS = "loop"
@@ -297,39 +301,83 @@ def test_rendered_spec_pinned_to_0_5_0_runs_in_podman(
 # The node agent: hotplug → spec → container, with no kubelet around
 
 
-def _wait_for_names(spec_file: Path, want: set[str], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+def _wait_for_names(spec_file: Path, want: set[str]) -> None:
+    def names() -> set[str]:
         try:
-            names = _spec_device_names(spec_file)
+            return _spec_device_names(spec_file)
         except (json.JSONDecodeError, KeyError):  # pragma: no cover - atomic writes expected
             pytest.fail(f"{spec_file} was read half-written", False)
-        if names == want:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"{spec_file}: devices {sorted(names)}, waited for {sorted(want)}", False)
-        time.sleep(0.02)
+
+    until_sync(lambda: names() == want, f"{spec_file} listing {sorted(want)}", 15, observe=names)
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""  # not listening yet
+
+
+def _counter(metrics: str, name: str, **labels: str) -> float:
+    """The sum of ``name`` over the series matching ``labels`` (0 when none)."""
+    total = 0.0
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        named = series == name or series.startswith(name + "{")
+        if named and all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def _monitor_counts(port: int) -> tuple[float, float, float]:
+    """udev add and remove events taken from the netlink monitor, and full re-enumerations."""
+    status, metrics = _get(port, "/metrics")
+    assert status == 200, metrics[:200]
+    return (
+        _counter(metrics, "cdi_gen_udev_events_total", action="add"),
+        _counter(metrics, "cdi_gen_udev_events_total", action="remove"),
+        _counter(metrics, "cdi_gen_resyncs_total"),
+    )
 
 
 def test_agent_hotplug_through_to_the_container(
     podman: Podman, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
 ) -> None:
+    """A real hotplug: the device comes and goes through the agent's netlink monitor, shown by
+    its udev event counters moving while no full re-enumeration happened (one would find the
+    device too, and hide a monitor that hears nothing)."""
     dev = loops.reserve()
     config = loop_class_config(tmp_path / "config.yaml", [dev.name])
     spec_file = spec_dirs.dynamic / f"{VENDOR}-{CLASS}.json"
     name = f"{VENDOR}/{CLASS}={dev.name}"
+    port = free_port()
     with (tmp_path / "agent.log").open("w+") as log:
         agent = subprocess.Popen(
             [sys.executable, "-m", "cdi_gen", "run", "--config", str(config),
-             "--spec-dir", str(spec_dirs.dynamic), "--no-kubelet", "--metrics-address", "",
-             "--udev-source", "kernel"],
+             "--spec-dir", str(spec_dirs.dynamic), "--no-kubelet",
+             "--metrics-address", f"127.0.0.1:{port}", "--udev-source", "kernel"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            time.sleep(1.0)  # let it enumerate and start listening; a later add is a real hotplug
+            # Ready: the monitor listens and the first enumeration is applied, so a later add
+            # reaches the agent only as an event.
+            until_sync(
+                lambda: agent.poll() is not None or _get(port, "/readyz")[0] == 200,
+                "the agent ready",
+                within=20,
+            )
             assert agent.poll() is None, f"agent exited {agent.returncode}: {_read(log)}"
+            adds, removes, resyncs = _monitor_counts(port)
             loops.add(dev)
             _wait_for_names(spec_file, {dev.name})
+            after = _monitor_counts(port)
+            assert after[0] > adds and after[2] == resyncs, (
+                f"not seen by the monitor: (adds, removes, resyncs) {after}, "
+                f"before {(adds, removes, resyncs)}"
+            )
             major, minor = dev.rdev()
             ran = podman.run_container(spec_dirs, f"stat -c '%t:%T' {dev.path}", devices=[name])
             assert ran.returncode == 0, ran.stderr
@@ -337,6 +385,10 @@ def test_agent_hotplug_through_to_the_container(
 
             loops.remove(dev)
             _wait_for_names(spec_file, set())
+            gone = _monitor_counts(port)
+            assert gone[1] > removes and gone[2] == resyncs, (
+                f"removal not seen by the monitor: (adds, removes, resyncs) {gone}, before {after}"
+            )
             gone = podman.run_container(spec_dirs, "true", devices=[name])
             assert "unresolvable CDI devices" in gone.stderr, gone.stderr
             assert "failed to stat" not in gone.stderr

@@ -177,6 +177,9 @@ class FakeDraKubelet:
         self.registered: asyncio.Queue[DraConnection] = asyncio.Queue()
         #: The newest connection per driver name.
         self.plugins: dict[str, DraConnection] = {}
+        #: Passes over the registry folder completed: a test waits for it to move on to know
+        #: that a socket replaced before that moment would have been seen (and registered).
+        self.scans = 0
         self._known: dict[Path, tuple[int, int, int]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -228,6 +231,7 @@ class FakeDraKubelet:
                 if self._known.get(path) != ident:
                     self._known[path] = ident
                     await self._register(path)
+            self.scans += 1
             await asyncio.sleep(self.poll_interval)
 
     async def _register(self, socket: Path) -> None:

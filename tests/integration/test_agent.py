@@ -16,6 +16,7 @@ from cdi_gen.config.settings import Settings
 from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
+from tests.waiting import until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
 
@@ -62,7 +63,9 @@ async def _next_checked(plugin: ConnectedPlugin, spec_dir: Path) -> set[str]:
     return set(devices)
 
 
-async def _until(plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: set[str]) -> None:
+async def _until_advertised(
+    plugin: ConnectedPlugin, spec_dir: Path, want: set[str], mine: set[str]
+) -> None:
     for _ in range(50):
         if (await _next_checked(plugin, spec_dir)) & mine == want:
             return
@@ -84,7 +87,7 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
 
         second = loops.add()
         mine = {first.name, second.name}
-        await _until(plugin, spec_dir, mine, mine)
+        await _until_advertised(plugin, spec_dir, mine, mine)
         assert second.name in _spec_names(spec_dir)
 
         response = await plugin.stub.Allocate(
@@ -103,16 +106,12 @@ async def test_agent_follows_hotplug_in_order(short_dir: Path, loops: LoopDevice
 
         # Removal: withdrawn from ListAndWatch first, then from the spec.
         loops.remove(second)
-        await _until(plugin, spec_dir, {first.name}, mine)
-        for _ in range(100):
-            if second.name not in _spec_names(spec_dir):
-                break
-            await asyncio.sleep(0.01)
-        assert second.name not in _spec_names(spec_dir)
+        await _until_advertised(plugin, spec_dir, {first.name}, mine)
+        await until(lambda: second.name not in _spec_names(spec_dir), "the device out of the spec")
 
         # A device that comes back goes through the same steps.
         loops.add(second)
-        await _until(plugin, spec_dir, mine, mine)
+        await _until_advertised(plugin, spec_dir, mine, mine)
 
         # Kubelet restart: the plugin re-creates its socket and registers again.
         await kubelet.restart()
@@ -202,7 +201,7 @@ async def test_unwritable_spec_folder_is_retried_not_advertised(
         assert first.name not in await plugin.next_devices(within=5)
         assert agent.ready()[0] is False
         spec_dir.unlink()
-        await _until(plugin, spec_dir, {first.name}, {first.name})
+        await _until_advertised(plugin, spec_dir, {first.name}, {first.name})
         assert first.name in _spec_names(spec_dir)
 
 
@@ -267,11 +266,7 @@ async def test_shared_device_slots_follow_the_device(short_dir: Path, loops: Loo
                     break
             assert not ids & gone
             assert {f"{first.name}-{i}" for i in range(3)} <= ids
-            for _ in range(100):
-                if not _spec_names(spec_dir) & gone:
-                    break
-                await asyncio.sleep(0.01)
-            assert not _spec_names(spec_dir) & gone
+            await until(lambda: not _spec_names(spec_dir) & gone, "the shares out of the spec")
         finally:
             agent.stop()
             await asyncio.wait_for(task, 10)

@@ -26,6 +26,7 @@ from cdi_gen.model import DeviceRecord
 from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 from tests.loopdev import LoopDevices
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -131,10 +132,9 @@ async def test_a_device_the_pinned_version_cannot_express_stops_at_its_class(
 
         # Hot-plugged: its name needs cdiVersion 0.5.0, the class is pinned to 0.3.0.
         bad = pinned_loops.add()
-        for _ in range(100):
-            if await _failures(agent, "example.com/pinned", "version") >= 1:
-                break
-            await asyncio.sleep(0.05)
+        await until(
+            lambda: _failures(agent, "example.com/pinned", "version"), "a pinned-version failure"
+        )
         assert await _failures(agent, "example.com/pinned", "version") == 1
         assert not task.done(), "the agent stopped"
         assert str(bad.number) not in _names(spec_dir, "pinned")
@@ -274,26 +274,32 @@ async def test_a_class_whose_plugin_cannot_start_is_not_ready_and_retried(short_
         # The other class serves and registers at once.
         first = await kubelet.next_registration(within=10)
         assert first.request.resource_name == "example.com/other"
-        for _ in range(50):  # the fake records Register before the plugin sees its answer
+
+        async def other_ready() -> tuple[int, str] | None:
             status, body = await _http(agent, "/readyz")
-            if "example.com/other" not in body:
-                break
-            await asyncio.sleep(0.05)
+            return None if "example.com/other" in body else (status, body)
+
+        # The fake records Register before the plugin sees its answer.
+        status, body = await until(other_ready, "/readyz no longer naming the other class")
         assert status == 503
         assert "example.com/plain" in body and "not a socket" in body
         assert "example.com/other" not in body
-        await asyncio.sleep(1.5)  # a few retries, all refused
-        assert await _failures(agent, "example.com/plain", "plugin-start") >= 2
+
+        async def refusals() -> bool:
+            return await _failures(agent, "example.com/plain", "plugin-start") >= 2
+
+        await until(refusals, "two refused starts of the plain class's plugin")
         assert planted.read_text() == "not a socket"  # never replaced: not ours
         assert (await _http(agent, "/readyz"))[0] == 503
 
         planted.unlink()
         again = await kubelet.next_registration(within=5)
         assert again.request.resource_name == "example.com/plain"
-        for _ in range(50):
+
+        async def ready() -> tuple[int, str] | None:
             status, body = await _http(agent, "/readyz")
-            if status == 200:
-                break
-            await asyncio.sleep(0.1)
-        assert (status, body.strip()) == (200, "ready")
+            return (status, body) if status == 200 else None
+
+        status, body = await until(ready, "/readyz answering 200")
+        assert body.strip() == "ready"
         assert not task.done()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -22,6 +21,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.source import PipeSource
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,14 +41,6 @@ def _spec_devices(spec_dir: Path, cls: str) -> set[str]:
     except FileNotFoundError:
         return set()
     return {d["name"] for d in doc["devices"]}
-
-
-async def _until(condition: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    for _ in range(int(within / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what}: not within {within}s")
 
 
 async def test_a_hanging_api_server_does_not_delay_another_classes_hotplug(
@@ -88,13 +80,13 @@ async def test_a_hanging_api_server_does_not_delay_another_classes_hotplug(
             # Meanwhile the device-plugin class's removal is applied in full, while the DRA
             # class still waits with loop0 in its spec.
             source.remove(by_name["loop2"])
-            await _until(lambda: _spec_devices(spec_dir, "dp") == {"loop3"}, "loop2 removed")
+            await until(lambda: _spec_devices(spec_dir, "dp") == {"loop3"}, "loop2 removed")
             assert "loop2" not in agent.runners["dp"].board.devices
             assert _spec_devices(spec_dir, "dra") == {"loop0", "loop1"}
 
             # Once the API server answers, the DRA class finishes its own change.
             api.hold_writes.set()
-            await _until(lambda: _spec_devices(spec_dir, "dra") == {"loop1"}, "loop0 removed")
+            await until(lambda: _spec_devices(spec_dir, "dra") == {"loop1"}, "loop0 removed")
             await api.until(lambda: offered() == {"dra-loop1"})
         finally:
             agent.stop()

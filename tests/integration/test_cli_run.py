@@ -14,6 +14,7 @@ import pytest
 
 from tests.fakes.kubelet import FakeKubelet
 from tests.ports import free_port
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,12 +56,13 @@ async def test_run_registers_reports_ready_and_stops_on_sigterm(short_dir: Path)
             assert plugin.request.resource_name == "example.com/loop"
             devices = await plugin.next_devices()
             assert {f"loop{i}" for i in range(8)} <= set(devices)
-            for _ in range(50):
+
+            async def ready() -> str | None:
                 status, body = await _get(port, "/readyz")
-                if status == 200:
-                    break
-                await asyncio.sleep(0.1)
-            assert (status, body.strip()) == (200, "ready")
+                return body if status == 200 else None
+
+            body = await until(ready, "/readyz answering 200")
+            assert body.strip() == "ready"
             assert (await _get(port, "/healthz"))[0] == 200
         finally:
             proc.send_signal(signal.SIGTERM)

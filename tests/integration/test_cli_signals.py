@@ -18,6 +18,7 @@ import pytest
 
 from tests.fakes.kubelet import FakeKubelet
 from tests.ports import free_port
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -80,10 +81,7 @@ async def test_modes_ignore_the_umask_and_sighup_stops_cleanly(short_dir: Path, 
         )
         try:
             await kubelet.next_registration(within=20)
-            for _ in range(100):
-                if await _ready(port):
-                    break
-                await asyncio.sleep(0.1)
+            await until(lambda: _ready(port), "/readyz answering 200", within=20)
             assert _mode(spec_root) == 0o755
             assert _mode(spec_dir) == 0o755
             assert _mode(spec) == 0o644

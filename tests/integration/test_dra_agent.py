@@ -27,6 +27,7 @@ from cdi_gen.config.settings import Settings
 from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.fakes.source import PipeSource
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,15 +119,6 @@ async def _agent(
         source.release()
 
 
-async def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    """Poll ``condition``: a start attempt is counted, and signals nothing else."""
-    for _ in range(int(within / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within}s")
-
-
 async def _readyz(agent: Agent) -> tuple[int, str]:
     assert agent._http is not None
     host, port = agent._http.sockets[0].getsockname()[:2]
@@ -188,7 +180,7 @@ async def test_a_socket_path_over_the_unix_limit_offers_no_device(
         async with _agent(short_dir, api, kubelet_plugins_dir=plugins) as (agent, _):
             await api.until(lambda: _offered(api) == set())
             attempts = agent.metrics.failures.labels(DRIVER, "plugin-start")
-            await _until(lambda: attempts._value.get() >= 2)
+            await until(lambda: attempts._value.get() >= 2, "two start attempts")
             status, body = await _readyz(agent)
             assert status == 503
             assert "not serving: unix socket path" in body and "longer than 107 bytes" in body

@@ -30,6 +30,7 @@ from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from tests.fakes.claimserver import ClaimServer, claim_body
 from tests.fakes.drakubelet import DraConnection, FakeDraKubelet
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,14 +140,6 @@ async def node(short_dir: Path) -> AsyncIterator[Node]:
         node.claims.release.set()  # no server thread stays behind a stalled read
 
 
-async def until(condition: object, within: float = 5.0) -> None:
-    for _ in range(int(within / 0.01)):
-        if condition():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within}s")
-
-
 async def test_registers_through_the_plugin_watcher(node: Node) -> None:
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin() as plugin:
         connection = await kubelet.next_registration()
@@ -172,7 +165,7 @@ async def test_registers_through_the_plugin_watcher(node: Node) -> None:
 async def test_a_refusal_is_reported_and_not_counted(node: Node) -> None:
     kubelet = FakeDraKubelet(node.root / "registry", refuse="driver not allowed here")
     async with kubelet, node.plugin() as plugin:
-        await until(lambda: node.outcomes)
+        await until(lambda: node.outcomes, "a registration outcome")
         assert node.outcomes[0][0] is False
         assert "driver not allowed here" in node.outcomes[0][1]
         assert plugin.registrations == 0
@@ -313,15 +306,18 @@ async def test_a_kubelet_restart_registers_the_driver_again(node: Node) -> None:
     node.claims.add("c1", "uid-1", ours("fpga-0"))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin() as plugin:
         await kubelet.next_registration()
-        await until(lambda: plugin.registrations == 1)
+        await until(lambda: plugin.registrations == 1, "the first registration")
         reg_socket = plugin.registration_server.socket_id
         await kubelet.restart()
         connection = await kubelet.next_registration()
-        await until(lambda: plugin.registrations == 2)
+        await until(lambda: plugin.registrations == 2, "a second registration")
         # Registered again on the same sockets: re-creating them would only make the
         # kubelet register the driver once more.
         assert plugin.registration_server.socket_id == reg_socket
-        await asyncio.sleep(0.3)
+        # Any socket served anew did so before the registration counted: two later passes
+        # of the kubelet over its folder would have seen it and registered the driver again.
+        scans = kubelet.scans
+        await until(lambda: kubelet.scans >= scans + 2, "two passes of the kubelet's watch")
         assert plugin.registrations == 2
         assert kubelet.registered.empty()
         response = await connection.prepare([("default", "c1", "uid-1")])
@@ -332,10 +328,10 @@ async def test_a_kubelet_restart_registers_the_driver_again(node: Node) -> None:
 async def test_a_removed_registration_socket_is_served_again(node: Node) -> None:
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin() as plugin:
         await kubelet.next_registration()
-        await until(lambda: plugin.registrations == 1)
+        await until(lambda: plugin.registrations == 1, "the first registration")
         plugin.registration_socket.unlink()
         await kubelet.next_registration()
-        await until(lambda: plugin.registrations == 2)
+        await until(lambda: plugin.registrations == 2, "a second registration")
 
 
 @pytest.mark.parametrize(
@@ -456,7 +452,9 @@ async def test_a_stalled_api_server_leaves_threads_for_prepared_claims(node: Nod
             )
             for i in range(WORKERS)
         ]
-        await until(lambda: node.claims.waiting >= draplugin.MAX_READING_CALLS)
+        await until(
+            lambda: node.claims.waiting >= draplugin.MAX_READING_CALLS, "every claim read stalled"
+        )
         again = await connection.prepare([claim], within=5)
         assert again == first
         node.claims.release.set()
@@ -612,7 +610,7 @@ async def test_a_huge_registration_error_is_logged_quoted_and_cut(
     kubelet = FakeDraKubelet(node.root / "registry", refuse=error)
     with caplog.at_level(logging.DEBUG, "cdi_gen"):
         async with kubelet, node.plugin():
-            await until(lambda: node.outcomes)
+            await until(lambda: node.outcomes, "a registration outcome")
     ok, outcome = node.outcomes[0]
     assert not ok
     assert outcome.isprintable(), outcome[:200]

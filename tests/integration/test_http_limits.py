@@ -24,8 +24,9 @@ CAP = 32
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[str, int]]:
-    limits = HttpLimits(max_connections=CAP, header_deadline=DEADLINE)
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, int]]:
+    deadline = getattr(request, "param", DEADLINE)
+    limits = HttpLimits(max_connections=CAP, header_deadline=deadline)
     srv = await serve_http("127.0.0.1", 0, Metrics(), lambda: (True, "ready"), limits)
     try:
         yield srv.sockets[0].getsockname()[:2]
@@ -44,12 +45,10 @@ async def _request(address: tuple[str, int], raw: bytes, within: float = 5.0) ->
         writer.close()
 
 
-async def _healthz(address: tuple[str, int], within: float) -> float:
-    started = time.monotonic()
+async def _healthz(address: tuple[str, int], within: float = 5.0) -> None:
     data = await _request(address, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", within)
     assert data.startswith(b"HTTP/1.1 200"), data[:80]
     assert data.endswith(b"ok\n")
-    return time.monotonic() - started
 
 
 @pytest.mark.parametrize(
@@ -70,10 +69,14 @@ async def test_oversize_requests_are_refused_without_a_traceback(
     with caplog.at_level(logging.DEBUG):
         data = await _request(server, raw)
         assert data.startswith(b"HTTP/1.1 " + status), data[:80]
-        await _healthz(server, within=1.0)
+        await _healthz(server)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
+# A header deadline long enough that the probes below all come before it on a loaded machine:
+# "healthz answered while the slow clients held on" and "the oldest were evicted by the cap"
+# are then shown by the newest socket being still open afterwards, not by timing anything.
+@pytest.mark.parametrize("server", [5.0], indirect=True, ids=["deadline-5s"])
 async def test_two_hundred_slow_clients_do_not_stop_healthz(server: tuple[str, int]) -> None:
     loop = asyncio.get_running_loop()
     slow: list[socket.socket] = []
@@ -84,12 +87,10 @@ async def test_two_hundred_slow_clients_do_not_stop_healthz(server: tuple[str, i
             await loop.sock_connect(s, server)
             await loop.sock_sendall(s, b"GET /healthz HTTP/1.1\r\n")  # and nothing more
             slow.append(s)
-        await asyncio.sleep(0.1)
-        # The probe answers at once, again and again, while they hold on.
-        times = [await _healthz(server, within=1.0) for _ in range(10)]
-        assert max(times) < 1.0, times
+        # The probe answers, again and again, while they hold on.
+        for _ in range(10):
+            await _healthz(server)
 
-        # The server keeps at most CAP of them: the others were closed, oldest first.
         async def closed(s: socket.socket, within: float) -> bool:
             try:
                 return await asyncio.wait_for(loop.sock_recv(s, 1024), within) == b""
@@ -98,13 +99,14 @@ async def test_two_hundred_slow_clients_do_not_stop_healthz(server: tuple[str, i
             except OSError:  # reset by the server
                 return True
 
-        early = [await closed(s, 0.01) for s in slow[: 200 - CAP]]
+        # The server keeps at most CAP of them: the others were closed, oldest first, and
+        # while the newest is still open, so by the cap and not by the header deadline.
+        early = await asyncio.gather(*(closed(s, 10) for s in slow[: 200 - CAP]))
         assert all(early), f"{early.count(False)} of the oldest still open"
+        assert not await closed(slow[-1], 0.01), "the newest slow client was already cut"
         # The newest CAP are closed by the header deadline.
-        started = time.monotonic()
-        late = await asyncio.gather(*(closed(s, DEADLINE + 2) for s in slow[200 - CAP :]))
-        assert all(late)
-        assert time.monotonic() - started < DEADLINE + 2
+        late = await asyncio.gather(*(closed(s, 15) for s in slow[200 - CAP :]))
+        assert all(late), f"{late.count(False)} of the newest still open"
     finally:
         for s in slow:
             s.close()
@@ -133,4 +135,6 @@ async def test_a_client_dripping_its_headers_is_cut_at_the_deadline(
         pass
     finally:
         writer.close()
-    assert time.monotonic() - started < DEADLINE + 1
+    # The bound the server promises (the header deadline), with a margin for a loaded machine:
+    # a server that never cuts the dripper keeps it until the loop gives up at DEADLINE + 3.
+    assert time.monotonic() - started < DEADLINE + 2

@@ -3,7 +3,6 @@ and ListAndWatch streams are capped so that they cannot take every thread."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from test_plugin import Rig, make_rig
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.kubelet.deviceplugin import MAX_STREAMS
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,14 +56,17 @@ async def test_list_and_watch_streams_are_capped(rig: Rig) -> None:
     # Allocate still finds a thread, and a stream that ends frees its place.
     assert (await rig.allocate("loop200")).container_responses
     streams[0].cancel()
-    for _ in range(100):
-        again = rig.stub.ListAndWatch(api_pb2.Empty())
+
+    async def a_new_stream() -> (
+        grpc.aio.UnaryStreamCall[api_pb2.Empty, api_pb2.ListAndWatchResponse] | None
+    ):
+        stream = rig.stub.ListAndWatch(api_pb2.Empty())
         try:
-            assert len((await again.read()).devices) > 0
-            break
+            assert len((await stream.read()).devices) > 0
         except grpc.aio.AioRpcError:
-            await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("a cancelled stream never freed its place")
+            return None  # the cancelled stream still holds its place
+        return stream
+
+    again = await until(a_new_stream, "a cancelled stream's place freed", every=0.05)
     for stream in [*streams[1:], again]:
         stream.cancel()

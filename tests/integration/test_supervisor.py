@@ -15,19 +15,24 @@ import pytest
 from cdi_gen.errors import RegistrationError
 from cdi_gen.kubelet.supervisor import Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, file_id
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
 
 class MarkerRegistrar:
-    """Registers by answering from a list; the kubelet's identity is a marker file's."""
+    """Registers by answering from a list; the kubelet's identity is a marker file's. Counts
+    how often the supervisor looked for a kubelet, so a test can wait for a look that proves
+    the supervisor passed a moment in question."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
         self.answers: list[str | None] = []
         self.calls = 0
+        self.looked = 0
 
     def kubelet_id(self) -> FileId | None:
+        self.looked += 1
         return file_id(self.marker)
 
     async def register(self) -> str | None:
@@ -49,15 +54,6 @@ async def call(path: Path) -> bytes:
         return answer
 
 
-async def until(condition: Any, within: float = 5.0) -> None:
-    """Poll ``condition``: registrations happen inside the supervisor, which signals nothing."""
-    for _ in range(int(within / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within}s")
-
-
 async def test_serves_registers_and_follows_restarts(short_dir: Path) -> None:
     marker = short_dir / "kubelet"
     registrar = MarkerRegistrar(marker)
@@ -74,8 +70,9 @@ async def test_serves_registers_and_follows_restarts(short_dir: Path) -> None:
     try:
         assert await call(reg) == b"ping"
         assert await call(service) == b"ping"
-        # No kubelet yet: nothing is attempted.
-        await asyncio.sleep(0.1)
+        # No kubelet yet: nothing is attempted, however often the supervisor looks.
+        looked = registrar.looked
+        await until(lambda: registrar.looked >= looked + 3, "three looks for a kubelet")
         assert registrar.calls == 0
         marker.touch()
         await asyncio.wait_for(supervisor.wait_registered(), 5)
@@ -85,20 +82,24 @@ async def test_serves_registers_and_follows_restarts(short_dir: Path) -> None:
         before = [file_id(reg), file_id(service)]
         marker.unlink()
         marker.touch()
-        await until(lambda: supervisor.registrations == 2)
+        await until(
+            lambda: supervisor.registrations == 2, "a registration after the kubelet restart"
+        )
         assert [file_id(reg), file_id(service)] != before
         assert await call(service) == b"ping"
 
         # One socket wiped: served again and registered again.
         os.unlink(service)
-        await until(lambda: supervisor.registrations == 3)
+        await until(
+            lambda: supervisor.registrations == 3, "a registration after the socket was wiped"
+        )
         assert await call(service) == b"ping"
 
         # Refusals are retried with backoff and reported.
         registrar.answers = ["refused", "refused"]
         marker.unlink()
         marker.touch()
-        await until(lambda: supervisor.registrations == 4)
+        await until(lambda: supervisor.registrations == 4, "a registration after two refusals")
         assert outcomes[-3:] == [(False, "refused"), (False, "refused"), (True, "")]
     finally:
         await supervisor.stop()
@@ -192,9 +193,7 @@ async def test_refusals_are_retried_no_faster_than_the_floor_and_logged_per_doub
 
 
 class NoKubelet(MarkerRegistrar):
-    """No kubelet ever comes; counts how often the supervisor looked for one."""
-
-    looked = 0
+    """No kubelet ever comes."""
 
     def kubelet_id(self) -> FileId | None:
         self.looked += 1
@@ -213,14 +212,16 @@ async def test_a_socket_wiped_before_any_kubelet_came_is_served_again(short_dir:
     await supervisor.start()
     try:
         assert changes == [(True, "")]
-        await until(lambda: registrar.looked >= 2)  # waiting for a kubelet
+        await until(
+            lambda: registrar.looked >= 2, "two looks for a kubelet"
+        )  # waiting for a kubelet
         path.parent.rename(short_dir / "moved")
         path.parent.write_text("in the way")
-        await until(lambda: len(changes) == 2)
+        await until(lambda: len(changes) == 2, "the serving hook saying it cannot serve")
         assert changes[1][0] is False and "cannot serve on" in changes[1][1]
         path.parent.unlink()
         path.parent.mkdir()
-        await until(lambda: len(changes) == 3)
+        await until(lambda: len(changes) == 3, "the serving hook saying it serves again")
         assert changes[2] == (True, "")
         assert await call(path) == b"ping"
         assert registrar.calls == 0

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
@@ -29,6 +28,7 @@ from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.sources import RecordBatch
 from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, udevd_running
+from tests.waiting import until, until_sync
 
 pytestmark = pytest.mark.kernel
 
@@ -47,16 +47,13 @@ def udevd() -> Iterator[None]:
     had_run_dir = UDEV_RUN_DIR.exists()
     proc = subprocess.Popen([str(UDEVD)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(
-                ["udevadm", "control", "--ping"], capture_output=True, check=False
-            ).returncode
-            != 0
-        ):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"systemd-udevd did not come up (exit code {proc.poll()})")
-            time.sleep(0.02)
+
+        def pinged() -> bool:
+            ping = ["udevadm", "control", "--ping"]
+            return subprocess.run(ping, capture_output=True, check=False).returncode == 0
+
+        until_sync(lambda: proc.poll() is not None or pinged(), "systemd-udevd up", every=0.02)
+        assert proc.poll() is None, f"systemd-udevd exited {proc.returncode}"
         yield
     finally:
         subprocess.run(["udevadm", "control", "--exit"], capture_output=True, check=False)
@@ -138,15 +135,6 @@ class Follower:
         return [d["name"] for d in doc["devices"]]
 
 
-async def _until(predicate: object, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {TIMEOUT}s waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
 async def _follow_add_remove(
     loops: LoopDevices, tmp_path: Path, source: Literal["udev", "kernel"]
 ) -> Follower:
@@ -159,9 +147,10 @@ async def _follow_add_remove(
         assert follower.watcher.source == source
         assert follower.spec_names() == [f"loop{a}"]
         loops.add(b)
-        await _until(
+        await until(
             lambda: follower.spec_names() == sorted([f"loop{a}", f"loop{b}"]),
             f"loop{b} in the spec",
+            TIMEOUT,
         )
         devices = {d.name: d for d in follower.discovery.devices("loop")}
         node = devices[f"loop{b}"].nodes[0]
@@ -169,11 +158,14 @@ async def _follow_add_remove(
         assert (node.major, node.minor) == (os.major(st.st_rdev), os.minor(st.st_rdev))
         assert devices[f"loop{b}"].healthy
         loops.remove(a)
-        await _until(lambda: follower.spec_names() == [f"loop{b}"], f"loop{a} gone from the spec")
+        await until(
+            lambda: follower.spec_names() == [f"loop{b}"], f"loop{a} gone from the spec", TIMEOUT
+        )
         loops.remove(b)
-        await _until(
+        await until(
             lambda: not (tmp_path / spec_filename("example.com", "loop")).exists(),
             "the spec file removed with the last device",
+            TIMEOUT,
         )
     return follower
 
@@ -198,14 +190,14 @@ async def test_resync_enumerates_again(loops: LoopDevices, tmp_path: Path) -> No
     follower = Follower(_config([n]), tmp_path, "kernel")
     async with follower.running():
         loops.add(n)
-        await _until(lambda: follower.spec_names() == [f"loop{n}"], f"loop{n} in the spec")
+        await until(lambda: follower.spec_names() == [f"loop{n}"], f"loop{n} in the spec", TIMEOUT)
         follower.watcher.request_resync()
-        await _until(lambda: any(b.full for b in follower.batches), "a full batch")
+        await until(lambda: any(b.full for b in follower.batches), "a full batch", TIMEOUT)
         full = next(b for b in follower.batches if b.full)
         assert f"loop{n}" in [r.sys_name for r in full.records]
         assert follower.spec_names() == [f"loop{n}"]
         loops.remove(n)
-        await _until(lambda: follower.spec_names() == [], f"loop{n} gone")
+        await until(lambda: follower.spec_names() == [], f"loop{n} gone", TIMEOUT)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -260,7 +252,7 @@ async def test_overflow_recovers_by_enumeration(loops: LoopDevices, tmp_path: Pa
         for n in numbers:  # without yielding to the loop: nothing is read meanwhile
             loops.add(n)
         expected = sorted(f"loop{n}" for n in numbers)
-        await _until(lambda: follower.spec_names() == expected, "all devices in the spec")
+        await until(lambda: follower.spec_names() == expected, "all devices in the spec", TIMEOUT)
         assert follower.watcher.receive_errors >= 1
         assert any(b.full for b in follower.batches)
         # The monitor works again after the overflow: a single remove is an ordinary event.
@@ -268,9 +260,13 @@ async def test_overflow_recovers_by_enumeration(loops: LoopDevices, tmp_path: Pa
         # again; then the change came through a resync instead, and the next one is tried.
         for _ in range(5):
             loops.remove(numbers[0])
-            await _until(lambda: follower.spec_names() == expected[1:], f"loop{numbers[0]} gone")
+            await until(
+                lambda: follower.spec_names() == expected[1:], f"loop{numbers[0]} gone", TIMEOUT
+            )
             if not follower.batches[-1].full:
                 break
             loops.add(numbers[0])
-            await _until(lambda: follower.spec_names() == expected, f"loop{numbers[0]} back")
+            await until(
+                lambda: follower.spec_names() == expected, f"loop{numbers[0]} back", TIMEOUT
+            )
         assert not follower.batches[-1].full, "five removals in a row came only by resync"

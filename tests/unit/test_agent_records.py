@@ -21,6 +21,7 @@ from cdi_gen.config.settings import Settings
 from cdi_gen.errors import DiscoveryError
 from cdi_gen.model import DeviceRecord
 from tests.fakes.source import PipeSource
+from tests.waiting import until
 
 CONFIG = {
     "vendor": "example.com",
@@ -50,15 +51,6 @@ def _names(spec_dir: Path) -> list[str]:
     return [d["name"] for d in doc["devices"]]
 
 
-async def _until(what: str, predicate: object) -> None:
-    assert callable(predicate)
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"never: {what}")
-
-
 async def test_recorded_devices_reach_the_spec_and_the_board(tmp_path: Path) -> None:
     source = PipeSource.from_data("export-db-vm.txt", only={"loop0", "loop1"})
     spec_dir = tmp_path / "cdi"
@@ -70,17 +62,17 @@ async def test_recorded_devices_reach_the_spec_and_the_board(tmp_path: Path) -> 
         loop1: DeviceRecord = next(r for r in source.initial if r.sys_name == "loop1")
         source.remove(loop1)
         # Withdrawn from the board first, then from the spec.
-        await _until("loop1 withdrawn", lambda: list(board.devices) == ["loop0"])
-        await _until("loop1 out of the spec", lambda: _names(spec_dir) == ["loop0"])
+        await until(lambda: list(board.devices) == ["loop0"], "loop1 withdrawn")
+        await until(lambda: _names(spec_dir) == ["loop0"], "loop1 out of the spec")
 
         source.add(loop1)
-        await _until("loop1 back", lambda: list(board.devices) == ["loop0", "loop1"])
+        await until(lambda: list(board.devices) == ["loop0", "loop1"], "loop1 back")
         assert _names(spec_dir) == ["loop0", "loop1"]  # on disk before it is advertised
 
         # A full enumeration replaces the state: a device missing from it is gone.
         source.push(loop1, full=True)
-        await _until("loop0 gone", lambda: list(board.devices) == ["loop1"])
-        await _until("loop0 out of the spec", lambda: _names(spec_dir) == ["loop1"])
+        await until(lambda: list(board.devices) == ["loop1"], "loop0 gone")
+        await until(lambda: _names(spec_dir) == ["loop1"], "loop0 out of the spec")
     # Stopped: the source was closed and the spec kept for running pods.
     assert _names(spec_dir) == ["loop1"]
 

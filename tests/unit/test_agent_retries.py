@@ -13,6 +13,7 @@ from cdi_gen.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.source import PipeSource
+from tests.waiting import until
 
 CONFIG = {
     "vendor": "example.com",
@@ -34,10 +35,8 @@ async def test_a_failing_spec_write_is_logged_once_per_doubling(
     errors = agent.metrics.failures.labels("example.com/loop", "spec-write")
     try:
         await asyncio.wait_for(agent.started.wait(), 10)
-        for _ in range(2000):  # counted on every attempt, which signals nothing else
-            if errors._value.get() >= 9:
-                break
-            await asyncio.sleep(0.01)
+        # Counted on every attempt, which signals nothing else.
+        await until(lambda: errors._value.get() >= 9, "nine spec-write attempts", within=20)
     finally:
         agent.stop()
         await asyncio.wait_for(task, 5)

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -34,7 +33,7 @@ RECORD = {
 def run(
     *args: str, env: dict[str, str] | None = None, stdout: int | None = subprocess.PIPE
 ) -> subprocess.CompletedProcess[str]:
-    started = time.monotonic()
+    # A hang fails on the subprocess timeout; how fast the CLI answers is the benchmarks' job.
     result = subprocess.run(
         [sys.executable, "-m", "cdi_gen", *args],
         stdout=stdout,
@@ -44,7 +43,6 @@ def run(
         check=False,
         env={**os.environ, **(env or {})},
     )
-    assert time.monotonic() - started < 10, f"took {time.monotonic() - started:.1f}s"
     return result
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from cdi_gen._proto.pluginregistration.v1 import api_pb2
 from cdi_gen.errors import QUOTE_LIMIT
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
+from tests.waiting import until
 
 NO_CONTEXT: Any = None
 
@@ -48,7 +49,8 @@ async def test_a_notification_from_another_thread_wakes_the_wait() -> None:
     service.get_info(api_pb2.InfoRequest(), NO_CONTEXT)
     loop = asyncio.get_running_loop()
     wait = asyncio.ensure_future(registrar.register())
-    await asyncio.sleep(0.05)
+    # Notify only once the registrar waits: otherwise it finds the notice without waking.
+    await until(lambda: service._waiters, "the registrar waiting for a notification")
     await loop.run_in_executor(
         None, service.notify, api_pb2.RegistrationStatus(plugin_registered=True), NO_CONTEXT
     )

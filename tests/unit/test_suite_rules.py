@@ -1,9 +1,12 @@
 """The suite's own rules, checked by running pytest the way a newcomer would: every test folder
 runs alone from the repository root with a bare ``pytest``; a skip fails the run; an empty
-parameter list is an error, not a skip; the run sees only what ``make test`` installed."""
+parameter list is an error, not a skip; the run sees only what ``make test`` installed. And,
+read from the test sources: tests wait for events through the one polling helper
+(``tests/waiting.py``), not for time."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -127,3 +130,83 @@ def test_a_folder_from_outside_on_the_path_stops_the_run(tmp_path: Path) -> None
     )
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
     assert f"on sys.path but outside the project's environment: {tmp_path}" in proc.stderr
+
+
+# --- tests wait for events, not for time ---------------------------------------------------------
+
+#: A sleep longer than this in a test is a fixed wait: "sleep, then assert" flakes when the
+#: machine is slow (a positive check) or proves nothing (a negative one). Wait with
+#: tests.waiting instead, for the event or for a counter showing the moment passed.
+LONGEST_SLEEP = 0.2
+
+#: Sleeps above the limit that are not waits, and why.
+SLEEPS_ALLOWED = {
+    # Each read fetches the pod's whole log through the API server and the kubelet, and the
+    # consumer prints every 2 s: polling faster only loads the node.
+    "tests/cluster/pods.py": "the pod-log poll of Pods.seen",
+    # The DaemonSet poll also fails early on a crash loop, which until_sync cannot express.
+    "tests/cluster/test_daemonset.py": "the DaemonSet readiness poll",
+}
+
+#: Module-level names of the private polling copies the shared helper replaced.
+POLLING_COPIES = {"until", "_until", "wait_for", "_wait_for", "eventually", "_eventually"}
+
+
+def _test_sources() -> list[Path]:
+    return [p for p in sorted(TESTS.rglob("*.py")) if p != TESTS / "waiting.py"]
+
+
+def _long_sleeps(path: Path, root: Path = REPO) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "sleep" or not isinstance(node.func.value, ast.Name):
+            continue
+        if node.func.value.id not in ("time", "asyncio") or not node.args:
+            continue
+        arg = node.args[0]
+        value = arg.value if isinstance(arg, ast.Constant) else None
+        if isinstance(value, (int, float)) and value > LONGEST_SLEEP:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: sleep({value})")
+    return sorted(found, key=lambda line: int(line.split(":")[1]))
+
+
+def test_no_test_sleeps_longer_than_a_poll_interval() -> None:
+    found = [
+        line
+        for path in _test_sources()
+        if str(path.relative_to(REPO)) not in SLEEPS_ALLOWED
+        for line in _long_sleeps(path)
+    ]
+    assert found == [], (
+        f"fixed waits longer than {LONGEST_SLEEP}s (wait for the event with tests.waiting): {found}"
+    )
+
+
+def test_the_sleep_rule_sees_a_fixed_wait(tmp_path: Path) -> None:
+    path = tmp_path / "test_probe.py"
+    path.write_text(
+        "import asyncio\nimport time\n\n"
+        "async def f():\n    await asyncio.sleep(0.3)\n    time.sleep(2)\n    time.sleep(0.2)\n"
+    )
+    assert _long_sleeps(path, tmp_path) == [
+        "test_probe.py:5: sleep(0.3)",
+        "test_probe.py:6: sleep(2)",
+    ]
+
+
+def test_the_allowed_sleeps_are_still_there() -> None:
+    # An entry whose sleep was removed would silently allow the next one.
+    stale = [p for p in SLEEPS_ALLOWED if not _long_sleeps(REPO / p)]
+    assert stale == []
+
+
+def test_no_private_copy_of_the_polling_helper() -> None:
+    copies = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.name}"
+        for path in _test_sources()
+        for node in ast.parse(path.read_text(), str(path)).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in POLLING_COPIES
+    ]
+    assert copies == [], f"use tests.waiting.until / until_sync: {copies}"

@@ -18,6 +18,8 @@ import grpc
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
+from tests.waiting import until
+
 from .agent import RESOURCE, RunningAgent, run_agent
 from .conftest import Pods, SpecFolders
 from .image import IMAGE_NAME
@@ -169,8 +171,6 @@ def named_in_specs(spec_dir: Path, name: str) -> bool:
 
 
 async def wait_until_withdrawn(spec_dir: Path, dev: LoopDevice, within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while named_in_specs(spec_dir, dev.name):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{dev.name} still in a spec {within}s after its removal")
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: not named_in_specs(spec_dir, dev.name), f"{dev.name} out of every spec", within
+    )
