@@ -1,14 +1,15 @@
 """The real agent on recorded devices: 5 classes of 200 misc devices, udev replaced by the
 records and everything downstream real (specs written, device plugins or the DRA driver
-serving). For the memory figures of bench_agent and bench_dra.
+serving). For the figures of bench_footprint and bench_dra.
 
 Run as a script it is the agent process bench_dra measures from outside (its VmRSS and
 VmHWM read from /proc while the devices are published), serving until SIGTERM:
 
-    python benchmarks/_recorded.py SETTINGS_JSON [API]
+    python benchmarks/_recorded.py SETTINGS_JSON [API [CLASSES PER_CLASS]]
 
 ``SETTINGS_JSON`` holds :class:`~cdi_gen.config.settings.Settings` fields; ``API`` is
-``devicePlugin`` (default) or ``dra``, set on every class.
+``devicePlugin`` (default) or ``dra``, set on every class; ``CLASSES`` classes of
+``PER_CLASS`` devices (default 5 of 200). bench_footprint runs it the same way.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def main(argv: list[str]) -> None:
     from cdi_gen.config.settings import Settings
 
     settings = Settings(**json.loads(argv[0]))
-    config = parse_config(config_data(argv[1] if len(argv) > 1 else "devicePlugin"), "bench")
-    agent = Agent(config, settings, source=RecordedSource(records()))
+    api = argv[1] if len(argv) > 1 else "devicePlugin"
+    classes, per_class = (int(argv[2]), int(argv[3])) if len(argv) > 3 else (CLASSES, PER_CLASS)
+    config = parse_config(config_data(api, classes), "bench")
+    agent = Agent(config, settings, source=RecordedSource(records(classes, per_class)))
     # Until SIGTERM, which the agent handles as it does in a pod.
     asyncio.run(agent.run())
 

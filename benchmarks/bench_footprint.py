@@ -1,0 +1,365 @@
+"""The agent's footprint against floors measured in the same run: memory, start-up, idle CPU.
+
+    python benchmarks/bench_footprint.py [--quick]
+
+The floor (``_floor.py``) is a Python process that imports what the design needs (grpcio,
+protobuf, pydantic, orjson, click, pyudev, prometheus-client, the device plugin protos),
+serves five grpc servers and the metrics HTTP server, and does nothing else; the DRA floor
+adds the API server client (lightkube, httpx2) and the DRA protos. Every agent runs in a
+process of its own (``_recorded.py``: the real agent, udev replaced by recorded devices)
+against the fakes of the suite in this process, and is read from /proc once it serves all
+its devices:
+
+- device-plugin agent, 5 classes of 200 devices, every plugin registered with a fake kubelet
+  and its ListAndWatch holding its 200 devices: VmRSS against the floor's;
+- DRA agent, the same devices, until the fake API server's ResourceSlices list all 1,000:
+  VmRSS against the DRA floor's;
+- ``cdi-gen render --vendor example.com --class fpga`` wall time (p50), against
+  ``cdi-gen --help``; the installed script, with bytecode, as an operator runs it;
+- ``cdi-gen run`` spawned → its first RegisterRequest at a fake kubelet (p50), beside the
+  floor's spawn → serving;
+- idle CPU: one class of 64 devices, its plugin registered and its ListAndWatch open, CPU
+  seconds (user + system, every thread) over a quiet window, per minute; the floor's over
+  the same window beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+
+from _recorded import CLASSES, PER_CLASS
+from _table import Row, cli_env, percentile
+
+HERE = Path(__file__).resolve().parent
+
+IDLE_DEVICES = 64
+MEMORY_TARGET = 1.15
+RENDER_TARGET_MS = 150
+REGISTER_TARGET_MS = 150
+IDLE_TARGET = 0.05  # CPU seconds per minute
+
+START_CONFIG = """
+vendor: example.com
+classes:
+  - name: loop
+    match: {subsystem: block, kernel: "loop[5-9][0-9][0-9]"}
+"""
+
+
+def _status(pid: int) -> float:
+    """VmRSS of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds ``pid`` used so far, all threads, user + system."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Child:
+    """A benchmark process: ``python SCRIPT ARGS``, stderr to a log, stopped with SIGTERM."""
+
+    def __init__(self, script: str, *args: str, log: Path) -> None:
+        self.log = log
+        self._err = log.open("w")
+        self.start = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            env=cli_env(),
+            text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.log.name} exited:\n{self.log.read_text()[-3000:]}")
+
+    def wait_ready(self) -> float:
+        """Wait for ``ready`` on stdout; the ms since spawn."""
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            self.alive()
+            raise RuntimeError(f"{self.log.name} did not start")
+        return (time.perf_counter() - self.start) * 1e3
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._err.close()
+
+
+async def _within(what: str, child: Child, wait: Awaitable[object], seconds: float) -> None:
+    try:
+        await asyncio.wait_for(wait, seconds)
+    except TimeoutError:
+        child.alive()
+        raise RuntimeError(f"{what}: not within {seconds}s") from None
+
+
+def _agent(tmp: Path, settings: dict[str, object], api: str, classes: int, per: int) -> Child:
+    return Child(
+        "_recorded.py",
+        json.dumps(settings),
+        api,
+        str(classes),
+        str(per),
+        log=tmp / f"agent-{api}-{classes * per}.log",
+    )
+
+
+async def _device_plugins(tmp: Path, classes: int, per: int) -> tuple[Child, object]:
+    """A device-plugin agent registered with a fake kubelet, every device listed."""
+    from tests.fakes.kubelet import FakeKubelet
+
+    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgf"))
+    kubelet = FakeKubelet(work / "dp")
+    await kubelet.start()
+    settings = {
+        "spec_dir": str(work / "cdi"),
+        "device_plugin_dir": str(work / "dp"),
+        "metrics_address": "127.0.0.1:0",
+    }
+    child = _agent(tmp, settings, "devicePlugin", classes, per)
+
+    async def served() -> None:
+        for _ in range(classes):
+            plugin = await kubelet.next_registration(within=60)
+            while len(await plugin.next_devices(within=60)) < per:
+                pass
+
+    await _within("device plugins", child, served(), 60)
+    return child, (kubelet, work)
+
+
+async def _memory_device_plugins(tmp: Path) -> float:
+    child, (kubelet, work) = await _device_plugins(tmp, CLASSES, PER_CLASS)  # type: ignore[misc]
+    try:
+        await asyncio.sleep(1)  # settle: what it holds while serving, not while building
+        return _status(child.pid)
+    finally:
+        child.stop()
+        await kubelet.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _memory_dra(tmp: Path) -> tuple[float, int]:
+    import uuid
+
+    from tests.fakes.apiserver import FakeApiServer
+    from tests.fakes.drakubelet import FakeDraKubelet
+
+    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgf"))
+    node = "node-1"
+    async with FakeApiServer() as api, FakeDraKubelet(work / "reg", poll_interval=0.2):
+        api.nodes[node] = str(uuid.uuid4())
+        settings = {
+            "spec_dir": str(work / "cdi"),
+            "device_plugin_dir": str(work / "dp"),
+            "plugins_registry_dir": str(work / "reg"),
+            "kubelet_plugins_dir": str(work / "plugins"),
+            "state_dir": str(work / "state"),
+            "kubeconfig": str(api.kubeconfig(work)),
+            "node_name": node,
+            "metrics_address": "127.0.0.1:0",
+        }
+        child = _agent(tmp, settings, "dra", CLASSES, PER_CLASS)
+
+        def published() -> int:
+            return sum(len(s["spec"].get("devices") or []) for s in api.slices.values())
+
+        try:
+            await _within(
+                "DRA slices",
+                child,
+                api.until(lambda: published() >= CLASSES * PER_CLASS, within=60),
+                61,
+            )
+            await asyncio.sleep(1)
+            return _status(child.pid), len(api.slices)
+        finally:
+            child.stop()
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _idle(tmp: Path, floor: Child, seconds: float) -> tuple[float, float]:
+    """CPU seconds per minute of an agent with one class of IDLE_DEVICES devices and a
+    kubelet connected, and of ``floor`` over the same window."""
+    child, (kubelet, work) = await _device_plugins(tmp, 1, IDLE_DEVICES)  # type: ignore[misc]
+    try:
+        await asyncio.sleep(2)  # past start-up
+        agent0, floor0 = _cpu(child.pid), _cpu(floor.pid)
+        await asyncio.sleep(seconds)
+        agent1, floor1 = _cpu(child.pid), _cpu(floor.pid)
+        child.alive()
+        scale = 60 / seconds
+        return (agent1 - agent0) * scale, (floor1 - floor0) * scale
+    finally:
+        child.stop()
+        await kubelet.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _cdi_gen() -> list[str]:
+    """The installed ``cdi-gen`` script beside this interpreter, else ``python -m cdi_gen``."""
+    script = Path(sys.executable).with_name("cdi-gen")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cdi_gen"]
+
+
+def _cli(args: list[str], rounds: int) -> list[float]:
+    """Wall ms of ``cdi-gen ARGS``, ``rounds`` times after one untimed run."""
+    command = _cdi_gen()
+    env = cli_env()
+    samples = []
+    for i in range(rounds + 1):
+        start = time.perf_counter()
+        subprocess.run([*command, *args], capture_output=True, env=env, check=False)
+        if i:  # the first one writes the bytecode
+            samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+async def _startup(rounds: int) -> list[float]:
+    from tests.fakes.kubelet import FakeKubelet
+
+    samples = []
+    for _ in range(rounds + 1):
+        tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgb"))
+        try:
+            (tmp / "config.yaml").write_text(START_CONFIG)
+            async with FakeKubelet(tmp / "dp") as kubelet:
+                start = time.perf_counter()
+                proc = await asyncio.create_subprocess_exec(
+                    *_cdi_gen(),
+                    "run",
+                    "--config",
+                    str(tmp / "config.yaml"),
+                    "--spec-dir",
+                    str(tmp / "cdi"),
+                    "--device-plugin-dir",
+                    str(tmp / "dp"),
+                    "--udev-source",
+                    "kernel",
+                    "--metrics-address",
+                    "",
+                    stderr=asyncio.subprocess.DEVNULL,
+                    env=cli_env(),
+                )
+                try:
+                    await kubelet.next_registration(within=20)
+                    samples.append((time.perf_counter() - start) * 1e3)
+                finally:
+                    proc.terminate()
+                    await proc.wait()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return samples[1:]  # the first one may write bytecode
+
+
+def _floors(tmp: Path, rounds: int) -> tuple[Child, Child, list[float]]:
+    """The two floors, serving (their sockets in ``tmp``); the device-plugin floor's
+    spawn → serving times (ms) over ``rounds`` fresh starts."""
+    starts = []
+    for i in range(rounds):
+        folder = tmp / f"start{i}"
+        folder.mkdir()
+        child = Child("_floor.py", str(folder), log=tmp / f"floor{i}.log")
+        starts.append(child.wait_ready())
+        child.stop()
+    (tmp / "floor").mkdir()
+    (tmp / "dra-floor").mkdir()
+    floor = Child("_floor.py", str(tmp / "floor"), log=tmp / "floor.log")
+    floor.wait_ready()
+    dra = Child("_floor.py", str(tmp / "dra-floor"), "dra", log=tmp / "dra-floor.log")
+    dra.wait_ready()
+    return floor, dra, starts
+
+
+def _ratio(value: float, floor: float) -> str:
+    return f"{value / floor:.2f}x floor"
+
+
+def measure(quick: bool) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgfoot"))
+    floor, dra_floor, floor_starts = _floors(tmp, 2 if quick else 5)
+    try:
+        time.sleep(1)
+        floor_rss, dra_floor_rss = _status(floor.pid), _status(dra_floor.pid)
+        rss = asyncio.run(_memory_device_plugins(tmp))
+        dra_rss, slices = asyncio.run(_memory_dra(tmp))
+        idle, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
+    finally:
+        floor.stop()
+        dra_floor.stop()
+    rounds = 3 if quick else 10
+    help_ms = _cli(["--help"], rounds)
+    render_ms = _cli(["render", "--vendor", "example.com", "--class", "fpga"], rounds)
+    register = asyncio.run(_startup(2 if quick else 5))
+    shutil.rmtree(tmp, ignore_errors=True)
+    devices = f"{CLASSES * PER_CLASS:,}"
+    help50, render50 = percentile(help_ms, 50), percentile(render_ms, 50)
+    start50, register50 = percentile(floor_starts, 50), percentile(register, 50)
+    return [
+        ("floor: RSS, imports + 5 grpc servers + metrics HTTP", f"{floor_rss:.1f} MiB", "floor"),
+        (
+            f"device-plugin agent RSS, {CLASSES} classes, {devices} devices",
+            f"{rss:.1f} MiB ({_ratio(rss, floor_rss)})",
+            f"<= {MEMORY_TARGET:g}x floor",
+        ),
+        ("DRA floor: + API server client, DRA protos", f"{dra_floor_rss:.1f} MiB", "floor"),
+        (
+            f"DRA agent RSS, {devices} devices in {slices} slices",
+            f"{dra_rss:.1f} MiB ({_ratio(dra_rss, dra_floor_rss)})",
+            f"<= {MEMORY_TARGET:g}x floor",
+        ),
+        ("floor: cdi-gen --help, p50", f"{help50:.0f} ms", "floor"),
+        (
+            "cdi-gen render --vendor example.com --class fpga, p50",
+            f"{render50:.0f} ms ({_ratio(render50, help50)})",
+            f"<= {RENDER_TARGET_MS} ms",
+        ),
+        ("floor: spawn -> serving, p50", f"{start50:.0f} ms", "floor"),
+        (
+            "cdi-gen run: spawn -> first Register, p50 / max",
+            f"{register50:.0f} / {max(register):.0f} ms ({_ratio(register50, start50)})",
+            f"<= {REGISTER_TARGET_MS} ms",
+        ),
+        ("floor: idle CPU", f"{floor_idle:.3f} CPU-s/min", "floor"),
+        (
+            f"idle CPU, {IDLE_DEVICES} devices, kubelet connected",
+            f"{idle:.3f} CPU-s/min",
+            f"<= {IDLE_TARGET:g} CPU-s/min",
+        ),
+    ]
+
+
+def run(quick: bool = False) -> list[Row]:
+    return measure(quick)
+
+
+if __name__ == "__main__":
+    from _table import print_table
+
+    print_table("footprint", run("--quick" in sys.argv))
