@@ -3,12 +3,12 @@ the agent serves, and does nothing else. bench_footprint measures the agent agai
 
     python benchmarks/_floor.py FOLDER [dra]
 
-It imports grpcio, protobuf, pydantic, orjson, click, pyudev and prometheus-client and the
-device plugin protos, serves five synchronous grpc servers on unix sockets in FOLDER (each on
-its own 16-thread pool, as the agent's plugins) and an asyncio HTTP server on 127.0.0.1
-answering ``/metrics`` from a prometheus registry. With ``dra`` it also loads what the DRA
-driver needs besides: the API server client (lightkube on httpx2) and the DRA protos
-(dra v1 and v1beta1, the health stream, plugin registration). It sets the agent's
+It imports grpcio, protobuf, pydantic (its BaseModel), orjson, click, pyudev,
+prometheus-client and the device plugin protos, serves five synchronous grpc servers on unix
+sockets in FOLDER (each on its own 16-thread pool, as the agent's plugins) and an asyncio HTTP
+server on 127.0.0.1 answering ``/metrics`` from a prometheus registry. With ``dra`` it also
+loads what the DRA driver needs besides: the API server client (lightkube on httpx2) and the
+DRA protos (dra v1 and v1beta1, the health stream, plugin registration). It sets the agent's
 GRPC_EXPERIMENTS first, so that grpc runs as it does in the agent.
 
 Prints ``ready`` once it serves, then serves until its standard input ends (or SIGTERM).
@@ -29,8 +29,10 @@ SERVERS = 5
 def _load(dra: bool) -> None:
     import click  # noqa: F401
     import orjson  # noqa: F401
-    import pydantic  # noqa: F401
     import pyudev  # noqa: F401
+
+    # BaseModel, not the bare package: pydantic loads lazily, and a model is what it is for.
+    from pydantic import BaseModel  # noqa: F401
 
     from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: F401
 

@@ -3,12 +3,12 @@
     python benchmarks/bench_footprint.py [--quick]
 
 The floor (``_floor.py``) is a Python process that imports what the design needs (grpcio,
-protobuf, pydantic, orjson, click, pyudev, prometheus-client, the device plugin protos),
-serves five grpc servers and the metrics HTTP server, and does nothing else; the DRA floor
-adds the API server client (lightkube, httpx2) and the DRA protos. Every agent runs in a
+protobuf, pydantic's BaseModel, orjson, click, pyudev, prometheus-client, the device plugin
+protos), serves five grpc servers and the metrics HTTP server, and does nothing else; the DRA
+floor adds the API server client (lightkube, httpx2) and the DRA protos. Every agent runs in a
 process of its own (``_recorded.py``: the real agent, udev replaced by recorded devices)
-against the fakes of the suite in this process, and is read from /proc once it serves all
-its devices:
+against the fakes of the suite in this process, and is read from /proc once it serves all its
+devices:
 
 - device-plugin agent, 5 classes of 200 devices, every plugin registered with a fake kubelet
   and its ListAndWatch holding its 200 devices: VmRSS against the floor's;
