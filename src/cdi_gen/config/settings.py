@@ -13,13 +13,13 @@ variable (an empty variable is a mistake in a manifest, never "use the default")
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdi_gen import paths
 from cdi_gen.backoff import FLOOR_SECONDS
@@ -51,12 +51,11 @@ def _split(value: Any) -> Any:
     return tuple(value.split()) if isinstance(value, str) else value
 
 
-class Settings(BaseSettings):
+class Settings(BaseModel):
     """What a run of the agent takes besides the devices (see the module docstring)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
-    )
+    # Defaults are validated too, as given values are.
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     config: Path | None = Field(
         default=None,
@@ -66,7 +65,7 @@ class Settings(BaseSettings):
         default=paths.DYNAMIC_SPEC_DIR,
         description="folder our spec files go to (/etc/cdi for static mode)",
     )
-    runtime_spec_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
+    runtime_spec_dirs: tuple[Path, ...] = Field(
         default=(),
         description="folders the container runtime reads, lowest priority first; Allocate "
         "checks names against them (default: /etc/cdi and the spec folder)",
@@ -107,13 +106,13 @@ class Settings(BaseSettings):
         description="pin cdiVersion for classes without a pin of their own: X.Y.Z, or "
         "'runtime' for the newest the node's container runtime reads",
     )
-    runtime: Annotated[tuple[str, ...], NoDecode] = Field(
+    runtime: tuple[str, ...] = Field(
         default=(),
         description="the node's container runtime(s) as NAME@VERSION (containerd, cri-o, "
         "podman), for the 'runtime' pin and the doctor; default: every runtime on PATH, "
         "else the one answering on a CRI socket",
     )
-    cri_socket: Annotated[tuple[Path, ...], NoDecode] = Field(
+    cri_socket: tuple[Path, ...] = Field(
         default=paths.CRI_SOCKETS,
         description="CRI sockets asked for the runtime's name and version when no runtime "
         "binary is on PATH (in a pod)",
@@ -160,6 +159,22 @@ class Settings(BaseSettings):
     #: retries, which keep their bounds); from the floor of every backoff (0.1 s) to an hour,
     #: refused outside.
     retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment(cls, data: Any) -> Any:
+        # A field not given takes its CDI_GEN_ variable (name in any case), a string the
+        # field's validators parse as they parse a flag's. Read here, not through
+        # pydantic-settings: importing that cost the agent 7 MiB (every source provider it has).
+        if not isinstance(data, Mapping):
+            return data
+        env = {k.upper(): v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
+        given = dict(data)
+        for field in cls.model_fields:
+            value = env.get(ENV_PREFIX + field.upper())
+            if field not in given and value is not None:
+                given[field] = value
+        return given
 
     @field_validator("runtime_spec_dirs", "runtime", "cri_socket", mode="before")
     @classmethod
