@@ -20,7 +20,8 @@ kubelet's device-plugin folder and containerd's CDI folders at the standard path
 (``Cluster(node_count=3)``), whose nodes share this machine's one network namespace: the
 shipped DaemonSet's hostNetwork metrics port could be bound by one agent only, so there metrics
 are off (an empty ``CDI_GEN_METRICS_ADDRESS``) and with them the probes that ask that port; on
-separate machines each agent has its own.
+separate machines each agent has its own. ``write_fleet_dra_overlay`` does the same over the
+DRA variant.
 
 ``write_dra_overlay`` does the same over the DRA variant, ``deploy/kubernetes/dra``, and changes
 one more thing: the API server's address. A pod's in-cluster config dials the ``kubernetes``
@@ -186,5 +187,43 @@ def write_dra_overlay(
         [
             ("env-patch.yaml", env_patch, None),
             ("port-patch.yaml", port_patch, {"kind": "DaemonSet", "name": NAME}),
+        ],
+    )
+
+
+def write_fleet_dra_overlay(
+    dest: Path, image_name: str, config: dict[str, Any], api_port: int
+) -> Path:
+    """``write_dra_overlay`` for several nodes on one machine: metrics and the probes on
+    them off, as in ``write_fleet_overlay``; returns ``dest``."""
+    env_patch = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "agent",
+            "imagePullPolicy": "Never",
+            "env": [
+                {"name": "CDI_GEN_METRICS_ADDRESS", "value": ""},
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)},
+            ],
+        }]}}},
+    }  # fmt: skip
+    container = "/spec/template/spec/containers/0"
+    probes_patch = [
+        {"op": "test", "path": f"{container}/name", "value": "agent"},
+        {"op": "remove", "path": f"{container}/livenessProbe"},
+        {"op": "remove", "path": f"{container}/readinessProbe"},
+        {"op": "remove", "path": f"{container}/ports"},
+    ]
+    return _write_overlay(
+        dest,
+        DEPLOY_DRA,
+        image_name,
+        config,
+        [
+            ("env-patch.yaml", env_patch, None),
+            ("probes-patch.yaml", probes_patch, {"kind": "DaemonSet", "name": NAME}),
         ],
     )

@@ -4,6 +4,9 @@ namespace, name, ports and pod subnet, against one control plane (``fleet``).
 The seed lab across nodes: the DaemonSet as shipped (``write_fleet_overlay``) on all three,
 two ``example.com/fpga`` loop devices per node, seven pods asking one each: six run, at most two
 on a node, each with its own node's device; the seventh waits with the scheduler's message.
+The same with the DRA variant (``write_fleet_dra_overlay``): one pool per node, seven pods with
+a claim template, each claim allocated from the pool of its pod's node; the seventh takes the
+device a deleted pod freed.
 
 The nodes share this machine's devices; each node's mount namespace hides the other nodes'
 loop devices in sysfs (``NodeNamespace.hide``), so that one ConfigMap naming all six devices
@@ -16,13 +19,22 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
+from .agent import DRIVER
+from .claims import Claims, allocated_devices, device_attribute
 from .cluster import Cluster, Node
 from .conftest import _TEST_LOGS, FLEET_NODES
-from .daemonset import NAMESPACE, SELECTOR, loop_fpga_config, write_fleet_overlay
+from .daemonset import (
+    NAMESPACE,
+    SELECTOR,
+    loop_fpga_config,
+    write_fleet_dra_overlay,
+    write_fleet_overlay,
+)
 from .image import AgentImage
 from .pods import Pods, phase
 from .test_seed_lab import RESOURCE, hex_rdev
@@ -31,6 +43,8 @@ from .test_seed_lab import RESOURCE, hex_rdev
 pytestmark = pytest.mark.timeout(900)
 
 SYS_BLOCK = Path("/sys/devices/virtual/block")
+#: The shipped DeviceClass of the fpga class (deploy/kubernetes/dra/deviceclasses.yaml).
+FPGA_CLASS = "fpga.example.com"
 
 
 def _wait_every_node(fleet: Cluster, count: int, timeout: float = 120) -> None:
@@ -141,3 +155,96 @@ def test_seed_lab_across_three_nodes(
         for node in fleet.nodes:
             for spec in node.cdi_run.glob("*"):
                 spec.unlink()
+
+
+def test_dra_three_pools_allocate_where_devices_are_free(
+    fleet: Cluster,
+    own_devices: dict[str, list[LoopDevice]],
+    agent_image: AgentImage,
+    tmp_path: Path,
+) -> None:
+    """The DRA variant as shipped on three nodes: one pool per node holding that node's two
+    devices; seven pods with a claim template each: six claims allocated, each from the pool
+    of the node its pod runs on; the seventh waits until a device is freed, then takes it on
+    that node."""
+    api = fleet.api
+    assert api is not None
+    every = [d for theirs in own_devices.values() for d in theirs]
+    for node in fleet.nodes:
+        fleet.import_image(agent_image.archive, node)
+    overlay = write_fleet_dra_overlay(
+        tmp_path / "overlay",
+        agent_image.name,
+        loop_fpga_config([d.name for d in every], dfl_path=False),
+        api.port,
+    )
+    pods = Pods(api)
+    claims = Claims(api, pods)
+    _TEST_LOGS.append(("DRA DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
+    try:
+        fleet.kubectl("apply", "-k", str(overlay))
+        for node in fleet.nodes:
+            wanted = {f"{RESOURCE}=fpga-{d.number}" for d in own_devices[node.name]}
+
+            def published(found: dict[str, Any], wanted: set[str] = wanted) -> bool:
+                # Only the fpga class: the shipped config's others (kvm) match the host too.
+                names = {device_attribute(d, DRIVER, "cdiName") for d in found.values()}
+                return {n for n in names if n.startswith(f"{RESOURCE}=")} == wanted
+
+            claims.wait_devices(
+                DRIVER, published, f"{node.name}'s own two devices", timeout=120, node=node.name
+            )
+
+        claims.template("fpga", FPGA_CLASS)
+        names = [f"dra-consumer-{i}" for i in range(7)]
+        for name in names:
+            claims.pod_with_template(name, "fpga")
+        running, waiting, state = pods.wait_split(names, running=6, timeout=120)
+        ((pending, message),) = waiting.items()
+        assert "cannot allocate all claims" in message, message
+
+        per_node: Counter[str] = Counter()
+        for name in running:
+            pod = state[name]
+            assert pod is not None
+            node = pod["spec"]["nodeName"]
+            per_node[node] += 1
+            (result,) = allocated_devices(claims.pod_claim(name))
+            assert (result["driver"], result["pool"]) == (DRIVER, node), result
+            _assert_own_device(pods, name, own_devices[node])
+        assert all(count <= 2 for count in per_node.values()), per_node
+
+        # A device freed on one node: the waiting pod's claim is allocated there.
+        victim = running[0]
+        victim_pod = state[victim]
+        assert victim_pod is not None
+        freed_on = victim_pod["spec"]["nodeName"]
+        pods.delete(victim)
+        moved = pods.wait_running(pending, timeout=120)
+        assert moved["spec"]["nodeName"] == freed_on
+        (result,) = allocated_devices(claims.pod_claim(pending))
+        assert result["pool"] == freed_on, result
+        _assert_own_device(pods, pending, own_devices[freed_on])
+    finally:
+        _TEST_LOGS.clear()
+        # Pods first, while the agents run: the kubelet removes a pod only after its claims
+        # were unprepared.
+        pods.delete_all()
+        claims.delete_all()
+        fleet.kubectl(
+            "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
+        )
+        for node in fleet.nodes:
+            claims.delete_slices(DRIVER, node.name)
+            for spec in node.cdi_run.glob("*"):
+                spec.unlink()
+
+
+def _assert_own_device(pods: Pods, name: str, mine: list[LoopDevice]) -> None:
+    """The pod sees exactly one device, one of ``mine``, with the host's numbers."""
+    seen = pods.seen(name)
+    assert len(seen.devices) == 1, (name, seen)
+    ((path, numbers),) = seen.devices.items()
+    by_path = {str(d.path): d for d in mine}
+    assert path in by_path, (name, seen, sorted(by_path))
+    assert numbers == hex_rdev(by_path[path])
