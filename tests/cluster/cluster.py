@@ -1,17 +1,20 @@
-"""A single-node Kubernetes cluster of real components, started and stopped as one object.
+"""A Kubernetes cluster of real components, started and stopped as one object.
 
 Control plane on 127.0.0.1 (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) in the
-host's namespaces; containerd with CDI on and the kubelet inside the node's private mount
-namespace (``namespace.py``). Which releases, which containerd config and which feature gates
-come from the cluster's :class:`~cluster.lane.Lane`. Every port is picked free at start and
-every file lives in one short work folder under /tmp, so several sessions can run side by side.
-``stop()`` undoes everything whatever state the start reached, and reports what it could not
-undo.
+host's namespaces; per node (one by default, ``node_count=3`` for the several-node scenarios) a
+containerd with CDI on and a kubelet inside the node's own private mount namespace
+(``namespace.py``), each node with its own name, folder, kubelet ports and pod subnet. Which
+releases, which containerd config and which feature gates come from the cluster's
+:class:`~cluster.lane.Lane`. Every port is picked free at start and every file lives in one
+short work folder under /tmp (the first node's files too; each other node has a subfolder), so
+several sessions can run side by side. ``stop()`` undoes everything whatever state the start
+reached, and reports what it could not undo.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import random
@@ -64,9 +67,12 @@ def _routed_networks() -> list[ipaddress.IPv4Network]:
     return networks
 
 
-def _free_pod_subnet() -> ipaddress.IPv4Network:
-    """A /24 in 10.244.0.0/16 that no route of the host (nor another cluster's pod) uses."""
+def _free_pod_subnet(taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
+    """A /24 in 10.244.0.0/16 that no route of the host (nor another cluster's pod) uses, nor
+    one in ``taken`` (another node's of this cluster, which has no route before its first
+    pod)."""
     routed = [n for n in _routed_networks() if n.prefixlen > 0]  # not the default route
+    routed += taken
     candidates = list(ipaddress.IPv4Network("10.244.0.0/16").subnets(new_prefix=24))
     random.shuffle(candidates)
     for subnet in candidates:
@@ -110,22 +116,72 @@ def _http_ok(url: str) -> bool:
 
 
 @dataclass
+class Node:
+    """One node: its name, folder, kubelet ports and pod subnet; its mount namespace,
+    containerd and kubelet once started."""
+
+    name: str
+    work: Path
+    #: Suffix of its certificates, kubeconfig and kubelet component ("" for the first node).
+    suffix: str
+    ports: dict[str, int] = field(default_factory=dict)
+    namespace: NodeNamespace | None = None
+    containerd: Containerd | None = None
+    kubelet: Component | None = None
+    #: Addresses of pods without hostNetwork (chosen free at start).
+    pod_subnet: ipaddress.IPv4Network | None = None
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.device_plugin_dir
+
+    @property
+    def kubelet_dir(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.kubelet_dir
+
+    @property
+    def cdi_run(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.cdi_run
+
+    @property
+    def cdi_etc(self) -> Path:
+        assert self.namespace is not None
+        return self.namespace.cdi_etc
+
+
+@dataclass
 class Cluster:
     binaries: Binaries
     etcd_root: Path
     containerd_root: Path
     lane: Lane
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
+    #: How many nodes (kubelet + containerd + mount namespace each) join the control plane.
+    node_count: int = 1
     components: dict[str, Component] = field(default_factory=dict)
-    namespace: NodeNamespace | None = None
-    containerd: Containerd | None = None
+    nodes: list[Node] = field(default_factory=list)
     api: Api | None = None
     node_ip: str = ""
     ports: dict[str, int] = field(default_factory=dict)
-    #: Addresses of pods without hostNetwork (chosen free at start).
-    pod_subnet: ipaddress.IPv4Network | None = None
     #: Seconds per start-up step, in order (for the benchmark and the report).
     timings: dict[str, float] = field(default_factory=dict)
+
+    # ----- the first node (the single-node scenarios use only it) -------------------------
+
+    @property
+    def namespace(self) -> NodeNamespace | None:
+        return self.nodes[0].namespace if self.nodes else None
+
+    @property
+    def containerd(self) -> Containerd | None:
+        return self.nodes[0].containerd if self.nodes else None
+
+    @property
+    def pod_subnet(self) -> ipaddress.IPv4Network | None:
+        return self.nodes[0].pod_subnet if self.nodes else None
 
     # ----- paths ---------------------------------------------------------------------------
 
@@ -189,16 +245,26 @@ class Cluster:
         started = time.monotonic()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.node_ip = host_ip()
-        for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "controller-manager",
-                     "kubelet", "kubelet-healthz"):  # fmt: skip
+        for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
             self.ports[name] = free_port()
+        for i in range(self.node_count):
+            # The first node is the cluster's folder itself, as before there were several; the
+            # others' folder names stay unique on the machine (containerd's cgroup parent is
+            # named after its folder).
+            work = self.work if i == 0 else self.work / f"{self.work.name}n{i}"
+            name = NODE_NAME if i == 0 else f"{NODE_NAME}-{i}"
+            node = Node(name, work, "" if i == 0 else f"-{i}")
+            node.ports = {"kubelet": free_port(), "kubelet-healthz": free_port()}
+            self.nodes.append(node)
+        # The first node's ports keep their names for whoever reads them.
+        self.ports.update(self.nodes[0].ports)
         step = time.monotonic()
         certs = self._certificates()
         self._timed("certificates", step)
         self._start_etcd()
         self._start_apiserver(certs)
         self._start_controllers()
-        self._start_node(certs)
+        self._start_nodes(certs)
         self.timings["total"] = time.monotonic() - started
 
     def _gate_flags(self) -> list[str]:
@@ -230,16 +296,22 @@ class Cluster:
             "controller-manager": ca.issue(
                 "controller-manager", "system:kube-controller-manager", client=True
             ),
-            "kubelet": ca.issue(
-                "kubelet", f"system:node:{NODE_NAME}", orgs=("system:nodes",), client=True
-            ),
-            "kubelet-serving": ca.issue(
-                "kubelet-serving", NODE_NAME, dns=(NODE_NAME,), ips=(self.node_ip,), server=True
-            ),
             "service-accounts": ca.service_account_keys(),
         }  # fmt: skip
-        for user in ("admin", "scheduler", "controller-manager", "kubelet"):
+        for user in ("admin", "scheduler", "controller-manager"):
             kubeconfig(self.work / f"{user}.kubeconfig", server, ca.cert, certs[user], user)
+        for node in self.nodes:
+            # Each kubelet its own identity: the Node authorizer and NodeRestriction let it
+            # touch only its own Node and its own pods.
+            client, serving = f"kubelet{node.suffix}", f"kubelet-serving{node.suffix}"
+            certs[client] = ca.issue(
+                client, f"system:node:{node.name}", orgs=("system:nodes",), client=True
+            )
+            certs[serving] = ca.issue(
+                serving, node.name, dns=(node.name,), ips=(self.node_ip,), server=True
+            )
+            node.work.mkdir(parents=True, exist_ok=True)
+            kubeconfig(node.work / "kubelet.kubeconfig", server, ca.cert, certs[client], "kubelet")
         self.api = Api("127.0.0.1", self.ports["apiserver"], ca.cert, *_pair(certs["admin"]))
         return certs
 
@@ -355,44 +427,57 @@ class Cluster:
         manager.wait_ready(lambda: _https_ok(self.ports["controller-manager"]), 60, step)
         self._timed("scheduler + controller-manager", step)
 
-    def _start_node(self, certs: dict[str, Pair]) -> None:
+    def _start_nodes(self, certs: dict[str, Pair]) -> None:
+        # The runtimes one after the other (each imports an image), then every kubelet at
+        # once: their registration, the slow part, overlaps.
+        for node in self.nodes:
+            self._start_runtime(node)
         step = time.monotonic()
-        self.namespace = NodeNamespace(self.work)
-        self.namespace.start(self.logs / "namespace.log")
-        self._timed("node namespace", step)
+        for node in self.nodes:
+            self._cgroup_root(node)
+            node.kubelet = self._component(f"kubelet{node.suffix}", self._kubelet_argv(node, certs))
+            node.kubelet.start()
+        for node in self.nodes:
+            assert node.kubelet is not None
+            node.kubelet.wait_ready(functools.partial(self._kubelet_healthy, node), 60, step)
+        self._timed("kubelet healthz", step)
+        step = time.monotonic()
+        for node in self.nodes:
+            assert node.kubelet is not None
+            node.kubelet.wait_ready(functools.partial(self.node_ready, node.name), 60, step)
+        self._timed("node Ready, untainted", step)
+        step = time.monotonic()
+        assert self.nodes[0].kubelet is not None
+        self._wait_default_service_account(self.nodes[0].kubelet)
+        self._timed("default service account", step)
+
+    def _start_runtime(self, node: Node) -> None:
+        """The node's mount namespace and containerd, with the consumers' busybox image."""
+        prefix = "" if not node.suffix else f"{node.name} "
+        step = time.monotonic()
+        node.namespace = NodeNamespace(node.work)
+        node.namespace.start(self.logs / f"namespace{node.suffix}.log")
+        self._timed(f"{prefix}node namespace", step)
 
         step = time.monotonic()
-        self._cni()
-        self.containerd = Containerd(
+        self._cni(node)
+        node.containerd = Containerd(
             self.containerd_root,
-            self.work,
+            node.work,
             # The node's standard folders, which the namespace binds to cdi/etc and cdi/run.
             [Path("/etc/cdi"), Path("/var/run/cdi")],
             IMAGE_NAME,
-            command_prefix=self.namespace.enter([]),
+            command_prefix=node.namespace.enter([]),
             config_version=self.lane.containerd_config_version,
         )
         try:
-            self.containerd.start()
+            node.containerd.start()
         except DaemonError as exc:
-            raise ComponentError(f"containerd: {exc}") from exc
-        self.import_image(build_archive(self.work / "busybox-oci.tar"))
-        self._timed("containerd + busybox image", step)
+            raise ComponentError(f"containerd of {node.name}: {exc}") from exc
+        self.import_image(build_archive(node.work / "busybox-oci.tar"), node)
+        self._timed(f"{prefix}containerd + busybox image", step)
 
-        step = time.monotonic()
-        self._cgroup_root()
-        kubelet = self._component("kubelet", self._kubelet_argv(certs))
-        kubelet.start()
-        kubelet.wait_ready(self._kubelet_healthy, 60, step)
-        self._timed("kubelet healthz", step)
-        step = time.monotonic()
-        kubelet.wait_ready(self.node_ready, 60, step)
-        self._timed("node Ready, untainted", step)
-        step = time.monotonic()
-        self._wait_default_service_account(kubelet)
-        self._timed("default service account", step)
-
-    def _cni(self) -> None:
+    def _cni(self, node: Node) -> None:
         # containerd reports the pod network not ready (so the Node stays NotReady) until it
         # loads a CNI config, and a pod without hostNetwork (deploy/'s example consumers) needs
         # an address on eth0: containerd refuses a sandbox whose CNI result has none ("failed to
@@ -404,13 +489,15 @@ class Cluster:
                 f"CNI plugins {', '.join(missing)} missing in {CNI_BIN}: "
                 "apt-get install containernetworking-plugins"
             )
-        (self.work / "cni/bin").mkdir(parents=True, exist_ok=True)
-        (self.work / "cni/conf").mkdir(parents=True, exist_ok=True)
+        (node.work / "cni/bin").mkdir(parents=True, exist_ok=True)
+        (node.work / "cni/conf").mkdir(parents=True, exist_ok=True)
         for plugin in CNI_PLUGINS:
-            link = self.work / "cni/bin" / plugin
+            link = node.work / "cni/bin" / plugin
             if not link.exists():
                 link.symlink_to(CNI_BIN / plugin)
-        self.pod_subnet = _free_pod_subnet()
+        node.pod_subnet = _free_pod_subnet(
+            [n.pod_subnet for n in self.nodes if n.pod_subnet is not None]
+        )
         network = {
             "cniVersion": "1.0.0",
             "name": "cdi-gen-pods",
@@ -420,27 +507,28 @@ class Cluster:
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": str(self.pod_subnet)}]],
-                        # The addresses handed out live and die with the cluster's folder.
-                        "dataDir": str(self.work / "cni/ipam"),
+                        "ranges": [[{"subnet": str(node.pod_subnet)}]],
+                        # The addresses handed out live and die with the node's folder.
+                        "dataDir": str(node.work / "cni/ipam"),
                     },
                 }
             ],
         }
-        (self.work / "cni/conf/10-pods.conflist").write_text(json.dumps(network))
+        (node.work / "cni/conf/10-pods.conflist").write_text(json.dumps(network))
 
-    def _cgroup_root(self) -> None:
+    def _cgroup_root(self, node: Node) -> None:
         # The kubelet wants its cgroupRoot to exist in every hierarchy; it is containerd's
         # parent, so containerd's teardown removes it with everything the kubelet made in it.
-        assert self.containerd is not None
+        assert node.containerd is not None
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split(" - ")[0].split()[4] for line in f
                       if line.split(" - ")[1].split()[0] in ("cgroup", "cgroup2")]  # fmt: skip
         for mount in mounts:
-            Path(mount, self.containerd.cgroup_parent.lstrip("/")).mkdir(exist_ok=True)
+            Path(mount, node.containerd.cgroup_parent.lstrip("/")).mkdir(exist_ok=True)
 
-    def kubelet_config(self, certs: dict[str, Pair]) -> dict[str, Any]:
-        assert self.containerd is not None
+    def kubelet_config(self, node: Node, certs: dict[str, Pair]) -> dict[str, Any]:
+        containerd = node.containerd
+        assert containerd is not None
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -448,15 +536,15 @@ class Cluster:
             # From 1.35 the kubelet refuses cgroup v1 hosts unless told otherwise.
             "failCgroupV1": False,
             # Under containerd's own parent, which its teardown removes.
-            "cgroupRoot": self.containerd.cgroup_parent,
-            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
+            "cgroupRoot": containerd.cgroup_parent,
+            "containerRuntimeEndpoint": f"unix://{containerd.socket}",
             "address": "0.0.0.0",
-            "port": self.ports["kubelet"],
+            "port": node.ports["kubelet"],
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "healthzPort": self.ports["kubelet-healthz"],
-            "tlsCertFile": str(certs["kubelet-serving"].cert),
-            "tlsPrivateKeyFile": str(certs["kubelet-serving"].key),
+            "healthzPort": node.ports["kubelet-healthz"],
+            "tlsCertFile": str(certs[f"kubelet-serving{node.suffix}"].cert),
+            "tlsPrivateKeyFile": str(certs[f"kubelet-serving{node.suffix}"].key),
             "authentication": {
                 "anonymous": {"enabled": False},
                 "webhook": {"enabled": False},
@@ -483,36 +571,38 @@ class Cluster:
             },
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "volumePluginDir": str(self.work / "volume-plugins"),
+            "volumePluginDir": str(node.work / "volume-plugins"),
             "serializeImagePulls": False,
             # None in the current lane: the kubelet as users run it.
             **({"featureGates": dict(self.lane.feature_gates)} if self.lane.feature_gates else {}),
         }
 
-    def _kubelet_argv(self, certs: dict[str, Pair]) -> list[str]:
-        assert self.namespace is not None
-        config = self.work / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(self.kubelet_config(certs), sort_keys=False))
-        return self.namespace.enter(
+    def _kubelet_argv(self, node: Node, certs: dict[str, Pair]) -> list[str]:
+        assert node.namespace is not None
+        config = node.work / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(self.kubelet_config(node, certs), sort_keys=False))
+        return node.namespace.enter(
             [
                 str(self.binaries.path("kubelet")),
                 "--config", str(config),
-                "--kubeconfig", str(self.work / "kubelet.kubeconfig"),
-                "--hostname-override", NODE_NAME,
+                "--kubeconfig", str(node.work / "kubelet.kubeconfig"),
+                "--hostname-override", node.name,
                 "--node-ip", self.node_ip,
                 "--v=2",
             ]
         )  # fmt: skip
 
-    def _kubelet_healthy(self) -> bool:
-        return _http_ok(f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz")
+    def _kubelet_healthy(self, node: Node | None = None) -> bool:
+        port = (node or self.nodes[0]).ports["kubelet-healthz"]
+        return _http_ok(f"http://127.0.0.1:{port}/healthz")
 
-    def node(self) -> dict[str, Any] | None:
+    def node(self, name: str = NODE_NAME) -> dict[str, Any] | None:
+        """The Node object of the node ``name`` (default: the first)."""
         assert self.api is not None
-        return self.api.get_or_none(f"/api/v1/nodes/{NODE_NAME}")
+        return self.api.get_or_none(f"/api/v1/nodes/{name}")
 
-    def node_ready(self) -> bool:
-        node = self.node()
+    def node_ready(self, name: str = NODE_NAME) -> bool:
+        node = self.node(name)
         if node is None:
             return False
         conditions = node.get("status", {}).get("conditions", [])
@@ -535,12 +625,14 @@ class Cluster:
 
     # ----- use -----------------------------------------------------------------------------
 
-    def import_image(self, archive: Path) -> None:
-        """Import an OCI/docker image archive into the node's containerd (namespace k8s.io),
-        as ``ctr images import`` does; pods then use it with ``imagePullPolicy: Never``."""
-        assert self.containerd is not None
+    def import_image(self, archive: Path, node: Node | None = None) -> None:
+        """Import an OCI/docker image archive into a node's containerd (namespace k8s.io;
+        default: the first node's), as ``ctr images import`` does; pods then use it with
+        ``imagePullPolicy: Never``."""
+        containerd = (node or self.nodes[0]).containerd
+        assert containerd is not None
         try:
-            self.containerd.import_image(archive)
+            containerd.import_image(archive)
         except DaemonError as exc:
             raise ComponentError(f"importing {archive}: {exc}") from exc
 
@@ -566,9 +658,9 @@ class Cluster:
             )
         return proc.stdout
 
-    def allocatable(self, resource: str) -> tuple[int, int]:
-        """The Node's (capacity, allocatable) of ``resource`` (0 when absent)."""
-        node = self.node() or {}
+    def allocatable(self, resource: str, name: str = NODE_NAME) -> tuple[int, int]:
+        """A Node's (capacity, allocatable) of ``resource`` (0 when absent)."""
+        node = self.node(name) or {}
         status = node.get("status", {})
         return (
             int(status.get("capacity", {}).get(resource, "0")),
@@ -618,10 +710,12 @@ class Cluster:
             parts.append(
                 f"----- {component.name} ({component.log_path})\n{component.log_tail(lines)}"
             )
-        if self.containerd is not None:
-            parts.append(
-                f"----- containerd ({self.containerd.log_path})\n{self.containerd.log_tail(lines)}"
-            )
+        for node in self.nodes:
+            if node.containerd is not None:
+                parts.append(
+                    f"----- containerd of {node.name} ({node.containerd.log_path})\n"
+                    f"{node.containerd.log_tail(lines)}"
+                )
         return "\n".join(parts)
 
     # ----- stop ----------------------------------------------------------------------------
@@ -629,13 +723,14 @@ class Cluster:
     def stop(self) -> list[str]:
         """Stop everything that was started, in reverse order; returns what was left behind."""
         problems: list[str] = []
-        kubelet = self.components.get("kubelet")
-        if kubelet is not None:
-            kubelet.stop()
-        if self.containerd is not None:
-            problems += self.containerd.stop()
-        if self.namespace is not None:
-            self.namespace.stop()
+        for node in self.nodes:
+            if node.kubelet is not None:
+                node.kubelet.stop()
+        for node in reversed(self.nodes):
+            if node.containerd is not None:
+                problems += node.containerd.stop()
+            if node.namespace is not None:
+                node.namespace.stop()
         for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
             component = self.components.get(name)
             if component is not None:
@@ -656,9 +751,11 @@ def _pair(pair: Pair) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def running_cluster(binaries: Binaries, etcd_root: Path, containerd_root: Path, lane: Lane) -> Any:
+def running_cluster(
+    binaries: Binaries, etcd_root: Path, containerd_root: Path, lane: Lane, nodes: int = 1
+) -> Any:
     """A started cluster, always stopped and removed at the end (for scripts and benchmarks)."""
-    cluster = Cluster(binaries, etcd_root, containerd_root, lane)
+    cluster = Cluster(binaries, etcd_root, containerd_root, lane, node_count=nodes)
     try:
         cluster.start()
         yield cluster

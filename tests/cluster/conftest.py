@@ -1,6 +1,7 @@
 """Fixtures of the cluster tests: one real single-node cluster per lane (``lane.py``) at a time,
 and per test the ``cdi-gen run`` agents, loop devices and pods it needs, all removed at the
-test's end.
+test's end. ``fleet`` is a three-node cluster of the current lane for the module that uses it
+(test_nodes.py), stopped at that module's end.
 
 Every test here is marked ``cluster``. A test runs in the current lane; one marked
 ``@pytest.mark.lanes("current", "oldest")`` runs in each lane named (its id says which), and
@@ -70,8 +71,9 @@ def pytest_runtest_makereport(
         return
     for name, read in _TEST_LOGS:
         report.sections.append((f"log: {name}", read()))
-    if _CLUSTER:
-        report.sections.append(("cluster component logs", _CLUSTER[0].log_report()))
+    for cluster in _CLUSTER:
+        report.sections.append((f"cluster component logs ({len(cluster.nodes)} node(s))",
+                                cluster.log_report()))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +86,21 @@ def lane(request: pytest.FixtureRequest) -> Lane:
 @pytest.fixture(scope="session")
 def cluster(lane: Lane) -> Iterator[Cluster]:
     """A running cluster of ``lane`` whose Node is Ready (built by tests/cluster/setup.py)."""
+    yield from _running(lane, 1)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Cluster]:
+    """A running cluster of the current lane with three Ready nodes, for the module that asks
+    for it (single-node scenarios keep their own, lighter ``cluster``)."""
+    yield from _running(CURRENT, FLEET_NODES)
+
+
+#: The nodes of ``fleet``: enough for spreading (two devices each, seven pods) to show.
+FLEET_NODES = 3
+
+
+def _running(lane: Lane, nodes: int) -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.fail("cluster: needs root (mount namespace, cgroups, containerd, loop devices)")
     try:
@@ -94,21 +111,22 @@ def cluster(lane: Lane) -> Iterator[Cluster]:
         pytest.fail(f"lane {lane.name}: cannot get etcd: {exc}", False)
     except LaneError as exc:
         pytest.fail(f"cannot get the components: {exc}", False)
-    cluster = Cluster(binaries, etcd, containerd, lane)
+    cluster = Cluster(binaries, etcd, containerd, lane, node_count=nodes)
     _CLUSTER.append(cluster)
     try:
         try:
             cluster.start()
         except (ComponentError, OSError) as exc:
             pytest.fail(
-                f"lane {lane.name}: cluster did not start: {exc}\n\n{cluster.log_report()}",
+                f"lane {lane.name}: cluster of {nodes} node(s) did not start: {exc}\n\n"
+                f"{cluster.log_report()}",
                 False,
             )
         yield cluster
     finally:
         problems = cluster.stop()
         cluster.remove()
-        _CLUSTER.clear()
+        _CLUSTER.remove(cluster)
         if problems:
             pytest.fail("cluster teardown left something behind: " + "; ".join(problems))
 

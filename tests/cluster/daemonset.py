@@ -16,6 +16,13 @@ tells users to ``kubectl apply -k``, and changes three things:
 The host folders stay as shipped: the cluster's node namespace (``namespace.py``) puts the
 kubelet's device-plugin folder and containerd's CDI folders at the standard paths.
 
+``write_fleet_overlay`` is the device-plugin overlay for the three-node cluster
+(``Cluster(node_count=3)``), whose nodes share this machine's one network namespace: the
+shipped DaemonSet's hostNetwork metrics port could be bound by one agent only, so there metrics
+are off (an empty ``CDI_GEN_METRICS_ADDRESS``) and with them the probes that ask that port; on
+separate machines each agent has its own. ``write_fleet_dra_overlay`` does the same over the
+DRA variant.
+
 ``write_dra_overlay`` does the same over the DRA variant, ``deploy/kubernetes/dra``, and changes
 one more thing: the API server's address. A pod's in-cluster config dials the ``kubernetes``
 Service (``KUBERNETES_SERVICE_HOST``), and this cluster runs no kube-proxy that would route
@@ -55,18 +62,20 @@ def shipped_config() -> dict[str, Any]:
     return config
 
 
-def loop_fpga_config(kernel_names: Sequence[str]) -> dict[str, Any]:
+def loop_fpga_config(kernel_names: Sequence[str], dfl_path: bool = True) -> dict[str, Any]:
     """The shipped config with its ``fpga`` class matching exactly these loop devices.
 
-    Exact names: other suites create loop devices at the same time. Each device appears in the
-    container as ``/dev/dfl-port.<number>``, where a real DFL port would be.
+    Exact names: other suites create loop devices at the same time. With ``dfl_path`` each
+    device appears in the container as ``/dev/dfl-port.<number>``, where a real DFL port would
+    be (for the shipped example consumer); without, at its own path (for ``pods.consumer``).
     """
     config = copy.deepcopy(shipped_config())
     (fpga,) = [c for c in config["classes"] if c["name"] == "fpga"]
     fpga["match"] = [
         {"subsystem": "block", "kernel": k, "properties": {"DEVTYPE": "disk"}} for k in kernel_names
     ]
-    fpga["node"] = {"path": "/dev/dfl-port.{number}"}
+    if dfl_path:
+        fpga["node"] = {"path": "/dev/dfl-port.{number}"}
     return config
 
 
@@ -125,6 +134,26 @@ def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_p
     )
 
 
+def write_fleet_overlay(dest: Path, image_name: str, config: dict[str, Any]) -> Path:
+    """A kustomization folder at ``dest`` over deploy/kubernetes for several nodes on one
+    machine (see the module docstring); returns ``dest``."""
+    container = "/spec/template/spec/containers/0"
+    daemonset_patch = [
+        {"op": "test", "path": f"{container}/name", "value": "agent"},
+        {"op": "add", "path": f"{container}/imagePullPolicy", "value": "Never"},
+        {"op": "test", "path": f"{container}/env/3/name", "value": "CDI_GEN_METRICS_ADDRESS"},
+        {"op": "replace", "path": f"{container}/env/3/value", "value": ""},
+        {"op": "remove", "path": f"{container}/livenessProbe"},
+        {"op": "remove", "path": f"{container}/readinessProbe"},
+        # hostNetwork makes the container port a host port: nothing listens there now.
+        {"op": "remove", "path": f"{container}/ports"},
+    ]
+    target = {"kind": "DaemonSet", "name": NAME}
+    return _write_overlay(
+        dest, DEPLOY, image_name, config, [("daemonset-patch.yaml", daemonset_patch, target)]
+    )
+
+
 def write_dra_overlay(
     dest: Path, image_name: str, config: dict[str, Any], metrics_port: int, api_port: int
 ) -> Path:
@@ -158,5 +187,43 @@ def write_dra_overlay(
         [
             ("env-patch.yaml", env_patch, None),
             ("port-patch.yaml", port_patch, {"kind": "DaemonSet", "name": NAME}),
+        ],
+    )
+
+
+def write_fleet_dra_overlay(
+    dest: Path, image_name: str, config: dict[str, Any], api_port: int
+) -> Path:
+    """``write_dra_overlay`` for several nodes on one machine: metrics and the probes on
+    them off, as in ``write_fleet_overlay``; returns ``dest``."""
+    env_patch = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "agent",
+            "imagePullPolicy": "Never",
+            "env": [
+                {"name": "CDI_GEN_METRICS_ADDRESS", "value": ""},
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)},
+            ],
+        }]}}},
+    }  # fmt: skip
+    container = "/spec/template/spec/containers/0"
+    probes_patch = [
+        {"op": "test", "path": f"{container}/name", "value": "agent"},
+        {"op": "remove", "path": f"{container}/livenessProbe"},
+        {"op": "remove", "path": f"{container}/readinessProbe"},
+        {"op": "remove", "path": f"{container}/ports"},
+    ]
+    return _write_overlay(
+        dest,
+        DEPLOY_DRA,
+        image_name,
+        config,
+        [
+            ("env-patch.yaml", env_patch, None),
+            ("probes-patch.yaml", probes_patch, {"kind": "DaemonSet", "name": NAME}),
         ],
     )

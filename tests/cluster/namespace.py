@@ -128,6 +128,21 @@ class NodeNamespace:
         assert self.holder is not None
         return ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv]
 
+    def hide(self, path: Path) -> None:
+        """Cover ``path`` (a folder, e.g. a device's in sysfs) with an empty tmpfs inside the
+        namespace: what the node's runtime and pods see there is nothing. Several nodes on one
+        machine share its devices; hiding another node's keeps each node to its own, as
+        separate machines would be."""
+        self._run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=0555", "cdi-gen-hidden", str(path)])
+
+    def unhide(self, path: Path) -> None:
+        self._run(["umount", str(path)])
+
+    def _run(self, argv: list[str]) -> None:
+        proc = subprocess.run(self.enter(argv), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ComponentError(f"node namespace: {' '.join(argv)}: {proc.stderr.strip()}")
+
     def stop(self) -> None:
         if self.holder is not None and self.holder.poll() is None:
             self.holder.kill()

@@ -1,0 +1,250 @@
+"""Several nodes (issue 20, current lane): three kubelets, each with its own containerd, mount
+namespace, name, ports and pod subnet, against one control plane (``fleet``).
+
+The seed lab across nodes: the DaemonSet as shipped (``write_fleet_overlay``) on all three,
+two ``example.com/fpga`` loop devices per node, seven pods asking one each: six run, at most two
+on a node, each with its own node's device; the seventh waits with the scheduler's message.
+The same with the DRA variant (``write_fleet_dra_overlay``): one pool per node, seven pods with
+a claim template, each claim allocated from the pool of its pod's node; the seventh takes the
+device a deleted pod freed.
+
+The nodes share this machine's devices; each node's mount namespace hides the other nodes'
+loop devices in sysfs (``NodeNamespace.hide``), so that one ConfigMap naming all six devices
+is what every agent gets, as on real machines, and each agent finds only its own two.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loopdev import LoopDevice, LoopDevices
+
+from .agent import DRIVER
+from .claims import Claims, allocated_devices, device_attribute
+from .cluster import Cluster, Node
+from .conftest import _TEST_LOGS, FLEET_NODES
+from .daemonset import (
+    NAMESPACE,
+    SELECTOR,
+    loop_fpga_config,
+    write_fleet_dra_overlay,
+    write_fleet_overlay,
+)
+from .image import AgentImage
+from .pods import Pods, phase
+from .test_seed_lab import RESOURCE, hex_rdev
+
+# A cold agent image build takes minutes (see image.py); the scenario itself about one.
+pytestmark = pytest.mark.timeout(900)
+
+SYS_BLOCK = Path("/sys/devices/virtual/block")
+#: The shipped DeviceClass of the fpga class (deploy/kubernetes/dra/deviceclasses.yaml).
+FPGA_CLASS = "fpga.example.com"
+
+
+def _wait_every_node(fleet: Cluster, count: int, timeout: float = 120) -> None:
+    """Until every Node advertises ``count`` devices (capacity and allocatable)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = {n.name: fleet.allocatable(RESOURCE, n.name) for n in fleet.nodes}
+        if all(v == (count, count) for v in seen.values()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{RESOURCE} (capacity, allocatable) per node: {seen}")
+        time.sleep(0.2)
+
+
+def _diagnostics(fleet: Cluster) -> str:
+    parts = []
+    for args in (
+        ("get", "pods", "-A", "-o", "wide"),
+        ("-n", NAMESPACE, "logs", "-l", SELECTOR, "--tail=60", "--prefix"),
+    ):
+        parts.append(f"----- kubectl {' '.join(args)}\n{fleet.kubectl(*args, check=False)}")
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def own_devices(fleet: Cluster, loops: LoopDevices) -> Iterator[dict[str, list[LoopDevice]]]:
+    """Two loop devices per node, each hidden from the other nodes; node name -> devices."""
+    devices = {node.name: [loops.add(), loops.add()] for node in fleet.nodes}
+    hidden: list[tuple[Node, Path]] = []
+    try:
+        for node in fleet.nodes:
+            assert node.namespace is not None
+            for other, theirs in devices.items():
+                if other == node.name:
+                    continue
+                for device in theirs:
+                    path = SYS_BLOCK / device.name
+                    node.namespace.hide(path)
+                    hidden.append((node, path))
+        yield devices
+    finally:
+        for node, path in hidden:
+            assert node.namespace is not None
+            node.namespace.unhide(path)
+
+
+def test_seed_lab_across_three_nodes(
+    fleet: Cluster,
+    own_devices: dict[str, list[LoopDevice]],
+    agent_image: AgentImage,
+    tmp_path: Path,
+) -> None:
+    assert fleet.api is not None
+    assert len(fleet.nodes) == FLEET_NODES
+    every = [d for theirs in own_devices.values() for d in theirs]
+    for node in fleet.nodes:
+        fleet.import_image(agent_image.archive, node)
+    overlay = write_fleet_overlay(
+        tmp_path / "overlay",
+        agent_image.name,
+        loop_fpga_config([d.name for d in every], dfl_path=False),
+    )
+    pods = Pods(fleet.api)
+    _TEST_LOGS.append(("DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
+    try:
+        fleet.kubectl("apply", "-k", str(overlay))
+        _wait_every_node(fleet, 2)
+        agents = fleet.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={SELECTOR}")
+        placed = sorted(p["spec"]["nodeName"] for p in agents["items"])
+        assert placed == sorted(n.name for n in fleet.nodes), placed
+
+        names = [f"fpga-consumer-{i}" for i in range(7)]
+        for name in names:
+            pods.create(name, {RESOURCE: 1})
+        running, waiting, state = pods.wait_split(names, running=6, timeout=120)
+        ((pending, message),) = waiting.items()
+        assert phase(state[pending]) == "Pending"
+        assert f"Insufficient {RESOURCE}" in message, message
+
+        per_node: Counter[str] = Counter()
+        owner: dict[str, str] = {}
+        for name in running:
+            pod = state[name]
+            assert pod is not None
+            node = pod["spec"]["nodeName"]
+            per_node[node] += 1
+            seen = pods.seen(name)
+            assert len(seen.devices) == 1, seen
+            ((path, numbers),) = seen.devices.items()
+            # Its own node's device, with the host's numbers, and no one else's.
+            mine = {str(d.path): d for d in own_devices[node]}
+            assert path in mine, (name, node, seen)
+            assert numbers == hex_rdev(mine[path])
+            assert seen.env == {"FPGA_DEVICE": f"fpga-{mine[path].number}"}
+            assert path not in owner, f"{name} and {owner.get(path)} both got {path}"
+            owner[path] = name
+        assert all(count <= 2 for count in per_node.values()), per_node
+        assert sorted(owner) == sorted(str(d.path) for d in every)
+        # For the report (pytest -rA): what starting three nodes took, step by step.
+        print("three-node start-up, s:", {k: round(v, 2) for k, v in fleet.timings.items()})
+    finally:
+        _TEST_LOGS.clear()
+        pods.delete_all()
+        fleet.kubectl(
+            "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
+        )
+        # Left on purpose by the agents (no --cleanup-on-exit); the next test starts clean.
+        for node in fleet.nodes:
+            for spec in node.cdi_run.glob("*"):
+                spec.unlink()
+
+
+def test_dra_three_pools_allocate_where_devices_are_free(
+    fleet: Cluster,
+    own_devices: dict[str, list[LoopDevice]],
+    agent_image: AgentImage,
+    tmp_path: Path,
+) -> None:
+    """The DRA variant as shipped on three nodes: one pool per node holding that node's two
+    devices; seven pods with a claim template each: six claims allocated, each from the pool
+    of the node its pod runs on; the seventh waits until a device is freed, then takes it on
+    that node."""
+    api = fleet.api
+    assert api is not None
+    every = [d for theirs in own_devices.values() for d in theirs]
+    for node in fleet.nodes:
+        fleet.import_image(agent_image.archive, node)
+    overlay = write_fleet_dra_overlay(
+        tmp_path / "overlay",
+        agent_image.name,
+        loop_fpga_config([d.name for d in every], dfl_path=False),
+        api.port,
+    )
+    pods = Pods(api)
+    claims = Claims(api, pods)
+    _TEST_LOGS.append(("DRA DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
+    try:
+        fleet.kubectl("apply", "-k", str(overlay))
+        for node in fleet.nodes:
+            wanted = {f"{RESOURCE}=fpga-{d.number}" for d in own_devices[node.name]}
+
+            def published(found: dict[str, Any], wanted: set[str] = wanted) -> bool:
+                # Only the fpga class: the shipped config's others (kvm) match the host too.
+                names = {device_attribute(d, DRIVER, "cdiName") for d in found.values()}
+                return {n for n in names if n.startswith(f"{RESOURCE}=")} == wanted
+
+            claims.wait_devices(
+                DRIVER, published, f"{node.name}'s own two devices", timeout=120, node=node.name
+            )
+
+        claims.template("fpga", FPGA_CLASS)
+        names = [f"dra-consumer-{i}" for i in range(7)]
+        for name in names:
+            claims.pod_with_template(name, "fpga")
+        running, waiting, state = pods.wait_split(names, running=6, timeout=120)
+        ((pending, message),) = waiting.items()
+        assert "cannot allocate all claims" in message, message
+
+        per_node: Counter[str] = Counter()
+        for name in running:
+            pod = state[name]
+            assert pod is not None
+            node = pod["spec"]["nodeName"]
+            per_node[node] += 1
+            (result,) = allocated_devices(claims.pod_claim(name))
+            assert (result["driver"], result["pool"]) == (DRIVER, node), result
+            _assert_own_device(pods, name, own_devices[node])
+        assert all(count <= 2 for count in per_node.values()), per_node
+
+        # A device freed on one node: the waiting pod's claim is allocated there.
+        victim = running[0]
+        victim_pod = state[victim]
+        assert victim_pod is not None
+        freed_on = victim_pod["spec"]["nodeName"]
+        pods.delete(victim)
+        moved = pods.wait_running(pending, timeout=120)
+        assert moved["spec"]["nodeName"] == freed_on
+        (result,) = allocated_devices(claims.pod_claim(pending))
+        assert result["pool"] == freed_on, result
+        _assert_own_device(pods, pending, own_devices[freed_on])
+    finally:
+        _TEST_LOGS.clear()
+        # Pods first, while the agents run: the kubelet removes a pod only after its claims
+        # were unprepared.
+        pods.delete_all()
+        claims.delete_all()
+        fleet.kubectl(
+            "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
+        )
+        for node in fleet.nodes:
+            claims.delete_slices(DRIVER, node.name)
+            for spec in node.cdi_run.glob("*"):
+                spec.unlink()
+
+
+def _assert_own_device(pods: Pods, name: str, mine: list[LoopDevice]) -> None:
+    """The pod sees exactly one device, one of ``mine``, with the host's numbers."""
+    seen = pods.seen(name)
+    assert len(seen.devices) == 1, (name, seen)
+    ((path, numbers),) = seen.devices.items()
+    by_path = {str(d.path): d for d in mine}
+    assert path in by_path, (name, seen, sorted(by_path))
+    assert numbers == hex_rdev(by_path[path])
