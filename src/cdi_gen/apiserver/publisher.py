@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from cdi_gen.apiserver.slices import Slice, build_slices
-from cdi_gen.backoff import Backoff
+from cdi_gen.backoff import Backoff, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -412,26 +412,17 @@ class SlicePublisher:
             self._relist()
             if loop.time() - started >= backoff.maximum:
                 backoff.succeeded()  # it ran long enough to count as healthy
-            backoff.failed("" if failed is None else _one_line(failed))
+            backoff.failed("" if failed is None else describe(failed))
             if failed is not None:
                 log.warning(
                     "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
                     self.driver,
                     backoff.delay,
-                    _one_line(failed),
+                    describe(failed),
                     # A failure the client did not name (a bug here) keeps its traceback.
                     exc_info=None if isinstance(failed, ApiServerError) else failed,
                 )
             await asyncio.sleep(backoff.delay)
-
-
-def _one_line(exc: BaseException) -> str:
-    from cdi_gen.errors import quote
-
-    text = str(exc)
-    if "\n" in text or len(text) > 300:
-        text = quote(text, 200)
-    return text or type(exc).__name__
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
@@ -440,4 +431,4 @@ async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.wait([task])
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("%s had ended with an error: %s", task.get_name(), _one_line(exc))
+        log.error("%s had ended with an error: %s", task.get_name(), describe(exc))
