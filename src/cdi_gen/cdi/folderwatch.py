@@ -160,6 +160,15 @@ def path_entries(path: str, limit: int = MAX_LINKS) -> set[tuple[str, str]]:
     return found
 
 
+def _leads_to(path: str, dev: int, ino: int) -> bool:
+    """Whether ``path`` (links followed) leads to the folder ``(dev, ino)``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False  # leads to nothing now
+    return st.st_ino == ino and st.st_dev == dev
+
+
 class FolderWatch:
     """inotify watches on spec folders and on what linked spec files resolve through.
 
@@ -215,32 +224,16 @@ class FolderWatch:
         if dirty or self._queued.value:
             dirty = self._drain()
         # After the drain: a folder the kernel dropped (removed, moved) is no longer armed.
-        stat = os.stat
-        for folder, (_wd, dev, ino) in self._armed.items():
-            try:
-                st = stat(folder)
-            except OSError:
-                break  # leads to nothing now
-            if st.st_ino != ino or st.st_dev != dev:
-                break
-        else:  # every path leads to the folder watched for it (nearly always)
-            if self._unwatched:
-                dirty = self._watch_missing() or dirty
-            return dirty
-        self._rearm()
-        return True
-
-    def _rearm(self) -> None:
-        """Watch again each spec folder whose path leads to another folder, or to none."""
-        for folder, (_wd, dev, ino) in list(self._armed.items()):
-            try:
-                st = os.stat(folder)
-            except OSError:
+        moved = [f for f, (_wd, dev, ino) in self._armed.items() if not _leads_to(f, dev, ino)]
+        if moved:
+            # Watch each again where its path leads now (or later, once it leads somewhere).
+            for folder in moved:
                 self._disarm(folder)
-                continue
-            if st.st_ino != ino or st.st_dev != dev:
-                self._disarm(folder)
-        self._watch_missing()
+            self._watch_missing()
+            return True
+        if self._unwatched:
+            dirty = self._watch_missing() or dirty
+        return dirty
 
     def _watch_missing(self) -> bool:
         dirty = False
