@@ -109,10 +109,14 @@ def _read_owner(dir_fd: int, filename: str) -> dict[str, object] | None:
     return record if isinstance(record, dict) else None
 
 
-def _owned_hashes(dir_fd: int, filename: str) -> list[str]:
-    record = _read_owner(dir_fd, filename)
+def _hashes(record: dict[str, object] | None) -> list[str]:
+    """The hashes of the contents a record says we wrote."""
     hashes = record.get("sha256") if record else None
     return [h for h in hashes if isinstance(h, str)] if isinstance(hashes, list) else []
+
+
+def _owned_hashes(dir_fd: int, filename: str) -> list[str]:
+    return _hashes(_read_owner(dir_fd, filename))
 
 
 def _instance_of(record: dict[str, object] | None) -> str | None:
@@ -123,9 +127,9 @@ def _instance_of(record: dict[str, object] | None) -> str | None:
     return instance if isinstance(instance, str) else None
 
 
-def _check_instance(dir_fd: int, filename: str, instance: str, target: Path) -> None:
-    """Refuse to touch a spec of ours that another instance wrote."""
-    other = _instance_of(_read_owner(dir_fd, filename))
+def _check_instance(record: dict[str, object] | None, instance: str, target: Path) -> None:
+    """Refuse to touch a spec of ours that another instance wrote (``record`` says who)."""
+    other = _instance_of(record)
     if other is not None and other != instance:
         raise SpecWriteError(
             f"{str(target)!r} was written by cdi-gen instance {quote(other)}, not "
@@ -224,21 +228,22 @@ def write_bytes(
         with _folder(spec_dir, create=True) as dir_fd:
             _remove_stale_temps_in(dir_fd)
             current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
-            hashes = _owned_hashes(dir_fd, filename)
-            if current is not None and _digest(current) not in hashes:
+            record = _read_owner(dir_fd, filename)  # read once: ownership and instance
+            current_hash = None if current is None else _digest(current)
+            if current_hash is not None and current_hash not in _hashes(record):
                 raise SpecWriteError(
                     f"{str(target)!r} exists and was not written by cdi-gen; refusing to "
                     "replace a foreign spec file (remove it or choose another vendor/class)"
                 )
             if current is not None:
-                _check_instance(dir_fd, filename, instance, target)
+                _check_instance(record, instance, target)
             if current == data:
                 return False
             # The record names exactly the spec on disk now and the one about to replace it:
             # whichever survives a crash or a full disk between the two renames stays ours.
             # (Keeping "the last hashes written" instead lost the file on disk after two
             # failed writes in a row.)
-            kept = [_digest(current)] if current is not None else []
+            kept = [current_hash] if current_hash is not None else []
             new_hash = _digest(data)
             if new_hash not in kept:
                 kept.append(new_hash)
