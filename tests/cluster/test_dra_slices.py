@@ -21,7 +21,7 @@ from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.apiserver.publisher import SlicePublisher
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
-from cdi_gen.model import PoolDevice
+from cdi_gen.model import ClaimView, PoolDevice
 from tests.waiting import until
 
 from .api import Api
@@ -257,9 +257,10 @@ async def test_claim_read_with_uid_and_missing_claim_named(
 
         # From a gRPC-like thread, through the agent's loop.
         reader = ClaimReader(client, asyncio.get_running_loop(), timeout=10)
-        seen = await asyncio.to_thread(reader.read_claim, "default", name)
-        assert seen.uid == created["metadata"]["uid"]
-        with pytest.raises(ClaimError, match="not found"):
-            await asyncio.to_thread(reader.read_claim, "default", f"{name}-x")
+        seen, missing = await asyncio.to_thread(
+            reader.read_claims, [("default", name), ("default", f"{name}-x")], 10
+        )
+        assert isinstance(seen, ClaimView) and seen.uid == created["metadata"]["uid"]
+        assert isinstance(missing, ClaimError) and "not found" in str(missing)
     finally:
         cluster.api.delete(f"{path}/{name}")
