@@ -395,11 +395,8 @@ class ApiClient:
         """The UID of Node ``node`` (the owner of its slices)."""
         what = f"Node {node}"
         obj = await self._call("GET", f"/api/v1/nodes/{url_quote(node, safe='')}", what)
-        uid = (
-            (obj.get("metadata") or {}).get("uid")
-            if isinstance(obj.get("metadata"), dict)
-            else None
-        )
+        meta = obj.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
         if not isinstance(uid, str) or not uid:
             raise ApiServerError(f"{what}: the answer has no metadata.uid: {quote(obj)}", 200)
         return uid
