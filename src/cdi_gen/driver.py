@@ -31,7 +31,7 @@ from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics
-from cdi_gen.model import AdvertisedDevice, DiscoveredDevice, PoolDevice
+from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
 
 if TYPE_CHECKING:
@@ -80,8 +80,6 @@ class DraDriver:
         #: What the ResourceSlices offer: ``pool`` while the kubelet plugin serves, else
         #: empty (see the module docstring). The publisher follows this one.
         self.offered = DevicePool()
-        #: Per class: the devices last put into ``pool``, offered again when serving resumes.
-        self._classes: dict[str, tuple[PoolDevice, ...]] = {}
         #: Per class: the pool entries last built, reused while their device is unchanged.
         self._cache: dict[str, PoolCache] = {}
         self.plugin: DraPlugin | None = None
@@ -107,7 +105,6 @@ class DraDriver:
         devices = tuple(
             pool_devices(self.config.vendor, config, advertised, discovered, cache, classes=classes)
         )
-        self._classes[config.name] = devices
         self.pool.publish(config.name, devices)
         return self.offered.publish(config.name, devices if self.serving else ())
 
@@ -122,7 +119,8 @@ class DraDriver:
         if self.offered.closed:
             return
         self._not_serving = "" if serving else why or "not serving"
-        for name, devices in self._classes.items():
+        # The pool keeps each class's devices: offered again as they are when serving resumes.
+        for name, devices in self.pool.by_class.items():
             self.offered.publish(name, devices if serving else ())
         if serving:
             log.info(

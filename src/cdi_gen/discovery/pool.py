@@ -194,6 +194,11 @@ class DevicePool(Versioned):
     def get(self, name: str) -> PoolDevice | None:
         return self._devices.get(name)
 
+    @property
+    def by_class(self) -> Mapping[str, tuple[PoolDevice, ...]]:
+        """Each class's devices as last published (a read-only view)."""
+        return MappingProxyType(self._by_class)
+
     def publish(self, class_name: str, devices: Iterable[PoolDevice]) -> bool:
         """Replace one class's devices; wake every waiter if that changed anything.
 
