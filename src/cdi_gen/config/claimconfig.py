@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -37,8 +37,8 @@ __all__ = [
     "selects",
 ]
 
-API_VERSION = "cdi-gen.io/v1alpha1"
-KIND = "DeviceConfig"
+API_VERSION: Final = "cdi-gen.io/v1alpha1"
+KIND: Final = "DeviceConfig"
 #: Most environment variables one entry sets: a bound on what a claim adds to every spec.
 MAX_ENV = 64
 #: Longest environment value accepted (runtimes pass it to every process of the container).
