@@ -94,6 +94,8 @@ class PreparedDevice:
     device: str
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
+    #: Given with ``adminAccess``: it does not hold the device against other claims.
+    admin_access: bool = False
 
 
 def claim_label(namespace: str, name: str, uid: str) -> str:
