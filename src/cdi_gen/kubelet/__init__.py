@@ -9,8 +9,9 @@
 * :mod:`~cdi_gen.kubelet.plugin`: the protocol the agent holds its device plugins through;
 * :mod:`~cdi_gen.kubelet.deviceplugin`: the ``deviceplugin/v1beta1`` plugin of one class;
 * :mod:`~cdi_gen.kubelet.draplugin`: the DRA driver's node service (``dra.v1``/``v1beta1``,
-  health), with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's socket),
-  :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
+  health), the gRPC side, with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's
+  socket); the driver's state behind it, without grpc: :mod:`~cdi_gen.kubelet.preparer`
+  (which claims are prepared), :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
   :mod:`~cdi_gen.kubelet.checkpoint` (the prepared claims on disk);
 * :mod:`~cdi_gen.kubelet.board` and :mod:`~cdi_gen.kubelet.allocation`: the device list the
   plugins advertise, and the rules their answers follow;
