@@ -196,6 +196,7 @@ class DraDriver:
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.kubelet.claims import Refusal
+        from cdi_gen.kubelet.claimspecs import ClaimSpecs
         from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
         from cdi_gen.kubelet.preparer import PoolPreparer
 
@@ -219,6 +220,8 @@ class DraDriver:
             state_dir=settings.state_dir,
             max_reading_calls=MAX_READING_CALLS,
             resolver=self.resolver,
+            # A claim's own specs sit beside its class's, written by the same instance.
+            claim_specs=ClaimSpecs(settings.spec_dir, settings.instance or self.config.vendor),
         )
         return DraPlugin(
             self.name,

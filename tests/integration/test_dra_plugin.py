@@ -668,6 +668,8 @@ async def test_a_claim_is_prepared_only_when_its_cdi_names_resolve(node: Node) -
         assert ("error", "unresolved") in node.prepared
 
         (folder / "other.json").write_bytes(orjson.dumps(spec))
+        # Released first: a device prepared for another claim is refused as in use.
+        await connection.unprepare([("default", "resolves", "u-1")])
         later = await connection.prepare([("default", "later", "u-3")])
         assert "CDI devices do not resolve" in later.claims["u-3"].error
 

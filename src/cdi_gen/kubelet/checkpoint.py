@@ -228,6 +228,21 @@ class Checkpoint:
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
 
+    def holder(self, device: PreparedDevice, uid: str) -> tuple[str, PreparedClaim] | None:
+        """Another prepared claim (UID, record) that holds ``device`` exclusively, when
+        ``device`` is to be held exclusively by ``uid`` too; None when nothing stands in the
+        way. A device given with admin access or as a share (``share_id``) holds nothing."""
+        if device.admin_access or device.share_id is not None:
+            return None
+        for other, claim in self._claims.items():
+            if other == uid:
+                continue
+            for held in claim.devices:
+                exclusive = not held.admin_access and held.share_id is None
+                if exclusive and (held.pool, held.device) == (device.pool, device.device):
+                    return other, claim
+        return None
+
     def load(self) -> None:
         """Read the file; a missing file means no prepared claims."""
         try:

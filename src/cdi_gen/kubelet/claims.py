@@ -133,6 +133,9 @@ class Refusal(enum.StrEnum):
     GONE = "gone"
     UNHEALTHY = "unhealthy"
     UNRESOLVED = "unresolved"
+    IN_USE = "in-use"
+    INVALID_CONFIG = "invalid-config"
+    CLAIM_SPEC = "claim-spec"
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused
@@ -266,6 +269,7 @@ def prepare_claim(
                 device=result.device,
                 cdi_device_ids=(device.cdi_name,),
                 share_id=result.share_id,
+                admin_access=result.admin_access,
             )
         )
     return prepared

@@ -9,10 +9,14 @@ under its UID is answered from it (the kubelet may ask again, also after our res
 the claim may be gone from the API server by then); otherwise it is read through the
 :class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
 :class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
-its CDI names checked by the same resolver as Allocate's
+refused (``in-use``) when a device it would hold exclusively is held so by another claim
+prepared here (the API server's view may be stale; admin access and shared devices hold
+nothing), its CDI names checked by the same resolver as Allocate's
 (:func:`~cdi_gen.kubelet.resolution.unresolved`), recorded, and answered with the devices'
-CDI names: the spec entries the agent keeps on disk for every pool device, so nothing per
-claim is written besides the checkpoint.
+CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
+configuration for this driver (:mod:`~cdi_gen.kubelet.claimspecs`) gets its configured
+devices from a spec of its own, written before the record (a spec without a record, after a
+crash between the two, is removed at the next start) and removed at unprepare.
 
 One lock per claim UID spans "already prepared?", the claim's read and its record, and an
 unprepare of that UID takes the same lock: an unprepare arriving while the claim is read waits
@@ -36,8 +40,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cdi_gen.discovery.pool import DevicePool
-from cdi_gen.errors import ClaimError
-from cdi_gen.kubelet.checkpoint import Checkpoint, CheckpointError, PreparedClaim, checkpoint_path
+from cdi_gen.errors import ClaimError, SpecWriteError
+from cdi_gen.kubelet.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ClaimSpec,
+    PreparedClaim,
+    checkpoint_path,
+)
 from cdi_gen.kubelet.claims import (
     ClaimReader,
     ClaimRef,
@@ -48,6 +58,7 @@ from cdi_gen.kubelet.claims import (
     claim_label,
     prepare_claim,
 )
+from cdi_gen.kubelet.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.model import ClaimView
 
@@ -102,7 +113,9 @@ class PoolPreparer:
     only ones a recorded claim may name. The prepared claims live in
     ``<state_dir>/dra-<driver>.json``. With a ``resolver``, a claim is prepared only when
     every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
-    ``max_reading_calls`` bounds the calls waiting for the API server at once.
+    ``max_reading_calls`` bounds the calls waiting for the API server at once. With
+    ``claim_specs``, a claim configured for this driver gets its own spec there; without, such
+    a claim is refused.
     """
 
     def __init__(
@@ -116,6 +129,7 @@ class PoolPreparer:
         state_dir: Path,
         max_reading_calls: int,
         resolver: SpecResolver | None = None,
+        claim_specs: ClaimSpecs | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -127,13 +141,31 @@ class PoolPreparer:
             checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
         )
         self.locks = ClaimLocks()
+        self.claim_specs = claim_specs
+        #: Spans "is a device held by another claim?" and the record that holds it: two
+        #: claims of one device, prepared at once, must not both pass.
+        self._holding = threading.Lock()
         #: Calls waiting for the API server (see max_reading_calls); never waited on.
         self._reading = threading.BoundedSemaphore(max_reading_calls)
 
     def load(self) -> None:
-        """Read the checkpoint. Raises :class:`~cdi_gen.kubelet.checkpoint.CheckpointError`
-        when it cannot be read as ours (it is left as it is)."""
+        """Read the checkpoint, then bring the claims' specs in line with it: a claim whose
+        spec is gone (a node restart empties ``/var/run/cdi``) is forgotten, to be read and
+        prepared anew; a claim spec no claim names is removed. Raises
+        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be read
+        as ours (it is left as it is) or changed."""
         self.checkpoint.load()
+        specs = self.claim_specs
+        if specs is None:
+            return
+        for uid, claim in self.checkpoint.claims.items():
+            if not all(specs.present(s) for s in claim.specs):
+                log.warning(
+                    "%s: its own CDI spec is gone; forgotten, prepared anew when asked",
+                    claim_label(claim.namespace, claim.name, uid),
+                )
+                self.checkpoint.remove(uid)
+        specs.remove_orphans(s for c in self.checkpoint.claims.values() for s in c.specs)
 
     @property
     def count(self) -> int:
@@ -228,17 +260,7 @@ class PoolPreparer:
         try:
             if isinstance(claim, Exception):
                 raise claim
-            devices = tuple(
-                prepare_claim(
-                    ref.uid,
-                    claim,
-                    driver=self.driver,
-                    pool_name=self.pool_name,
-                    devices=self.pool.devices,
-                )
-            )
-            self._check_resolved(label, devices)
-            self.checkpoint.add(ref.uid, PreparedClaim(ref.namespace, ref.name, devices))
+            devices = self._prepare_checked(ref, label, claim)
         except ClaimRefused as refused:
             return PrepareResult(error=str(refused), reason=str(refused.reason))
         except ClaimError as exc:
@@ -253,6 +275,53 @@ class PoolPreparer:
             )
         log.info("prepared %s: %s", label, _describe(devices))
         return PrepareResult(devices)
+
+    def _prepare_checked(
+        self, ref: ClaimRef, label: str, claim: ClaimView
+    ) -> tuple[PreparedDevice, ...]:
+        pool = self.pool.devices
+        devices = tuple(
+            prepare_claim(
+                ref.uid, claim, driver=self.driver, pool_name=self.pool_name, devices=pool
+            )
+        )
+        configs = device_configs(label, claim, self.driver, [d.request_names[0] for d in devices])
+        with self._holding:
+            self._check_exclusive(ref.uid, label, devices)
+            specs: tuple[ClaimSpec, ...] = ()
+            if any(c is not None for c in configs):
+                if self.claim_specs is None:
+                    raise ClaimRefused(
+                        Refusal.CLAIM_SPEC,
+                        f"{label}: has configuration for driver {self.driver}, which writes no "
+                        "per-claim specs here",
+                    )
+                devices, specs = self.claim_specs.write(ref.uid, label, devices, configs, pool)
+            try:
+                self._check_resolved(label, devices)
+                self.checkpoint.add(ref.uid, PreparedClaim(ref.namespace, ref.name, devices, specs))
+            except BaseException:
+                if specs and self.claim_specs is not None:
+                    try:
+                        self.claim_specs.remove(label, specs)
+                    except SpecWriteError as exc:  # removed at the next start
+                        log.warning("%s: its spec stays until the agent restarts: %s", label, exc)
+                raise
+        return devices
+
+    def _check_exclusive(self, uid: str, label: str, devices: tuple[PreparedDevice, ...]) -> None:
+        """Refuse a device another claim prepared here holds: the scheduler allocated it from
+        a view of the API server that may be stale."""
+        for device in devices:
+            found = self.checkpoint.holder(device, uid)
+            if found is not None:
+                other, holder = found
+                raise ClaimRefused(
+                    Refusal.IN_USE,
+                    f"{label}: device {device.device} (pool {device.pool}) of request "
+                    f"{', '.join(device.request_names)} is in use by "
+                    f"{claim_label(holder.namespace, holder.name, other)}, prepared on this node",
+                )
 
     @staticmethod
     def _unread(ref: ClaimRef, why: str) -> PrepareResult:
@@ -293,12 +362,17 @@ class PoolPreparer:
             ) as held:
                 if not held:
                     return f"{label}: another call still prepares it; try again"
+                known = self.checkpoint.get(ref.uid)
+                if known is not None and known.specs and self.claim_specs is not None:
+                    # The specs first: a record left by a crash after this names a spec that
+                    # is gone, which the next start forgets; a spec left would be injected.
+                    self.claim_specs.remove(label, known.specs)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
                 else:
                     log.info("unprepared %s: it was not prepared here (nothing to do)", label)
                 return ""
-        except CheckpointError as exc:
+        except (CheckpointError, SpecWriteError) as exc:
             log.error("unprepare of %s failed: %s", label, exc)
             return f"{label}: {exc}"
         except Exception as exc:

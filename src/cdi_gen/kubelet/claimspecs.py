@@ -1,0 +1,185 @@
+"""A DRA claim's configuration and its own CDI specs on disk (the driver's state; no grpc).
+
+:func:`device_configs` reads the allocation's opaque entries of our driver (the class's
+first, then the claim's, in the API's order within each), refuses the claim naming the entry
+and the field when one is not a valid ``DeviceConfig``, and gives each allocated device the
+entries that select its request, merged. :class:`ClaimSpecs` writes, per class, the claim's
+transient spec (:mod:`cdi_gen.discovery.claimspec`: the class's spec as written, with the
+configuration applied) through the one writer, with ownership records naming this agent's
+instance; removes them at unprepare; and finds, at start, those whose claim no checkpoint
+names (an agent killed between the spec and the checkpoint) and those a checkpoint names but
+that are gone (a node restart empties ``/var/run/cdi``: such a claim is read and prepared
+anew).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.writer import (
+    owned_transient_specs,
+    remove_spec,
+    spec_filename,
+    transient_filename,
+    write_bytes,
+)
+from cdi_gen.config.claimconfig import DeviceConfig, DeviceConfigError, merge, parse_device_config
+from cdi_gen.config.claimconfig import selects as config_selects
+from cdi_gen.discovery.claimspec import claim_device_name, claim_spec, claim_tag
+from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
+from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
+from cdi_gen.kubelet.checkpoint import ClaimSpec
+from cdi_gen.kubelet.claims import ClaimRefused, PreparedDevice, Refusal
+from cdi_gen.model import ClaimView, PoolDevice
+from cdi_gen.names import parse_qualified_name
+
+__all__ = ["ClaimSpecs", "device_configs"]
+
+log = logging.getLogger(__name__)
+
+#: The class's entries apply first, the claim's over them (the API orders them so too).
+_ORDER = {"FromClass": 0, "FromClaim": 1}
+
+
+def _entry_label(index: int, source: str, requests: Sequence[str]) -> str:
+    limited = f"requests {', '.join(requests)}" if requests else "all requests"
+    return f"config entry status.allocation.devices.config[{index}] ({source or '?'}, {limited})"
+
+
+def device_configs(
+    label: str, claim: ClaimView, driver: str, requests: Sequence[str]
+) -> list[DeviceConfig | None]:
+    """For each allocated device, by the request it was allocated for, the merged
+    configuration of our driver's entries that select it (None: none does). Raises
+    :class:`~cdi_gen.kubelet.claims.ClaimRefused` (``invalid-config``) naming the claim, the
+    entry and the field when an entry of ours is not a valid ``DeviceConfig``; entries of
+    other drivers are theirs and never read."""
+    ours = sorted(
+        (e for e in claim.config if e.driver == driver), key=lambda e: _ORDER.get(e.source, 2)
+    )
+    parsed = []
+    for entry in ours:
+        try:
+            parsed.append((entry, parse_device_config(entry.parameters)))
+        except DeviceConfigError as exc:
+            raise ClaimRefused(
+                Refusal.INVALID_CONFIG,
+                f"{label}: {_entry_label(entry.index, entry.source, entry.requests)} of driver "
+                f"{driver}: {exc}",
+            ) from None
+    return [
+        merge(config for entry, config in parsed if config_selects(entry.requests, request))
+        for request in requests
+    ]
+
+
+class ClaimSpecs:
+    """The claims' transient specs in ``spec_dir``, written as cdi-gen ``instance``."""
+
+    def __init__(self, spec_dir: Path, instance: str) -> None:
+        self.spec_dir = Path(spec_dir)
+        self.instance = instance
+
+    def write(
+        self,
+        uid: str,
+        label: str,
+        devices: Sequence[PreparedDevice],
+        configs: Sequence[DeviceConfig | None],
+        pool: Mapping[str, PoolDevice],
+    ) -> tuple[tuple[PreparedDevice, ...], tuple[ClaimSpec, ...]]:
+        """Write the claim's spec of each class with a configured device; return the devices
+        (a configured one now named in the claim's spec) and the specs written. Raises
+        :class:`~cdi_gen.kubelet.claims.ClaimRefused` (``claim-spec``) naming the claim and
+        why; the specs it wrote before failing are removed again."""
+        by_kind: dict[str, list[tuple[str, str, DeviceConfig]]] = {}
+        out = list(devices)
+        for index, (device, config) in enumerate(zip(devices, configs, strict=True)):
+            if config is None:
+                continue
+            vendor, cls, name = parse_qualified_name(pool[device.device].cdi_name)
+            new_name = claim_device_name(uid, index)
+            by_kind.setdefault(f"{vendor}/{cls}", []).append((name, new_name, config))
+            out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
+        written: list[ClaimSpec] = []
+        try:
+            for kind, entries in by_kind.items():
+                spec = ClaimSpec(kind, claim_tag(uid))
+                vendor, _, cls = kind.partition("/")
+                doc = claim_spec(self._class_spec(vendor, cls), entries)
+                write_bytes(
+                    self.spec_dir,
+                    vendor,
+                    cls,
+                    dump_document(doc),
+                    instance=self.instance,
+                    transient=spec.transient,
+                )
+                written.append(spec)
+        except (SpecError, SpecWriteError, InvalidNameError) as exc:
+            self.remove(label, written)
+            why = str(exc).replace("\n", "; ")
+            raise ClaimRefused(
+                Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
+            ) from None
+        return tuple(out), tuple(written)
+
+    def _class_spec(self, vendor: str, cls: str) -> dict[str, Any]:
+        """The class's spec as the agent wrote it: the edits the claim's devices start from."""
+        path = self.spec_dir / spec_filename(vendor, cls)
+        try:
+            doc = orjson.loads(read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False))
+        except FileNotFoundError:
+            raise SpecWriteError(f"{str(path)!r}: the class's spec is missing") from None
+        except (FileRefused, OSError, orjson.JSONDecodeError) as exc:
+            raise SpecWriteError(f"{str(path)!r}: the class's spec cannot be read: {exc}") from None
+        if not isinstance(doc, dict):
+            raise SpecWriteError(f"{str(path)!r}: the class's spec is not a JSON object")
+        return doc
+
+    def remove(self, label: str, specs: Iterable[ClaimSpec]) -> None:
+        """Remove the claim's ``specs`` (one already gone is fine). Raises
+        :class:`~cdi_gen.errors.SpecWriteError` naming the first that cannot be removed."""
+        for spec in specs:
+            vendor, _, cls = spec.kind.partition("/")
+            if remove_spec(
+                self.spec_dir, vendor, cls, instance=self.instance, transient=spec.transient
+            ):
+                log.info(
+                    "%s: removed its spec %s",
+                    label,
+                    transient_filename(vendor, cls, spec.transient),
+                )
+
+    def present(self, spec: ClaimSpec) -> bool:
+        """Whether ``spec``'s file is in the spec folder."""
+        vendor, _, cls = spec.kind.partition("/")
+        try:
+            return (self.spec_dir / transient_filename(vendor, cls, spec.transient)).is_file()
+        except (InvalidNameError, OSError):
+            return False
+
+    def remove_orphans(self, recorded: Iterable[ClaimSpec]) -> int:
+        """Remove this instance's transient specs that no prepared claim names; how many."""
+        keep = {(s.kind, s.transient) for s in recorded}
+        removed = 0
+        for vendor, cls, transient in owned_transient_specs(self.spec_dir, instance=self.instance):
+            if (f"{vendor}/{cls}", transient) in keep:
+                continue
+            name = transient_filename(vendor, cls, transient)
+            try:
+                if remove_spec(
+                    self.spec_dir, vendor, cls, instance=self.instance, transient=transient
+                ):
+                    removed += 1
+                    log.info("removed spec %s: no prepared claim names it", quote(name))
+            except SpecWriteError as exc:
+                log.warning("spec %s of no prepared claim stays: %s", quote(name), exc)
+        return removed
