@@ -345,9 +345,7 @@ def remove_spec(
     return True
 
 
-def _owned_records(
-    spec_dir: Path, instance: str | None
-) -> list[tuple[str, str, str | None]]:
+def _owned_records(spec_dir: Path, instance: str | None) -> list[tuple[str, str, str | None]]:
     """``(vendor, class, transient or None)`` of every spec in ``spec_dir`` that is ours (and
     ``instance``'s, when given). A record whose names are invalid, or which is not stored
     under the name they give, is not ours: it is logged and ignored."""
