@@ -221,7 +221,13 @@ class DraDriver:
             max_reading_calls=MAX_READING_CALLS,
             resolver=self.resolver,
             # A claim's own specs sit beside its class's, written by the same instance.
-            claim_specs=ClaimSpecs(settings.spec_dir, settings.instance or self.config.vendor),
+            claim_specs=ClaimSpecs(
+                settings.spec_dir,
+                settings.instance or self.config.vendor,
+                driver=self.name,
+                # Beside the plugin's socket: a host folder the DaemonSet already mounts.
+                metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",
+            ),
         )
         return DraPlugin(
             self.name,

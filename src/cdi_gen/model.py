@@ -209,6 +209,9 @@ class ClaimView:
     results: tuple[AllocatedDevice, ...] | None
     #: The allocation's opaque configuration entries (any driver's), in the API's order.
     config: tuple[ConfigEntry, ...] = ()
+    #: The pod's name for the claim when a template made it (the claim's
+    #: ``resource.kubernetes.io/pod-claim-name`` annotation), else None.
+    pod_claim_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

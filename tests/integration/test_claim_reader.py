@@ -102,6 +102,29 @@ async def test_a_malformed_config_entry_is_that_claims_error(
     assert rule in str(error)
 
 
+@pytest.mark.parametrize(
+    ("annotation", "outcome"),
+    [
+        ("accel", "accel"),
+        ("../etc", "annotation resource.kubernetes.io/pod-claim-name '../etc' is not a pod's"),
+        (7, "annotations: resource.kubernetes.io/pod-claim-name: want a string, got 7"),
+    ],
+)
+async def test_the_pod_claim_name_of_a_template_claim_is_read(
+    served: tuple[ClaimServer, ClaimReader], annotation: object, outcome: str
+) -> None:
+    # The device metadata's path in the container is built from it: a DNS label or nothing.
+    server, reader = served
+    body = orjson.loads(claim_body("ns", "c", "u1", RESULT))
+    body["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": annotation}
+    server.bodies["ns", "c"] = orjson.dumps(body)
+    [view] = await read(reader, ("ns", "c"))
+    if isinstance(view, ClaimView):
+        assert view.pod_claim_name == outcome
+    else:
+        assert outcome in str(view)
+
+
 NOT_CLAIMS = [
     (b"{not json", "not JSON"),
     (b"<html>502 Bad Gateway</html>", "not JSON"),

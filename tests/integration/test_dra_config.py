@@ -63,10 +63,17 @@ class Claims:
         self._lock = threading.Lock()
 
     def add(
-        self, name: str, uid: str, *results: AllocatedDevice, config: Sequence[ConfigEntry] = ()
+        self,
+        name: str,
+        uid: str,
+        *results: AllocatedDevice,
+        config: Sequence[ConfigEntry] = (),
+        pod_claim_name: str | None = None,
     ) -> tuple[str, str, str]:
         with self._lock:
-            self.claims[name] = ClaimView("default", name, uid, results, tuple(config))
+            self.claims[name] = ClaimView(
+                "default", name, uid, results, tuple(config), pod_claim_name
+            )
         return ("default", name, uid)
 
     def read_claims(
@@ -93,12 +100,19 @@ class Node:
         self.pool.publish(
             "fpga",
             [
-                PoolDevice(f"fpga-{n}", f"example.com/fpga={n}", "fpga", f"/sys/devices/{n}")
+                PoolDevice(
+                    f"fpga-{n}",
+                    f"example.com/fpga={n}",
+                    "fpga",
+                    f"/sys/devices/{n}",
+                    attributes={"class": "fpga", "numaNode": 0, "shared": False},
+                )
                 for n in ("0", "1")
             ],
         )
         self.claims = Claims()
         self.resolver = SpecCache([self.spec_dir])
+        self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
 
     def plugin(self) -> DraPlugin:
         preparer = PoolPreparer(
@@ -110,7 +124,9 @@ class Node:
             state_dir=self.root / "state",
             max_reading_calls=draplugin.MAX_READING_CALLS,
             resolver=self.resolver,
-            claim_specs=ClaimSpecs(self.spec_dir, "example.com"),
+            claim_specs=ClaimSpecs(
+                self.spec_dir, "example.com", driver=DRIVER, metadata_dir=self.metadata_dir
+            ),
         )
         return DraPlugin(
             DRIVER,
@@ -162,7 +178,8 @@ async def test_a_configured_claim_gets_its_own_spec_until_unprepared(node: Node)
         spec = node.claim_spec()
         [device] = spec["devices"]
         assert device["name"] == f"claim-{UID}-0"
-        assert device["containerEdits"] == {
+        edits = {k: v for k, v in device["containerEdits"].items() if k != "mounts"}
+        assert edits == {  # mounts: the device metadata, see the KEP-5304 test
             "deviceNodes": [{"path": "/dev/null", **NON_ROOT}],
             "env": ["FROM=class", "MODE=claim"],
         }
@@ -264,7 +281,12 @@ async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> 
         "uid-orphan", view, driver=DRIVER, pool_name=POOL, devices=node.pool.devices
     )
     ClaimSpecs(node.spec_dir, "example.com").write(
-        "uid-orphan", "claim default/x", devices, [parse_device_config(params())], node.pool.devices
+        "uid-orphan",
+        "claim default/x",
+        claim=view,
+        devices=devices,
+        configs=[parse_device_config(params())],
+        pool=node.pool.devices,
     )
     assert "example.com-fpga_uid-orphan.json" in node.spec_files()
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
@@ -278,3 +300,53 @@ async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> 
         assert state["claims"] == {}
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+
+
+async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: Node) -> None:
+    claim = node.claims.add(
+        "c1",
+        UID,
+        result("fpga-0", "fpga/small"),
+        config=[entry(0, params())],
+        pod_claim_name="accel",
+    )
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        host = node.metadata_dir / "default_c1" / "fpga" / "metadata.json"
+        [device] = node.claim_spec()["devices"]
+        assert device["containerEdits"]["mounts"] == [
+            {
+                "hostPath": str(host),
+                "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+                f"resourceclaimtemplates/accel/fpga/{DRIVER}-metadata.json",
+                "options": ["ro", "bind"],
+            }
+        ]
+        beta, alpha = (orjson.loads(line) for line in host.read_bytes().splitlines())
+        assert beta == {
+            "kind": "DeviceMetadata",
+            "apiVersion": "metadata.resource.k8s.io/v1beta1",
+            "metadata": {"name": "c1", "namespace": "default", "uid": UID, "generation": 1},
+            "podClaimName": "accel",
+            "requests": [
+                {
+                    "name": "fpga/small",
+                    "devices": [
+                        {
+                            "driver": DRIVER,
+                            "pool": POOL,
+                            "name": "fpga-0",
+                            "attributes": {
+                                "class": {"string": "fpga"},
+                                "numaNode": {"int": 0},
+                                "shared": {"bool": False},
+                            },
+                        }
+                    ],
+                }
+            ],
+        }
+        assert alpha == {**beta, "apiVersion": "metadata.resource.k8s.io/v1alpha1"}
+        assert (await connection.unprepare([claim])).claims[UID].error == ""
+        assert list(node.metadata_dir.iterdir()) == []

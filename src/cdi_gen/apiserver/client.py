@@ -64,6 +64,8 @@ LIST_PAGE = 4
 #: timeout of a watch is a little longer, so a server that went silent is noticed.
 WATCH_SECONDS = 300
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+#: Set by the API server on a claim made from a ResourceClaimTemplate: the pod's name for it.
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 
 
 class KubeConfigError(CdiConfigError):
@@ -526,7 +528,22 @@ def claim_view(obj: object) -> ClaimView:
             for i, doc in enumerate(configs)
             if (entry := _config(doc, i, f"{ref}: status.allocation.devices.config[{i}]"))
         )
-    return ClaimView(namespace=namespace, name=name, uid=uid, results=results, config=config)
+    annotations = _field(meta, "annotations", dict, ref, {})
+    pod_claim_name = _field(annotations, POD_CLAIM_NAME, str, f"{ref}: annotations", None)
+    if pod_claim_name is not None and not is_dns_label(pod_claim_name):
+        # It becomes a folder of the path the pod's containers read device metadata from.
+        raise ClaimError(
+            f"{ref}: annotation {POD_CLAIM_NAME} {quote(pod_claim_name)} is not a pod's claim "
+            "name: want a DNS label"
+        )
+    return ClaimView(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        results=results,
+        config=config,
+        pod_claim_name=pod_claim_name,
+    )
 
 
 _KINDS: dict[type[Any], str] = {

@@ -62,12 +62,16 @@ def configured_edits(edits: Mapping[str, Any], config: DeviceConfig) -> dict[str
 
 
 def claim_spec(
-    class_spec: Mapping[str, Any], devices: Sequence[tuple[str, str, DeviceConfig]]
+    class_spec: Mapping[str, Any],
+    devices: Sequence[tuple[str, str, DeviceConfig]],
+    mounts: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The wire spec document of one claim's configured devices of one class.
 
     ``class_spec`` is the class's spec document as written; ``devices`` holds, per configured
-    device, the class device's name, its name in the claim's spec and its configuration.
+    device, the class device's name, its name in the claim's spec and its configuration;
+    ``mounts`` wire mounts to add, by the device's name in the claim's spec (the device
+    metadata files).
     Raises :class:`~cdi_gen.errors.SpecError` naming the device when the class spec does not
     hold it (it left the spec since the pool was read) or the result is not a valid spec.
     """
@@ -82,9 +86,11 @@ def claim_spec(
         if name in by_name:
             why = f"the claim's device name {quote(name)} is taken by the class's spec"
             raise SpecError([Problem(f"devices[{quote(device)}]", why)], str(kind))
-        entries.append(
-            build_entry(name, configured_edits(found.get("containerEdits") or {}, config))
-        )
+        edits = configured_edits(found.get("containerEdits") or {}, config)
+        extra = (mounts or {}).get(name)
+        if extra:
+            edits["mounts"] = [*(edits.get("mounts") or []), *map(dict, extra)]
+        entries.append(build_entry(name, edits))
     doc = assemble(str(kind), entries, target_version=class_spec.get("cdiVersion"))
     if class_spec.get("containerEdits"):
         # Injected with any device of the class: a device of the claim's spec too.

@@ -10,11 +10,18 @@ instance; removes them at unprepare; and finds, at start, those whose claim no c
 names (an agent killed between the spec and the checkpoint) and those a checkpoint names but
 that are gone (a node restart empties ``/var/run/cdi``: such a claim is read and prepared
 anew).
+
+With a ``metadata_dir``, the claim's spec also mounts, for each request with a configured
+device, the device metadata file (:mod:`cdi_gen.discovery.devicemetadata`, KEP-5304) that
+this module writes under ``<metadata_dir>/<namespace>_<claim>/<request>/metadata.json``; the
+claim's folder goes with its specs.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +33,7 @@ from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.writer import (
     owned_transient_specs,
     remove_spec,
+    replace_file,
     spec_filename,
     transient_filename,
     write_bytes,
@@ -33,6 +41,12 @@ from cdi_gen.cdi.writer import (
 from cdi_gen.config.claimconfig import DeviceConfig, DeviceConfigError, merge, parse_device_config
 from cdi_gen.config.claimconfig import selects as config_selects
 from cdi_gen.discovery.claimspec import claim_device_name, claim_spec, claim_tag
+from cdi_gen.discovery.devicemetadata import (
+    base_request,
+    container_path,
+    metadata_mount,
+    metadata_stream,
+)
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.kubelet.checkpoint import ClaimSpec
@@ -81,24 +95,36 @@ def device_configs(
 
 
 class ClaimSpecs:
-    """The claims' transient specs in ``spec_dir``, written as cdi-gen ``instance``."""
+    """The claims' transient specs in ``spec_dir``, written as cdi-gen ``instance`` for DRA
+    driver ``driver``; with ``metadata_dir``, the claims' device metadata files there."""
 
-    def __init__(self, spec_dir: Path, instance: str) -> None:
+    def __init__(
+        self,
+        spec_dir: Path,
+        instance: str,
+        *,
+        driver: str = "",
+        metadata_dir: Path | None = None,
+    ) -> None:
         self.spec_dir = Path(spec_dir)
         self.instance = instance
+        self.driver = driver
+        self.metadata_dir = None if metadata_dir is None else Path(metadata_dir)
 
     def write(
         self,
         uid: str,
         label: str,
+        *,
+        claim: ClaimView,
         devices: Sequence[PreparedDevice],
         configs: Sequence[DeviceConfig | None],
         pool: Mapping[str, PoolDevice],
     ) -> tuple[tuple[PreparedDevice, ...], tuple[ClaimSpec, ...]]:
-        """Write the claim's spec of each class with a configured device; return the devices
-        (a configured one now named in the claim's spec) and the specs written. Raises
-        :class:`~cdi_gen.kubelet.claims.ClaimRefused` (``claim-spec``) naming the claim and
-        why; the specs it wrote before failing are removed again."""
+        """Write the claim's spec of each class with a configured device (and its device
+        metadata); return the devices (a configured one now named in the claim's spec) and
+        the specs written. Raises :class:`~cdi_gen.kubelet.claims.ClaimRefused`
+        (``claim-spec``) naming the claim and why; what it wrote before failing is removed."""
         by_kind: dict[str, list[tuple[str, str, DeviceConfig]]] = {}
         out = list(devices)
         for index, (device, config) in enumerate(zip(devices, configs, strict=True)):
@@ -110,10 +136,11 @@ class ClaimSpecs:
             out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
         written: list[ClaimSpec] = []
         try:
+            mounts = self._write_metadata(uid, claim, out, configs, pool)
             for kind, entries in by_kind.items():
                 spec = ClaimSpec(kind, claim_tag(uid))
                 vendor, _, cls = kind.partition("/")
-                doc = claim_spec(self._class_spec(vendor, cls), entries)
+                doc = claim_spec(self._class_spec(vendor, cls), entries, mounts)
                 write_bytes(
                     self.spec_dir,
                     vendor,
@@ -123,13 +150,57 @@ class ClaimSpecs:
                     transient=spec.transient,
                 )
                 written.append(spec)
-        except (SpecError, SpecWriteError, InvalidNameError) as exc:
-            self.remove(label, written)
+        except (SpecError, SpecWriteError, InvalidNameError, OSError) as exc:
+            self.remove(label, claim.namespace, claim.name, written)
             why = str(exc).replace("\n", "; ")
             raise ClaimRefused(
                 Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
             ) from None
         return tuple(out), tuple(written)
+
+    def _claim_folder(self, namespace: str, name: str) -> Path | None:
+        # A namespace is a DNS label and a name a DNS subdomain (checked before the claim was
+        # read): no "/", never "..", and "_" cannot occur in either, so the pair is unique.
+        return None if self.metadata_dir is None else self.metadata_dir / f"{namespace}_{name}"
+
+    def _write_metadata(
+        self,
+        uid: str,
+        claim: ClaimView,
+        devices: Sequence[PreparedDevice],
+        configs: Sequence[DeviceConfig | None],
+        pool: Mapping[str, PoolDevice],
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Write the metadata file of each request with a configured device; return the
+        mounts by the claim device that carries them (the request's first configured one:
+        the runtime mounts each file once)."""
+        folder = self._claim_folder(claim.namespace, claim.name)
+        if folder is None:
+            return {}
+        by_request: dict[str, list[int]] = {}
+        for index, device in enumerate(devices):
+            by_request.setdefault(device.request_names[0], []).append(index)
+        mounts: dict[str, list[dict[str, Any]]] = {}
+        for request, indexes in by_request.items():
+            carrier = next((i for i in indexes if configs[i] is not None), None)
+            if carrier is None:
+                continue
+            host = folder / base_request(request) / "metadata.json"
+            members = [devices[i] for i in indexes]
+            data = metadata_stream(
+                driver=self.driver,
+                namespace=claim.namespace,
+                claim=claim.name,
+                uid=uid,
+                pod_claim_name=claim.pod_claim_name,
+                request=request,
+                devices=[(d.pool, d.device, pool[d.device].attributes) for d in members],
+            )
+            replace_file(host, data, mode=0o644)
+            target = container_path(self.driver, claim.name, request, claim.pod_claim_name)
+            name = devices[carrier].cdi_device_ids[0].partition("=")[2]
+            mounts.setdefault(name, []).append(metadata_mount(str(host), target))
+        return mounts
 
     def _class_spec(self, vendor: str, cls: str) -> dict[str, Any]:
         """The class's spec as the agent wrote it: the edits the claim's devices start from."""
@@ -144,9 +215,10 @@ class ClaimSpecs:
             raise SpecWriteError(f"{str(path)!r}: the class's spec is not a JSON object")
         return doc
 
-    def remove(self, label: str, specs: Iterable[ClaimSpec]) -> None:
-        """Remove the claim's ``specs`` (one already gone is fine). Raises
-        :class:`~cdi_gen.errors.SpecWriteError` naming the first that cannot be removed."""
+    def remove(self, label: str, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> None:
+        """Remove the claim's ``specs`` (one already gone is fine), then its device metadata.
+        Raises :class:`~cdi_gen.errors.SpecWriteError` naming the first that cannot be
+        removed."""
         for spec in specs:
             vendor, _, cls = spec.kind.partition("/")
             if remove_spec(
@@ -157,6 +229,16 @@ class ClaimSpecs:
                     label,
                     transient_filename(vendor, cls, spec.transient),
                 )
+        folder = self._claim_folder(namespace, name)
+        if folder is not None:
+            try:
+                shutil.rmtree(folder)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SpecWriteError(
+                    f"{str(folder)!r}: cannot remove the claim's device metadata: {exc}"
+                ) from exc
 
     def present(self, spec: ClaimSpec) -> bool:
         """Whether ``spec``'s file is in the spec folder."""
@@ -166,8 +248,12 @@ class ClaimSpecs:
         except (InvalidNameError, OSError):
             return False
 
-    def remove_orphans(self, recorded: Iterable[ClaimSpec]) -> int:
-        """Remove this instance's transient specs that no prepared claim names; how many."""
+    def remove_orphans(
+        self, recorded: Iterable[ClaimSpec], claims: Iterable[tuple[str, str]] = ()
+    ) -> int:
+        """Remove this instance's transient specs that no prepared claim names, and the
+        device metadata of claims not in ``claims`` (namespace, name); how many specs."""
+        self._remove_orphan_metadata({f"{ns}_{name}" for ns, name in claims})
         keep = {(s.kind, s.transient) for s in recorded}
         removed = 0
         for vendor, cls, transient in owned_transient_specs(self.spec_dir, instance=self.instance):
@@ -183,3 +269,19 @@ class ClaimSpecs:
             except SpecWriteError as exc:
                 log.warning("spec %s of no prepared claim stays: %s", quote(name), exc)
         return removed
+
+    def _remove_orphan_metadata(self, keep: set[str]) -> None:
+        if self.metadata_dir is None:
+            return
+        try:
+            entries = os.listdir(self.metadata_dir)
+        except OSError:
+            return  # none yet
+        for entry in entries:
+            if entry in keep:
+                continue
+            try:
+                shutil.rmtree(self.metadata_dir / entry)
+                log.info("removed device metadata %s: no prepared claim names it", quote(entry))
+            except OSError as exc:
+                log.warning("device metadata %s of no prepared claim stays: %s", quote(entry), exc)

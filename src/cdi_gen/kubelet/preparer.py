@@ -165,7 +165,10 @@ class PoolPreparer:
                     claim_label(claim.namespace, claim.name, uid),
                 )
                 self.checkpoint.remove(uid)
-        specs.remove_orphans(s for c in self.checkpoint.claims.values() for s in c.specs)
+        claims = self.checkpoint.claims.values()
+        specs.remove_orphans(
+            [s for c in claims for s in c.specs], [(c.namespace, c.name) for c in claims if c.specs]
+        )
 
     @property
     def count(self) -> int:
@@ -296,14 +299,16 @@ class PoolPreparer:
                         f"{label}: has configuration for driver {self.driver}, which writes no "
                         "per-claim specs here",
                     )
-                devices, specs = self.claim_specs.write(ref.uid, label, devices, configs, pool)
+                devices, specs = self.claim_specs.write(
+                    ref.uid, label, claim=claim, devices=devices, configs=configs, pool=pool
+                )
             try:
                 self._check_resolved(label, devices)
                 self.checkpoint.add(ref.uid, PreparedClaim(ref.namespace, ref.name, devices, specs))
             except BaseException:
                 if specs and self.claim_specs is not None:
                     try:
-                        self.claim_specs.remove(label, specs)
+                        self.claim_specs.remove(label, ref.namespace, ref.name, specs)
                     except SpecWriteError as exc:  # removed at the next start
                         log.warning("%s: its spec stays until the agent restarts: %s", label, exc)
                 raise
@@ -366,7 +371,7 @@ class PoolPreparer:
                 if known is not None and known.specs and self.claim_specs is not None:
                     # The specs first: a record left by a crash after this names a spec that
                     # is gone, which the next start forgets; a spec left would be injected.
-                    self.claim_specs.remove(label, known.specs)
+                    self.claim_specs.remove(label, known.namespace, known.name, known.specs)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
                 else:
