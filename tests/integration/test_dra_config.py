@@ -350,3 +350,20 @@ async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: N
         assert alpha == {**beta, "apiVersion": "metadata.resource.k8s.io/v1alpha1"}
         assert (await connection.unprepare([claim])).claims[UID].error == ""
         assert list(node.metadata_dir.iterdir()) == []
+
+
+async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node) -> None:
+    # Written without fsync: a power loss on a node whose /var/run is on disk may empty it.
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+    metadata = node.metadata_dir / "default_c1" / "fpga" / "metadata.json"
+    metadata.write_bytes(b"")
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+        assert state["claims"] == {}
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        assert orjson.loads(metadata.read_bytes().splitlines()[0])["kind"] == "DeviceMetadata"

@@ -167,10 +167,17 @@ def _check_instance(record: dict[str, object] | None, instance: str, target: Pat
 
 
 def _atomic_replace(
-    dir_fd: int, filename: str, data: bytes, hook: StepHook | None, mode: int = SPEC_MODE
+    dir_fd: int,
+    filename: str,
+    data: bytes,
+    hook: StepHook | None,
+    mode: int = SPEC_MODE,
+    *,
+    durable: bool = True,
 ) -> None:
     """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
-    file gets ``mode``."""
+    file gets ``mode``. Without ``durable``, no fsync: readers still see the old or the new
+    file, but a power loss may leave either (or an empty one)."""
     tmp = f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
     fd = os.open(
@@ -189,7 +196,8 @@ def _atomic_replace(
             if hook:
                 hook("temp-written")
             os.fchmod(fd, mode)  # explicit: the umask must not make specs unreadable
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if hook:
@@ -202,7 +210,8 @@ def _atomic_replace(
         raise
     if hook:
         hook("renamed")
-    os.fsync(dir_fd)
+    if durable:
+        os.fsync(dir_fd)
 
 
 def _remove_stale_temps_in(dir_fd: int) -> int:
@@ -400,13 +409,15 @@ def owned_transient_specs(spec_dir: Path, *, instance: str) -> list[tuple[str, s
     return sorted((v, c, t) for v, c, t in _owned_records(spec_dir, instance) if t is not None)
 
 
-def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE) -> None:
+def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE, *, durable: bool = True) -> None:
     """Atomically and durably make ``path`` hold ``data`` with ``mode``: temporary name,
     fsync, rename, folder fsync, missing folders created; raises OSError. The one way every
-    file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint).
+    file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint,
+    a claim's device metadata). Without ``durable``, the fsyncs are left out: for a file
+    made again whenever it is found missing or unreadable.
     """
     with _folder(path.parent, create=True) as dir_fd:
-        _atomic_replace(dir_fd, path.name, data, None, mode)
+        _atomic_replace(dir_fd, path.name, data, None, mode, durable=durable)
 
 
 def write_file(path: Path, data: bytes) -> None:

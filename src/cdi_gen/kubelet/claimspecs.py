@@ -196,7 +196,9 @@ class ClaimSpecs:
                 request=request,
                 devices=[(d.pool, d.device, pool[d.device].attributes) for d in members],
             )
-            replace_file(host, data, mode=0o644)
+            # Not fsynced: nothing reads it after a power loss before it is written anew (the
+            # claim's spec, on /var/run's tmpfs, is gone then, so the claim is prepared again).
+            replace_file(host, data, mode=0o644, durable=False)
             target = container_path(self.driver, claim.name, request, claim.pod_claim_name)
             name = devices[carrier].cdi_device_ids[0].partition("=")[2]
             mounts.setdefault(name, []).append(metadata_mount(str(host), target))
@@ -240,13 +242,28 @@ class ClaimSpecs:
                     f"{str(folder)!r}: cannot remove the claim's device metadata: {exc}"
                 ) from exc
 
-    def present(self, spec: ClaimSpec) -> bool:
-        """Whether ``spec``'s file is in the spec folder."""
-        vendor, _, cls = spec.kind.partition("/")
+    def intact(self, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> bool:
+        """Whether a prepared claim's files are all there: its specs and, with metadata, at
+        least one metadata file, each a readable JSON stream (written without fsync, a power
+        loss may have left one empty)."""
+        for spec in specs:
+            vendor, _, cls = spec.kind.partition("/")
+            try:
+                if not (self.spec_dir / transient_filename(vendor, cls, spec.transient)).is_file():
+                    return False
+            except (InvalidNameError, OSError):
+                return False
+        folder = self._claim_folder(namespace, name)
+        if folder is None:
+            return True
         try:
-            return (self.spec_dir / transient_filename(vendor, cls, spec.transient)).is_file()
-        except (InvalidNameError, OSError):
+            files = list(folder.glob("*/metadata.json"))
+            for path in files:
+                first = read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False).split(b"\n")[0]
+                orjson.loads(first)
+        except (OSError, FileRefused, orjson.JSONDecodeError):
             return False
+        return bool(files)
 
     def remove_orphans(
         self, recorded: Iterable[ClaimSpec], claims: Iterable[tuple[str, str]] = ()

@@ -150,8 +150,9 @@ class PoolPreparer:
 
     def load(self) -> None:
         """Read the checkpoint, then bring the claims' specs in line with it: a claim whose
-        spec is gone (a node restart empties ``/var/run/cdi``) is forgotten, to be read and
-        prepared anew; a claim spec no claim names is removed. Raises
+        spec or device metadata is gone or unreadable (a node restart empties
+        ``/var/run/cdi``; a power loss may empty a file written without fsync) is forgotten,
+        to be read and prepared anew; a claim spec no claim names is removed. Raises
         :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be read
         as ours (it is left as it is) or changed."""
         self.checkpoint.load()
@@ -159,9 +160,10 @@ class PoolPreparer:
         if specs is None:
             return
         for uid, claim in self.checkpoint.claims.items():
-            if not all(specs.present(s) for s in claim.specs):
+            if claim.specs and not specs.intact(claim.namespace, claim.name, claim.specs):
                 log.warning(
-                    "%s: its own CDI spec is gone; forgotten, prepared anew when asked",
+                    "%s: its own CDI spec or device metadata is gone or unreadable; "
+                    "forgotten, prepared anew when asked",
                     claim_label(claim.namespace, claim.name, uid),
                 )
                 self.checkpoint.remove(uid)
