@@ -64,8 +64,7 @@ class ClassRunner:
     target: tuple[AdvertisedDevice, ...] = ()
     spec_ok: bool = False
     retry: asyncio.TimerHandle | None = None
-    #: The waits between failed spec writes (made on the first failure: it needs the
-    #: settings).
+    #: The waits between failed spec writes (made by ``tools`` on the first failure).
     backoff: Backoff | None = None
     #: The devices the last spec left out: kept out of the list too.
     left_out: frozenset[str] = frozenset()
