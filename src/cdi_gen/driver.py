@@ -1,8 +1,9 @@
 """The node's DRA driver: the device pool, its kubelet plugin and its ResourceSlice publisher.
 
-Classes with ``api: dra`` are served here instead of by a device plugin each. The agent
-publishes their devices into one :class:`~cdi_gen.discovery.pool.DevicePool` at the points
-where it would publish a device plugin's list; the
+Classes with ``api: dra`` are served here instead of by a device plugin each. Their class
+runners publish their devices, through a :class:`~cdi_gen.frontends.dra.DraFrontend` each,
+into one :class:`~cdi_gen.discovery.pool.DevicePool` at the points where a device plugin's
+class publishes its board; the
 :class:`~cdi_gen.apiserver.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
 the pool, and the :class:`~cdi_gen.kubelet.draplugin.DraPlugin` answers the kubelet's
 NodePrepareResources from it through the driver's state, a

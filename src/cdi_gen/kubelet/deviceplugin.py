@@ -3,7 +3,7 @@
 One :class:`DevicePlugin` serves ``<vendor>/<class>`` on ``<plugin dir>/<vendor>-<class>.sock``
 and registers it by calling ``Register`` on ``kubelet.sock``; the
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps it served and registered across kubelet
-restarts. It advertises what the :class:`~cdi_gen.kubelet.board.DeviceBoard` holds (device
+restarts. It advertises what the :class:`~cdi_gen.discovery.board.DeviceBoard` holds (device
 ID = CDI device name) and answers Allocate with CDI device names only, after checking that
 every name resolves in the spec folders the way the runtime will resolve it.
 
@@ -31,6 +31,7 @@ from typing import Any, cast
 import grpc
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from cdi_gen.discovery.board import DeviceBoard
 from cdi_gen.kubelet.allocation import (
     AllocationError,
     PhysicalPolicy,
@@ -40,7 +41,6 @@ from cdi_gen.kubelet.allocation import (
     check_request,
     preferred_allocation,
 )
-from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
