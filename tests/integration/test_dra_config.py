@@ -280,7 +280,7 @@ async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> 
     devices = prepare_claim(
         "uid-orphan", view, driver=DRIVER, pool_name=POOL, devices=node.pool.devices
     )
-    ClaimSpecs(node.spec_dir, "example.com").write(
+    ClaimSpecs(node.spec_dir, "example.com", driver=DRIVER, metadata_dir=node.metadata_dir).write(
         "uid-orphan",
         "claim default/x",
         claim=view,
@@ -289,9 +289,11 @@ async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> 
         pool=node.pool.devices,
     )
     assert "example.com-fpga_uid-orphan.json" in node.spec_files()
+    assert (node.metadata_dir / "default_x_fpga.json").exists()
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         await kubelet.next_registration()
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
     # A node restart empties /var/run/cdi: the claim is forgotten and prepared anew.
     (node.spec_dir / CLAIM_SPEC).unlink()
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
@@ -313,7 +315,7 @@ async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: N
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert (await connection.prepare([claim])).claims[UID].error == ""
-        host = node.metadata_dir / "default_c1" / "fpga" / "metadata.json"
+        host = node.metadata_dir / "default_c1_fpga.json"
         [device] = node.claim_spec()["devices"]
         assert device["containerEdits"]["mounts"] == [
             {
@@ -358,7 +360,7 @@ async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert (await connection.prepare([claim])).claims[UID].error == ""
-    metadata = node.metadata_dir / "default_c1" / "fpga" / "metadata.json"
+    metadata = node.metadata_dir / "default_c1_fpga.json"
     metadata.write_bytes(b"")
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
@@ -367,3 +369,20 @@ async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node
         assert node.spec_files() == ["example.com-fpga.json"]
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert orjson.loads(metadata.read_bytes().splitlines()[0])["kind"] == "DeviceMetadata"
+
+
+async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Node) -> None:
+    first = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    second = node.claims.add("c2", "uid-2", result("fpga-1"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([first])).claims[UID].error == ""
+        # The agent rewrites the class's spec (a udev change, a new config).
+        edits = {"deviceNodes": [{"path": "/dev/zero"}], "env": ["MODE=changed"]}
+        doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
+        write_bytes(node.spec_dir, "example.com", "fpga", dump_document(doc))
+        assert (await connection.prepare([second])).claims["uid-2"].error == ""
+        spec = orjson.loads((node.spec_dir / "example.com-fpga_uid-2.json").read_bytes())
+        [device] = spec["devices"]
+        assert device["containerEdits"]["env"] == ["MODE=changed"]
+        assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]

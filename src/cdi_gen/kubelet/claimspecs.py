@@ -13,15 +13,15 @@ anew).
 
 With a ``metadata_dir``, the claim's spec also mounts, for each request with a configured
 device, the device metadata file (:mod:`cdi_gen.discovery.devicemetadata`, KEP-5304) that
-this module writes under ``<metadata_dir>/<namespace>_<claim>/<request>/metadata.json``; the
-claim's folder goes with its specs.
+this module writes as ``<metadata_dir>/<namespace>_<claim>_<request>.json`` (one flat folder:
+a file and a rename per request, where folders per claim and request cost tens of times more
+to make and remove); the claim's files go with its specs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +31,7 @@ import orjson
 
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.writer import (
+    TEMP_SUFFIX,
     owned_transient_specs,
     remove_spec,
     replace_file,
@@ -110,6 +111,9 @@ class ClaimSpecs:
         self.instance = instance
         self.driver = driver
         self.metadata_dir = None if metadata_dir is None else Path(metadata_dir)
+        #: Class spec path -> (its stat when read, its document); claim_spec never changes
+        #: the document. Used under the preparer's lock only.
+        self._parsed: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = {}
 
     def write(
         self,
@@ -158,10 +162,24 @@ class ClaimSpecs:
             ) from None
         return tuple(out), tuple(written)
 
-    def _claim_folder(self, namespace: str, name: str) -> Path | None:
-        # A namespace is a DNS label and a name a DNS subdomain (checked before the claim was
-        # read): no "/", never "..", and "_" cannot occur in either, so the pair is unique.
-        return None if self.metadata_dir is None else self.metadata_dir / f"{namespace}_{name}"
+    @staticmethod
+    def _claim_prefix(namespace: str, name: str) -> str:
+        # A namespace and a request are DNS labels and a name a DNS subdomain (checked before
+        # the claim was read): no "/", never "..", and "_" occurs in none, so the prefix is
+        # the claim's alone.
+        return f"{namespace}_{name}_"
+
+    def _metadata_files(self, namespace: str, name: str) -> list[Path]:
+        if self.metadata_dir is None:
+            return []
+        prefix = self._claim_prefix(namespace, name)
+        try:
+            entries = os.listdir(self.metadata_dir)
+        except FileNotFoundError:
+            return []
+        return [
+            self.metadata_dir / e for e in entries if e.startswith(prefix) and e.endswith(".json")
+        ]
 
     def _write_metadata(
         self,
@@ -174,9 +192,10 @@ class ClaimSpecs:
         """Write the metadata file of each request with a configured device; return the
         mounts by the claim device that carries them (the request's first configured one:
         the runtime mounts each file once)."""
-        folder = self._claim_folder(claim.namespace, claim.name)
+        folder = self.metadata_dir
         if folder is None:
             return {}
+        prefix = self._claim_prefix(claim.namespace, claim.name)
         by_request: dict[str, list[int]] = {}
         for index, device in enumerate(devices):
             by_request.setdefault(device.request_names[0], []).append(index)
@@ -185,7 +204,7 @@ class ClaimSpecs:
             carrier = next((i for i in indexes if configs[i] is not None), None)
             if carrier is None:
                 continue
-            host = folder / base_request(request) / "metadata.json"
+            host = folder / f"{prefix}{base_request(request)}.json"
             members = [devices[i] for i in indexes]
             data = metadata_stream(
                 driver=self.driver,
@@ -205,9 +224,16 @@ class ClaimSpecs:
         return mounts
 
     def _class_spec(self, vendor: str, cls: str) -> dict[str, Any]:
-        """The class's spec as the agent wrote it: the edits the claim's devices start from."""
+        """The class's spec as the agent wrote it: the edits the claim's devices start from.
+        Parsed again only when the file changed (the agent replaces it by a rename, so a new
+        inode or time), since a class of many devices costs more to parse than the rest."""
         path = self.spec_dir / spec_filename(vendor, cls)
         try:
+            st = os.lstat(path)
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            cached = self._parsed.get(path)
+            if cached is not None and cached[0] == key:
+                return cached[1]
             doc = orjson.loads(read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False))
         except FileNotFoundError:
             raise SpecWriteError(f"{str(path)!r}: the class's spec is missing") from None
@@ -215,6 +241,7 @@ class ClaimSpecs:
             raise SpecWriteError(f"{str(path)!r}: the class's spec cannot be read: {exc}") from None
         if not isinstance(doc, dict):
             raise SpecWriteError(f"{str(path)!r}: the class's spec is not a JSON object")
+        self._parsed[path] = (key, doc)
         return doc
 
     def remove(self, label: str, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> None:
@@ -231,15 +258,14 @@ class ClaimSpecs:
                     label,
                     transient_filename(vendor, cls, spec.transient),
                 )
-        folder = self._claim_folder(namespace, name)
-        if folder is not None:
+        for path in self._metadata_files(namespace, name):
             try:
-                shutil.rmtree(folder)
+                path.unlink()
             except FileNotFoundError:
                 pass
             except OSError as exc:
                 raise SpecWriteError(
-                    f"{str(folder)!r}: cannot remove the claim's device metadata: {exc}"
+                    f"{str(path)!r}: cannot remove the claim's device metadata: {exc}"
                 ) from exc
 
     def intact(self, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> bool:
@@ -253,11 +279,10 @@ class ClaimSpecs:
                     return False
             except (InvalidNameError, OSError):
                 return False
-        folder = self._claim_folder(namespace, name)
-        if folder is None:
+        if self.metadata_dir is None:
             return True
         try:
-            files = list(folder.glob("*/metadata.json"))
+            files = self._metadata_files(namespace, name)
             for path in files:
                 first = read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False).split(b"\n")[0]
                 orjson.loads(first)
@@ -270,7 +295,7 @@ class ClaimSpecs:
     ) -> int:
         """Remove this instance's transient specs that no prepared claim names, and the
         device metadata of claims not in ``claims`` (namespace, name); how many specs."""
-        self._remove_orphan_metadata({f"{ns}_{name}" for ns, name in claims})
+        self._remove_orphan_metadata({self._claim_prefix(ns, name) for ns, name in claims})
         keep = {(s.kind, s.transient) for s in recorded}
         removed = 0
         for vendor, cls, transient in owned_transient_specs(self.spec_dir, instance=self.instance):
@@ -288,6 +313,8 @@ class ClaimSpecs:
         return removed
 
     def _remove_orphan_metadata(self, keep: set[str]) -> None:
+        """Remove the metadata files of claims whose prefix is not in ``keep``, and the
+        temporary files of a write killed half-way."""
         if self.metadata_dir is None:
             return
         try:
@@ -295,10 +322,14 @@ class ClaimSpecs:
         except OSError:
             return  # none yet
         for entry in entries:
-            if entry in keep:
+            if entry.startswith(".") and entry.endswith(TEMP_SUFFIX):
+                pass
+            elif not entry.endswith(".json") or entry.count("_") != 2:
+                continue  # not a name this module gives: left alone
+            elif entry[: entry.rindex("_") + 1] in keep:
                 continue
             try:
-                shutil.rmtree(self.metadata_dir / entry)
+                os.unlink(self.metadata_dir / entry)
                 log.info("removed device metadata %s: no prepared claim names it", quote(entry))
             except OSError as exc:
                 log.warning("device metadata %s of no prepared claim stays: %s", quote(entry), exc)
