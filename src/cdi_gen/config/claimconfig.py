@@ -182,6 +182,9 @@ def merge(configs: Iterable[DeviceConfig]) -> DeviceConfig | None:
     """``configs`` laid over each other in order: a later entry's field replaces an earlier
     one's, each ``deviceNodes`` field and each environment variable on its own. None when
     there is none."""
+    configs = list(configs)
+    if len(configs) <= 1:  # the common case: nothing to lay over (and no model to rebuild)
+        return configs[0] if configs else None
     nodes: dict[str, Any] = {}
     env: dict[str, str] = {}
     seen = False

@@ -27,7 +27,14 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.config.claimconfig import DeviceConfig
 from cdi_gen.errors import Problem, SpecError, quote
 
-__all__ = ["MAX_PLAIN_TAG", "claim_device_name", "claim_spec", "claim_tag", "configured_edits"]
+__all__ = [
+    "MAX_PLAIN_TAG",
+    "claim_device_name",
+    "claim_spec",
+    "claim_tag",
+    "configured_edits",
+    "device_index",
+]
 
 #: Longest claim UID used as it is in names; a longer one (the kubelet allows 128) is hashed,
 #: so that ``claim-<tag>-<n>`` stays within the 63 characters of a CDI device name.
@@ -61,22 +68,33 @@ def configured_edits(edits: Mapping[str, Any], config: DeviceConfig) -> dict[str
     return out
 
 
+def device_index(class_spec: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The class spec's wire devices by name (a caller keeping the spec keeps this too)."""
+    return {
+        d["name"]: d
+        for d in class_spec.get("devices") or []
+        if isinstance(d, Mapping) and isinstance(d.get("name"), str)
+    }
+
+
 def claim_spec(
     class_spec: Mapping[str, Any],
     devices: Sequence[tuple[str, str, DeviceConfig]],
     mounts: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    *,
+    index: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The wire spec document of one claim's configured devices of one class.
 
     ``class_spec`` is the class's spec document as written; ``devices`` holds, per configured
     device, the class device's name, its name in the claim's spec and its configuration;
     ``mounts`` wire mounts to add, by the device's name in the claim's spec (the device
-    metadata files).
+    metadata files); ``index`` the class spec's :func:`device_index`, when kept.
     Raises :class:`~cdi_gen.errors.SpecError` naming the device when the class spec does not
     hold it (it left the spec since the pool was read) or the result is not a valid spec.
     """
     kind = class_spec.get("kind")
-    by_name = {d.get("name"): d for d in class_spec.get("devices") or [] if isinstance(d, Mapping)}
+    by_name = device_index(class_spec) if index is None else index
     entries = []
     for device, name, config in devices:
         found = by_name.get(device)

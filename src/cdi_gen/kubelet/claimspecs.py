@@ -41,7 +41,7 @@ from cdi_gen.cdi.writer import (
 )
 from cdi_gen.config.claimconfig import DeviceConfig, DeviceConfigError, merge, parse_device_config
 from cdi_gen.config.claimconfig import selects as config_selects
-from cdi_gen.discovery.claimspec import claim_device_name, claim_spec, claim_tag
+from cdi_gen.discovery.claimspec import claim_device_name, claim_spec, claim_tag, device_index
 from cdi_gen.discovery.devicemetadata import (
     base_request,
     container_path,
@@ -111,9 +111,11 @@ class ClaimSpecs:
         self.instance = instance
         self.driver = driver
         self.metadata_dir = None if metadata_dir is None else Path(metadata_dir)
-        #: Class spec path -> (its stat when read, its document); claim_spec never changes
-        #: the document. Used under the preparer's lock only.
-        self._parsed: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        #: Class spec path -> (its stat when read, its document, its devices by name);
+        #: claim_spec changes neither. Used under the preparer's lock only.
+        self._parsed: dict[
+            Path, tuple[tuple[int, ...], dict[str, Any], dict[str, Mapping[str, Any]]]
+        ] = {}
 
     def write(
         self,
@@ -144,7 +146,8 @@ class ClaimSpecs:
             for kind, entries in by_kind.items():
                 spec = ClaimSpec(kind, claim_tag(uid))
                 vendor, _, cls = kind.partition("/")
-                doc = claim_spec(self._class_spec(vendor, cls), entries, mounts)
+                class_spec, by_name = self._class_spec(vendor, cls)
+                doc = claim_spec(class_spec, entries, mounts, index=by_name)
                 write_bytes(
                     self.spec_dir,
                     vendor,
@@ -223,7 +226,9 @@ class ClaimSpecs:
             mounts.setdefault(name, []).append(metadata_mount(str(host), target))
         return mounts
 
-    def _class_spec(self, vendor: str, cls: str) -> dict[str, Any]:
+    def _class_spec(
+        self, vendor: str, cls: str
+    ) -> tuple[dict[str, Any], dict[str, Mapping[str, Any]]]:
         """The class's spec as the agent wrote it: the edits the claim's devices start from.
         Parsed again only when the file changed (the agent replaces it by a rename, so a new
         inode or time), since a class of many devices costs more to parse than the rest."""
@@ -233,7 +238,7 @@ class ClaimSpecs:
             key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
             cached = self._parsed.get(path)
             if cached is not None and cached[0] == key:
-                return cached[1]
+                return cached[1], cached[2]
             doc = orjson.loads(read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False))
         except FileNotFoundError:
             raise SpecWriteError(f"{str(path)!r}: the class's spec is missing") from None
@@ -241,8 +246,9 @@ class ClaimSpecs:
             raise SpecWriteError(f"{str(path)!r}: the class's spec cannot be read: {exc}") from None
         if not isinstance(doc, dict):
             raise SpecWriteError(f"{str(path)!r}: the class's spec is not a JSON object")
-        self._parsed[path] = (key, doc)
-        return doc
+        index = device_index(doc)
+        self._parsed[path] = (key, doc, index)
+        return doc, index
 
     def remove(self, label: str, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> None:
         """Remove the claim's ``specs`` (one already gone is fine), then its device metadata.
