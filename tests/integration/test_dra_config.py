@@ -386,3 +386,18 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
         [device] = spec["devices"]
         assert device["containerEdits"]["env"] == ["MODE=changed"]
         assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]
+
+
+async def test_a_claim_whose_record_fails_leaves_no_spec_behind(node: Node) -> None:
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        # The checkpoint cannot be written: a file where its folder should be.
+        state = node.root / "state"
+        if state.exists():
+            state.rmdir()
+        state.write_bytes(b"")
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert "cannot write the DRA checkpoint" in answer.error
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert list(node.metadata_dir.iterdir()) == []
