@@ -60,7 +60,7 @@ from cdi_gen.kubelet.claims import (
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
+from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.modes import make_folder
@@ -127,8 +127,9 @@ class DraPlugin(SupervisedPlugin):
     every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
     ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
-    is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
-    registrations and ``register_timeout`` each wait for the kubelet's notification.
+    is how often the sockets are looked at without an inotify event, ``max_backoff`` bounds
+    the wait between failed registrations and ``register_timeout`` each wait for the
+    kubelet's notification.
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``driver`` is not
     a DNS subdomain and :class:`~cdi_gen.errors.ConfigError` when a socket path is too long.
@@ -148,7 +149,7 @@ class DraPlugin(SupervisedPlugin):
         resolver: SpecResolver | None = None,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
-        watch_interval: float = 0.15,
+        watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
         register_timeout: float = 10.0,
     ) -> None:
