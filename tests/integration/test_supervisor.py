@@ -299,3 +299,28 @@ async def test_a_new_getinfo_of_the_plugin_watcher_is_seen_without_looking(
             assert service.info_calls == 2
     finally:
         await supervisor.stop()
+
+
+async def test_a_kubelet_folder_that_cannot_be_watched_yet_is_looked_at_often(
+    short_dir: Path,
+) -> None:
+    """The kubelet's file is in a folder that does not exist yet: inotify cannot watch it, so
+    the supervisor looks several times a second (not once an hour) until it can, and
+    registers once the kubelet comes; from then on inotify sees its restarts."""
+    marker = short_dir / "later" / "kubelet"
+    registrar = MarkerRegistrar(marker)
+    supervisor = Supervisor(
+        "test", [echo_server(short_dir / "a.sock")], registrar, watch_interval=HOURLY
+    )
+    await supervisor.start()
+    try:
+        looked = registrar.looked
+        await until(lambda: registrar.looked >= looked + 2, "two looks without a kubelet")
+        marker.parent.mkdir()
+        marker.touch()
+        await asyncio.wait_for(supervisor.wait_registered(), 5)
+        marker.unlink()
+        marker.touch()
+        await until(lambda: supervisor.registrations == 2, "a registration after a restart")
+    finally:
+        await supervisor.stop()
