@@ -162,8 +162,9 @@ class Supervisor:
         wake = self._wake
 
         def from_any_thread() -> None:
-            # The registrar calls from gRPC threads, maybe after the loop is gone.
-            if not loop.is_closed():
+            # The registrar calls from gRPC threads, maybe as the loop closes: then nobody
+            # waits, and the kubelet's call must not fail for it.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
 
         files = [s.path for s in self.servers]
