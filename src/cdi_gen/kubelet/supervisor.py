@@ -16,7 +16,7 @@ Failed attempts wait through one :class:`~cdi_gen.backoff.Backoff` (never less t
 floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
 what must follow it (a DRA driver offers its devices only while it serves).
 
-It does not poll: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
+It sleeps until told: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
 one of its socket files or one of the registrar's kubelet files changes, and the registrar
 wakes it when the kubelet's identity changes without a file (a DRA driver's GetInfo count).
 A look every ``watch_interval`` (5 s) is the safety net for what inotify cannot see (a
