@@ -54,7 +54,7 @@ from cdi_gen.kubelet.claims import (
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
+from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
 from cdi_gen.model import PoolDevice
 from cdi_gen.modes import make_folder
@@ -126,8 +126,9 @@ class DraPlugin(SupervisedPlugin):
     socket is ``<registry_dir>/<driver>-reg.sock`` and the service socket
     ``<plugins_dir>/<driver>/dra.sock``. ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
-    is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
-    registrations and ``register_timeout`` each wait for the kubelet's notification.
+    is how often the sockets are looked at without an inotify event, ``max_backoff`` bounds
+    the wait between failed registrations and ``register_timeout`` each wait for the
+    kubelet's notification.
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``driver`` is not
     a DNS subdomain and :class:`~cdi_gen.errors.ConfigError` when a socket path is too long.
@@ -144,7 +145,7 @@ class DraPlugin(SupervisedPlugin):
         plugins_dir: Path,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
-        watch_interval: float = 0.15,
+        watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
         register_timeout: float = 10.0,
     ) -> None:
