@@ -626,7 +626,7 @@ class Agent:
                 await self.dra.stop()
             except Exception:
                 log.exception("stopping the DRA driver failed")
-        if self.settings.cleanup_on_exit:
+        if self.settings.cleanup_on_exit or await self._uninstalling():
             for runner in self.runners.values():
                 with contextlib.suppress(SpecWriteError):
                     if await asyncio.to_thread(
@@ -640,6 +640,13 @@ class Agent:
             self._http.close()
             await self._http.wait_closed()
         log.info("stopped")
+
+    async def _uninstalling(self) -> bool:
+        """Whether this exit is an uninstall (the DRA slices then deleted): see
+        :mod:`cdi_gen.apiserver.uninstall`."""
+        from cdi_gen.apiserver.uninstall import at_exit
+
+        return await at_exit(self.settings, None if self.dra is None else self.dra.name)
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
