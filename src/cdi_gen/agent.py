@@ -72,6 +72,7 @@ from cdi_gen.modes import make_folder
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
+    from cdi_gen.apiserver.uninstall import Owner
     from cdi_gen.driver import DraDriver
 
 log = logging.getLogger("cdi_gen.agent")
@@ -319,6 +320,8 @@ class Agent:
             from cdi_gen.driver import DraDriver
 
             self.dra = DraDriver(config, settings, self.metrics, self.spec_cache)
+        #: The DaemonSet running the agent, read at start by a DRA agent (see _uninstalling).
+        self.owner: Owner | None = None
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source
@@ -437,6 +440,8 @@ class Agent:
             await self.runners[change.class_name].apply(change, None)
         if settings.kubelet:
             await self._start_plugins()
+        if self.dra is not None and settings.daemonset is not None:
+            self.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
 
     def _remove_stale_specs(self) -> None:
@@ -641,12 +646,16 @@ class Agent:
             await self._http.wait_closed()
         log.info("stopped")
 
+    def _owner(self) -> Owner:
+        from cdi_gen.apiserver.uninstall import Owner
+
+        self.owner = self.owner or Owner(self.settings)
+        return self.owner
+
     async def _uninstalling(self) -> bool:
         """Whether this exit is an uninstall (the DRA slices then deleted): see
         :mod:`cdi_gen.apiserver.uninstall`."""
-        from cdi_gen.apiserver.uninstall import at_exit
-
-        return await at_exit(self.settings, None if self.dra is None else self.dra.name)
+        return await self._owner().at_exit(None if self.dra is None else self.dra.name)
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

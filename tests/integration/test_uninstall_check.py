@@ -64,7 +64,7 @@ def _settings(api: FakeApiServer, folder: Path, **given: Any) -> Settings:
 async def test_a_daemonset_still_there_is_a_restart(tmp_path: Path) -> None:
     async with FakeApiServer() as api:
         api.daemonsets[(NAMESPACE, NAME)] = _daemonset()
-        verdict = await uninstall.ask(_settings(api, tmp_path))
+        verdict = await uninstall.Owner(_settings(api, tmp_path)).ask()
     assert not verdict.uninstall
     assert verdict.why == f"DaemonSet {NAMESPACE}/{NAME} is still there: a restart or an update"
 
@@ -84,7 +84,7 @@ async def test_uninstall_is_told(tmp_path: Path, state: str, why: str) -> None:
         elif state == "unauthorized":
             api.daemonsets[(NAMESPACE, NAME)] = _daemonset()
             api.answers[("GET", PATH)] = _status(401, "Unauthorized")
-        verdict = await uninstall.ask(_settings(api, tmp_path))
+        verdict = await uninstall.Owner(_settings(api, tmp_path)).ask()
         assert ("GET", PATH) in [(m, p) for m, p, _ in api.requests]
     assert verdict.uninstall
     assert why in verdict.why, verdict.why
@@ -96,7 +96,7 @@ async def test_uninstall_is_told(tmp_path: Path, state: str, why: str) -> None:
 async def test_any_other_answer_keeps_the_specs(tmp_path: Path, code: int, reason: str) -> None:
     async with FakeApiServer() as api:
         api.answers[("GET", PATH)] = _status(code, reason)
-        verdict = await uninstall.ask(_settings(api, tmp_path))
+        verdict = await uninstall.Owner(_settings(api, tmp_path)).ask()
     assert not verdict.uninstall
     assert verdict.why.startswith(
         f"cannot tell whether DaemonSet {NAMESPACE}/{NAME} is being uninstalled: "
@@ -104,10 +104,44 @@ async def test_any_other_answer_keeps_the_specs(tmp_path: Path, code: int, reaso
     assert f"HTTP {code} {reason}" in verdict.why, verdict.why
 
 
+async def test_a_403_after_a_read_at_start_is_an_uninstall(tmp_path: Path) -> None:
+    """The API server keeps a token's authentication 10 s: an agent that used its token just
+    before its ServiceAccount and RBAC went is refused (403), not unauthenticated (401)."""
+    async with FakeApiServer() as api:
+        api.daemonsets[(NAMESPACE, NAME)] = _daemonset()
+        owner = uninstall.Owner(_settings(api, tmp_path))
+        await owner.learn()
+        assert owner.read_before
+        api.answers[("GET", PATH)] = _status(403, "Forbidden")
+        verdict = await owner.ask()
+    assert verdict.uninstall
+    assert verdict.why == (
+        f"asking about DaemonSet {NAMESPACE}/{NAME}: refused (403), though this agent read it "
+        "at start: its permission was withdrawn (the RBAC is gone)"
+    )
+
+
+async def test_a_403_at_start_is_a_wrong_rbac_not_an_uninstall(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "cdi_gen")
+    async with FakeApiServer() as api:
+        api.answers[("GET", PATH)] = _status(403, "Forbidden")
+        owner = uninstall.Owner(_settings(api, tmp_path))
+        await owner.learn()
+        verdict = await owner.ask()
+    assert not owner.read_before and not verdict.uninstall
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "cdi_gen.uninstall"]
+    assert line.startswith(
+        f"cannot read DaemonSet {NAMESPACE}/{NAME} (needed to tell an uninstall at exit): "
+    ), line
+    assert "HTTP 403 Forbidden" in line, line
+
+
 async def test_an_api_server_that_hangs_is_given_up_on_within_the_bound(tmp_path: Path) -> None:
     async with FakeApiServer() as api:
         api.hold_reads = asyncio.Event()
-        asked = asyncio.create_task(uninstall.ask(_settings(api, tmp_path), timeout=0.5))
+        asked = asyncio.create_task(uninstall.Owner(_settings(api, tmp_path)).ask(timeout=0.5))
         await api.until(lambda: any(p == PATH for _, p, _ in api.requests))
         # The answer is held until after the verdict: the bound, not the server, ended it.
         verdict = await asked
@@ -118,7 +152,7 @@ async def test_an_api_server_that_hangs_is_given_up_on_within_the_bound(tmp_path
 
 async def test_no_daemonset_named_asks_nothing(tmp_path: Path) -> None:
     async with FakeApiServer() as api:
-        verdict = await uninstall.ask(_settings(api, tmp_path, daemonset=None))
+        verdict = await uninstall.Owner(_settings(api, tmp_path, daemonset=None)).ask()
         assert api.requests == []
     assert not verdict.uninstall
     assert verdict.why == "no DaemonSet named (--daemonset, CDI_GEN_DAEMONSET) to ask about"
@@ -127,7 +161,7 @@ async def test_no_daemonset_named_asks_nothing(tmp_path: Path) -> None:
 async def test_an_unreadable_config_keeps_the_specs(tmp_path: Path) -> None:
     bad = tmp_path / "kubeconfig"
     bad.write_text("clusters: [")
-    verdict = await uninstall.ask(Settings(kubeconfig=bad, daemonset=NAME))
+    verdict = await uninstall.Owner(Settings(kubeconfig=bad, daemonset=NAME)).ask()
     assert not verdict.uninstall
     assert verdict.why.startswith("cannot tell whether DaemonSet "), verdict.why
     assert str(bad) in verdict.why, verdict.why
@@ -136,7 +170,7 @@ async def test_an_unreadable_config_keeps_the_specs(tmp_path: Path) -> None:
 async def test_the_namespace_defaults_to_the_config_s(tmp_path: Path) -> None:
     async with FakeApiServer() as api:
         api.daemonsets[("default", NAME)] = _daemonset()
-        verdict = await uninstall.ask(_settings(api, tmp_path, daemonset_namespace=None))
+        verdict = await uninstall.Owner(_settings(api, tmp_path, daemonset_namespace=None)).ask()
     assert verdict.why == f"DaemonSet default/{NAME} is still there: a restart or an update"
 
 
@@ -228,27 +262,34 @@ def _slice(node: str) -> Obj:
     }
 
 
-@pytest.mark.parametrize("allowed", [True, False], ids=["allowed", "unauthorized"])
+@pytest.mark.parametrize("refused", [None, 401, 403], ids=["allowed", "unauthorized", "forbidden"])
 async def test_a_dra_agent_deletes_its_node_s_slices_on_uninstall(
-    short_dir: Path, allowed: bool, caplog: pytest.LogCaptureFixture
+    short_dir: Path, refused: int | None, caplog: pytest.LogCaptureFixture
 ) -> None:
+    allowed = refused is None
     caplog.set_level(logging.INFO, "cdi_gen")
     async with FakeApiServer() as api:
         api.nodes[NODE] = str(uuid.uuid4())
         api.write(_slice("node-2"))  # another node's: never ours to delete
+        if refused is not None:
+            api.daemonsets[(NAMESPACE, NAME)] = _daemonset()
         async with _agent(short_dir, api, "dra") as agent:
             await until(
                 lambda: any(s["spec"]["nodeName"] == NODE for s in api.slices.values()),
                 "our node's slice published",
             )
             assert agent.dra is not None
-            if not allowed:
-                # What `kubectl delete -k` does first: the ServiceAccount goes, and with it
-                # every call of ours.
-                api.answers[("GET", PATH)] = _status(401, "Unauthorized")
-                api.answers[("GET", SLICES)] = _status(401, "Unauthorized")
+            if refused is not None:
+                # What `kubectl delete -k` does first: the ServiceAccount and RBAC go, and with
+                # them every call of ours (401; 403 while the API server still holds our
+                # token's authentication). Once the agent has read its DaemonSet at start.
+                await api.until(lambda: any(p == PATH for _, p, _ in api.requests))
+                await until(lambda: agent.owner is not None and agent.owner.read_before, "read")
+                reason = "Unauthorized" if refused == 401 else "Forbidden"
+                api.answers[("GET", PATH)] = _status(refused, reason)
+                api.answers[("GET", SLICES)] = _status(refused, reason)
         nodes = sorted(s["spec"]["nodeName"] for s in api.slices.values())
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "cdi_gen.uninstall"]
+    (line,) = [m for m in caplog.messages if m.startswith("uninstall: ")]
     assert _ours(short_dir / "cdi") == []
     if allowed:
         assert nodes == ["node-2"]
@@ -259,4 +300,5 @@ async def test_a_dra_agent_deletes_its_node_s_slices_on_uninstall(
     else:
         assert nodes == ["node-1", "node-2"]
         assert line.startswith("uninstall: asking about DaemonSet"), line
-        assert line.endswith("HTTP 401 Unauthorized: unauthorized); the kubelet wipes them"), line
+        reason = "Unauthorized: unauthorized" if refused == 401 else "Forbidden: forbidden"
+        assert line.endswith(f"HTTP {refused} {reason}); the kubelet wipes them"), line

@@ -8,11 +8,19 @@ nothing of ours, so at exit the agent asks about its DaemonSet (``--daemonset``,
 
 - gone (404) or being deleted (``metadata.deletionTimestamp``): an uninstall;
 - our credentials refused (401): an uninstall too. The token is bound to the agent's
-  ServiceAccount, and ``kubectl delete -k`` deletes the ServiceAccount before the DaemonSet
-  (kustomize orders it first), so by the time the agent hears SIGTERM it may not be
-  allowed to ask any more;
-- anything else (403, another status, no answer in time, a configuration that cannot be
-  read, no DaemonSet named): not an uninstall, and the one line logged says why.
+  ServiceAccount, and ``kubectl delete -k`` deletes the ServiceAccount (and the RBAC) before
+  the DaemonSet (kustomize orders them first), so by the time the agent hears SIGTERM it may
+  not be allowed to ask any more;
+- refused (403) after this agent has read the DaemonSet before (:meth:`Owner.learn`, at the
+  start of a DRA agent): its permission was withdrawn, which is an uninstall as well. The API
+  server keeps a token's successful authentication for 10 s
+  (``kube-apiserver`` ``TokenSuccessCacheTTL``), so an agent that used its token just before
+  the ServiceAccount went is still authenticated, and then refused by the RBAC already gone.
+  A device-plugin agent asks nothing before its exit (it loads no API client while it runs),
+  so the API server has no authentication of its token kept: it hears 401;
+- anything else (403 from an agent that never could read it: the RBAC is wrong; another
+  status; no answer in time; a configuration that cannot be read; no DaemonSet named): not an
+  uninstall, and the one line logged says why.
 
 The client (and lightkube with it) is imported only when a DaemonSet is named.
 """
@@ -28,7 +36,7 @@ from cdi_gen.config.settings import ENV_PREFIX, Settings
 from cdi_gen.errors import CdiGenError, quote
 from cdi_gen.logs import fields
 
-__all__ = ["CHECK_SECONDS", "SLICES_SECONDS", "Verdict", "ask", "at_exit", "judge"]
+__all__ = ["CHECK_SECONDS", "SLICES_SECONDS", "Owner", "Verdict", "delete_slices", "judge"]
 
 log = logging.getLogger("cdi_gen.uninstall")
 
@@ -47,9 +55,25 @@ class Verdict:
     why: str
 
 
-def judge(what: str, status: int | None, obj: dict[str, Any] | None, error: str = "") -> Verdict:
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    what: str
+    status: int | None
+    obj: dict[str, Any] | None = None
+    error: str = ""
+
+
+def judge(
+    what: str,
+    status: int | None,
+    obj: dict[str, Any] | None,
+    error: str = "",
+    *,
+    read_before: bool = False,
+) -> Verdict:
     """The verdict on an answer about the DaemonSet ``what``: ``status`` (None: no answer),
-    its object when it answered 200, ``error`` the failure in one line (pure)."""
+    its object when it answered 200, ``error`` the failure in one line; ``read_before``:
+    whether this agent has read it earlier (pure)."""
     if status == 200 and obj is not None:
         meta = obj.get("metadata")
         deleting = meta.get("deletionTimestamp") if isinstance(meta, dict) else None
@@ -64,41 +88,97 @@ def judge(what: str, status: int | None, obj: dict[str, Any] | None, error: str 
             f"asking about {what}: our credentials were refused (401): the agent's "
             "ServiceAccount is gone",
         )
+    if status == 403 and read_before:
+        return Verdict(
+            True,
+            f"asking about {what}: refused (403), though this agent read it at start: its "
+            "permission was withdrawn (the RBAC is gone)",
+        )
     return Verdict(False, f"cannot tell whether {what} is being uninstalled: {error}")
 
 
-async def ask(settings: Settings, timeout: float = CHECK_SECONDS) -> Verdict:  # noqa: ASYNC109
-    """Ask the API server about ``settings.daemonset``, within ``timeout`` seconds in all."""
-    if settings.daemonset is None:
-        return Verdict(
-            False, f"no DaemonSet named (--daemonset, {ENV_PREFIX}DAEMONSET) to ask about"
-        )
-    from cdi_gen.apiserver.client import ApiClient, ApiServerError
+class Owner:
+    """The DaemonSet that runs the agent (``settings.daemonset``), asked about at exit and,
+    by a DRA agent, once at start."""
 
-    name = settings.daemonset
-    shown = f"DaemonSet {settings.daemonset_namespace or '(namespace of the config)'}/{name}"
-    client: ApiClient | None = None
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        #: Whether it was read (200) by :meth:`learn`.
+        self.read_before = False
 
-    async def question() -> Verdict:
-        nonlocal client, shown
-        client = await ApiClient.open(settings.kubeconfig, timeout=timeout)
-        namespace = settings.daemonset_namespace or client.namespace
-        shown = f"DaemonSet {namespace}/{name}"
+    async def _answer(self, timeout: float) -> _Answer:  # noqa: ASYNC109
+        """One GET of the DaemonSet, within ``timeout`` seconds in all."""
+        from cdi_gen.apiserver.client import ApiClient, ApiServerError
+
+        settings = self.settings
+        name = settings.daemonset
+        assert name is not None
+        shown = f"DaemonSet {settings.daemonset_namespace or '(namespace of the config)'}/{name}"
+        client: ApiClient | None = None
+
+        async def question() -> _Answer:
+            nonlocal client, shown
+            client = await ApiClient.open(settings.kubeconfig, timeout=timeout)
+            namespace = settings.daemonset_namespace or client.namespace
+            shown = f"DaemonSet {namespace}/{name}"
+            try:
+                obj = await client.daemonset(namespace, name)
+            except ApiServerError as exc:
+                return _Answer(shown, exc.status, None, str(exc))
+            return _Answer(shown, 200, obj)
+
         try:
-            obj = await client.daemonset(namespace, name)
-        except ApiServerError as exc:
-            return judge(shown, exc.status, None, str(exc))
-        return judge(shown, 200, obj)
+            return await asyncio.wait_for(question(), timeout)
+        except TimeoutError:
+            return _Answer(shown, None, None, f"no answer within {timeout:g}s")
+        except CdiGenError as exc:  # the configuration cannot be read
+            return _Answer(shown, None, None, str(exc))
+        finally:
+            if client is not None:
+                await client.close()
 
-    try:
-        return await asyncio.wait_for(question(), timeout)
-    except TimeoutError:
-        return judge(shown, None, None, f"no answer within {timeout:g}s")
-    except CdiGenError as exc:  # the configuration cannot be read
-        return judge(shown, None, None, str(exc))
-    finally:
-        if client is not None:
-            await client.close()
+    async def learn(self, timeout: float = CHECK_SECONDS) -> None:  # noqa: ASYNC109
+        """Read the DaemonSet once now: a 403 at exit then means the permission was
+        withdrawn since (see the module docstring)."""
+        if self.settings.daemonset is None:
+            return
+        answer = await self._answer(timeout)
+        self.read_before = answer.status == 200
+        if not self.read_before:
+            log.warning(
+                "cannot read %s (needed to tell an uninstall at exit): %s",
+                answer.what,
+                answer.error or f"HTTP {answer.status}",
+            )
+
+    async def ask(self, timeout: float = CHECK_SECONDS) -> Verdict:  # noqa: ASYNC109
+        """Whether this exit is an uninstall, asked now within ``timeout`` seconds."""
+        if self.settings.daemonset is None:
+            return Verdict(
+                False, f"no DaemonSet named (--daemonset, {ENV_PREFIX}DAEMONSET) to ask about"
+            )
+        answer = await self._answer(timeout)
+        return judge(
+            answer.what, answer.status, answer.obj, answer.error, read_before=self.read_before
+        )
+
+    async def at_exit(self, driver: str | None) -> bool:
+        """Whether this exit is an uninstall, logged in one line; when it is and ``driver`` is
+        given, the node's slices of ``driver`` are deleted first."""
+        verdict = await self.ask()
+        if not verdict.uninstall:
+            log.info("spec files kept at exit: %s", verdict.why)
+            return False
+        slices = ""
+        if driver is not None:
+            slices = "; " + await delete_slices(self.settings, driver, self.settings.node())
+        log.info(
+            "uninstall: %s; removing our spec files%s",
+            verdict.why,
+            slices,
+            extra=fields(reason="uninstall"),
+        )
+        return True
 
 
 async def delete_slices(settings: Settings, driver: str, node: str) -> str:
@@ -128,23 +208,3 @@ async def delete_slices(settings: Settings, driver: str, node: str) -> str:
         if client is not None:
             await client.close()
     return f"{count} ResourceSlice(s) deleted"
-
-
-async def at_exit(settings: Settings, driver: str | None) -> bool:
-    """Whether this exit is an uninstall (see the module docstring), logged in one line; when
-    it is and ``driver`` is given, the node's slices of ``driver`` are deleted first."""
-    verdict = await ask(settings)
-    if not verdict.uninstall:
-        log.info("spec files kept at exit: %s", verdict.why)
-        return False
-    slices = ""
-    if driver is not None:
-        node = settings.node()
-        slices = "; " + await delete_slices(settings, driver, node)
-    log.info(
-        "uninstall: %s; removing our spec files%s",
-        verdict.why,
-        slices,
-        extra=fields(reason="uninstall"),
-    )
-    return True
