@@ -15,6 +15,7 @@ is what every agent gets, as on real machines, and each agent finds only its own
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -69,10 +70,13 @@ def _diagnostics(fleet: Cluster) -> str:
     return "\n".join(parts)
 
 
-@pytest.fixture
-def own_devices(fleet: Cluster, loops: LoopDevices) -> Iterator[dict[str, list[LoopDevice]]]:
-    """Two loop devices per node, each hidden from the other nodes; node name -> devices."""
-    devices = {node.name: [loops.add(), loops.add()] for node in fleet.nodes}
+@contextlib.contextmanager
+def devices_per_node(
+    fleet: Cluster, loops: LoopDevices, count: int = 2
+) -> Iterator[dict[str, list[LoopDevice]]]:
+    """``count`` loop devices per node, each hidden from the other nodes; node name ->
+    devices (unhidden at the end)."""
+    devices = {node.name: [loops.add() for _ in range(count)] for node in fleet.nodes}
     hidden: list[tuple[Node, Path]] = []
     try:
         for node in fleet.nodes:
@@ -91,6 +95,13 @@ def own_devices(fleet: Cluster, loops: LoopDevices) -> Iterator[dict[str, list[L
             node.namespace.unhide(path)
 
 
+@pytest.fixture
+def own_devices(fleet: Cluster, loops: LoopDevices) -> Iterator[dict[str, list[LoopDevice]]]:
+    """Two loop devices per node, each hidden from the other nodes; node name -> devices."""
+    with devices_per_node(fleet, loops) as devices:
+        yield devices
+
+
 def test_seed_lab_across_three_nodes(
     fleet: Cluster,
     own_devices: dict[str, list[LoopDevice]],
@@ -106,6 +117,7 @@ def test_seed_lab_across_three_nodes(
         tmp_path / "overlay",
         agent_image.name,
         loop_fpga_config([d.name for d in every], dfl_path=False),
+        fleet.api.port,
     )
     pods = Pods(fleet.api)
     _TEST_LOGS.append(("DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
@@ -151,7 +163,8 @@ def test_seed_lab_across_three_nodes(
         fleet.kubectl(
             "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
         )
-        # Left on purpose by the agents (no --cleanup-on-exit); the next test starts clean.
+        # The agents remove their specs on an uninstall (test_uninstall.py); whatever a
+        # failed run left goes here, so the next test starts clean.
         for node in fleet.nodes:
             for spec in node.cdi_run.glob("*"):
                 spec.unlink()
