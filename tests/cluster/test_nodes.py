@@ -14,13 +14,12 @@ checkpoint) and which are deleted with them; the replacements run on the other n
 claims from those nodes' pools, prepared by their agents, each with a device no other pod has.
 
 The nodes share this machine's devices; each node's mount namespace hides the other nodes'
-loop devices in sysfs (``NodeNamespace.hide``), so that one ConfigMap naming all six devices
-is what every agent gets, as on real machines, and each agent finds only its own two.
+loop devices in sysfs (``fleet.devices_per_node``), so that one ConfigMap naming all six
+devices is what every agent gets, as on real machines, and each agent finds only its own two.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from .daemonset import (
     write_fleet_dra_overlay,
     write_fleet_overlay,
 )
+from .fleet import devices_per_node
 from .image import AgentImage
 from .pods import PODS, Pods, phase
 from .test_seed_lab import RESOURCE, hex_rdev
@@ -52,7 +52,6 @@ from .test_seed_lab import RESOURCE, hex_rdev
 # A cold agent image build takes minutes (see image.py); the scenario itself about one.
 pytestmark = pytest.mark.timeout(900)
 
-SYS_BLOCK = Path("/sys/devices/virtual/block")
 #: The shipped DeviceClass of the fpga class (deploy/kubernetes/dra/deviceclasses.yaml).
 FPGA_CLASS = "fpga.example.com"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -78,31 +77,6 @@ def _diagnostics(fleet: Cluster) -> str:
     ):
         parts.append(f"----- kubectl {' '.join(args)}\n{fleet.kubectl(*args, check=False)}")
     return "\n".join(parts)
-
-
-@contextlib.contextmanager
-def devices_per_node(
-    fleet: Cluster, loops: LoopDevices, count: int = 2
-) -> Iterator[dict[str, list[LoopDevice]]]:
-    """``count`` loop devices per node, each hidden from the other nodes; node name ->
-    devices (unhidden at the end)."""
-    devices = {node.name: [loops.add() for _ in range(count)] for node in fleet.nodes}
-    hidden: list[tuple[Node, Path]] = []
-    try:
-        for node in fleet.nodes:
-            assert node.namespace is not None
-            for other, theirs in devices.items():
-                if other == node.name:
-                    continue
-                for device in theirs:
-                    path = SYS_BLOCK / device.name
-                    node.namespace.hide(path)
-                    hidden.append((node, path))
-        yield devices
-    finally:
-        for node, path in hidden:
-            assert node.namespace is not None
-            node.namespace.unhide(path)
 
 
 @pytest.fixture

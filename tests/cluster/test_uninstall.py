@@ -46,9 +46,10 @@ from .daemonset import (
     write_fleet_dra_overlay,
     write_fleet_overlay,
 )
+from .fleet import devices_per_node
 from .image import AgentImage
 from .pods import Pods
-from .test_nodes import _diagnostics, _wait_every_node, devices_per_node
+from .test_nodes import _diagnostics, _wait_every_node
 from .test_seed_lab import RESOURCE
 
 pytestmark = pytest.mark.timeout(900)
