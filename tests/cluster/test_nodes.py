@@ -16,6 +16,17 @@ claims from those nodes' pools, prepared by their agents, each with a device no 
 The nodes share this machine's devices; each node's mount namespace hides the other nodes'
 loop devices in sysfs (``fleet.devices_per_node``), so that one ConfigMap naming all six
 devices is what every agent gets, as on real machines, and each agent finds only its own two.
+
+Not here: hotplug on one node after the DaemonSet started, shown to reach that node only. It
+cannot be done faithfully on one machine. Uevents go to every listener of a network namespace,
+and the agents use the host's (hostNetwork: in a pod's own namespace they would get none), so
+all three receive the add of any new device, with its udev properties in the message; on
+separate machines each kernel tells only its own agent. Hiding the new device from two nodes
+does not stand in for that either: its sysfs folder exists only once it was added (the event
+is on its way by then), and a mount made in a node's namespace after the agent's container
+started does not reach that container (hostPath volumes mount with propagation None). What an
+agent made of such an event would depend on which sysfs files its config happens to read, not
+on what a second machine would do. Hotplug itself is proven on one node (test_hotplug.py).
 """
 
 from __future__ import annotations
