@@ -18,6 +18,7 @@ Loop numbers 500-599, as in the ``cluster`` area.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -193,6 +194,7 @@ def _three_nodes() -> list[Row]:
                 _, dra_later = _seed_lab(fleet, dra_overlay, dra=True, pods_first=False)
     finally:
         loops.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
     rows: list[Row] = [("3 nodes: warm start-up → three Nodes Ready", f"{started:.1f} s", "—")]
     for what, (offered, running) in (("device plugins", dp), ("DRA", dra)):
         rows += [
