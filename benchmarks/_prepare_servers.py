@@ -79,7 +79,8 @@ class _Claims:
 
 async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.discovery.pool import DevicePool
-    from cdi_gen.kubelet.draplugin import DraPlugin
+    from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
+    from cdi_gen.kubelet.preparer import PoolPreparer
     from cdi_gen.model import PoolDevice
 
     pool = DevicePool()
@@ -91,15 +92,22 @@ async def _serve_plugin(folder: Path) -> None:
         ],
     )
     (folder / "registry").mkdir(exist_ok=True)
-    plugin = DraPlugin(
+    preparer = PoolPreparer(
         DRIVER,
         pool,
         _Claims(),  # type: ignore[arg-type]
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
+        state_dir=folder / "state",
+        max_reading_calls=MAX_READING_CALLS,
+    )
+    plugin = DraPlugin(
+        DRIVER,
+        pool,
+        preparer,
+        pool_name=POOL,
         registry_dir=folder / "registry",
         plugins_dir=folder / "plugins",
-        state_dir=folder / "state",
     )
     await plugin.start()
     queue = commands(asyncio.get_running_loop())
