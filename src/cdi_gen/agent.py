@@ -67,6 +67,7 @@ from cdi_gen.runner import ClassRunner
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
+    from cdi_gen.apiserver.uninstall import Owner
     from cdi_gen.driver import DraDriver
     from cdi_gen.frontends.dra import DraFrontends
 
@@ -109,6 +110,8 @@ class Agent:
             self._dra = DraFrontends(config, settings, self.tools, self.spec_cache)
         self.dra: DraDriver | None = None if self._dra is None else self._dra.driver
         self.runners = {c.name: self._runner(c) for c in config.classes}
+        #: The DaemonSet running the agent, read at start by a DRA agent (see _uninstalling).
+        self.owner: Owner | None = None
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source
@@ -247,6 +250,8 @@ class Agent:
             await self.runners[change.class_name].apply(change, None)
         if settings.kubelet:
             await self._start_frontends()
+        if self.dra is not None and settings.daemonset is not None:
+            self._background.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
 
     def _remove_stale_specs(self) -> None:
@@ -311,7 +316,7 @@ class Agent:
         await self._background.cancel_and_wait()
         await self._stop_frontends()
         # Nothing serves the kubelet any more: what is cleaned up after the agent goes here.
-        if self.settings.cleanup_on_exit:
+        if self.settings.cleanup_on_exit or await self._uninstalling():
             await self._remove_specs()
         if self._http is not None:
             self._http.close()
@@ -334,6 +339,17 @@ class Agent:
                     runner.config.name,
                 ):
                     log.info("spec removed on exit", extra=fields(resource=runner.resource))
+
+    def _owner(self) -> Owner:
+        from cdi_gen.apiserver.uninstall import Owner
+
+        self.owner = self.owner or Owner(self.settings)
+        return self.owner
+
+    async def _uninstalling(self) -> bool:
+        """Whether this exit is an uninstall (the DRA slices then deleted): see
+        :mod:`cdi_gen.apiserver.uninstall`."""
+        return await self._owner().at_exit(None if self.dra is None else self.dra.name)
 
 
 def retry_backoff(longest: float) -> Backoff:

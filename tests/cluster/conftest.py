@@ -1,7 +1,7 @@
 """Fixtures of the cluster tests: one real single-node cluster per lane (``lane.py``) at a time,
 and per test the ``cdi-gen run`` agents, loop devices and pods it needs, all removed at the
 test's end. ``fleet`` is a three-node cluster of the current lane for the module that uses it
-(test_nodes.py), stopped at that module's end.
+(test_nodes.py, test_uninstall.py), stopped at that module's end.
 
 Every test here is marked ``cluster``. A test runs in the current lane; one marked
 ``@pytest.mark.lanes("current", "oldest")`` runs in each lane named (its id says which), and

@@ -20,8 +20,9 @@ kubelet's device-plugin folder and containerd's CDI folders at the standard path
 (``Cluster(node_count=3)``), whose nodes share this machine's one network namespace: the
 shipped DaemonSet's hostNetwork metrics port could be bound by one agent only, so there metrics
 are off (an empty ``CDI_GEN_METRICS_ADDRESS``) and with them the probes that ask that port; on
-separate machines each agent has its own. ``write_fleet_dra_overlay`` does the same over the
-DRA variant.
+separate machines each agent has its own. Its agents are pointed at the API server's own
+address, as the DRA overlays' are (below): at exit they ask it about their DaemonSet.
+``write_fleet_dra_overlay`` does the same over the DRA variant.
 
 ``write_dra_overlay`` does the same over the DRA variant, ``deploy/kubernetes/dra``, and changes
 one more thing: the API server's address. A pod's in-cluster config dials the ``kubernetes``
@@ -134,15 +135,26 @@ def write_overlay(dest: Path, image_name: str, config: dict[str, Any], metrics_p
     )
 
 
-def write_fleet_overlay(dest: Path, image_name: str, config: dict[str, Any]) -> Path:
+def _api_address(api_port: int) -> list[tuple[str, str]]:
+    """The in-cluster address variables pointing at the API server itself (no kube-proxy
+    here routes the Service address; see the module docstring)."""
+    return [("KUBERNETES_SERVICE_HOST", "127.0.0.1"), ("KUBERNETES_SERVICE_PORT", str(api_port))]
+
+
+def write_fleet_overlay(dest: Path, image_name: str, config: dict[str, Any], api_port: int) -> Path:
     """A kustomization folder at ``dest`` over deploy/kubernetes for several nodes on one
-    machine (see the module docstring); returns ``dest``."""
+    machine (see the module docstring), the agents pointed at the API server as in
+    ``write_dra_overlay`` (they ask it about their DaemonSet at exit); returns ``dest``."""
     container = "/spec/template/spec/containers/0"
     daemonset_patch = [
         {"op": "test", "path": f"{container}/name", "value": "agent"},
         {"op": "add", "path": f"{container}/imagePullPolicy", "value": "Never"},
         {"op": "test", "path": f"{container}/env/3/name", "value": "CDI_GEN_METRICS_ADDRESS"},
         {"op": "replace", "path": f"{container}/env/3/value", "value": ""},
+        *(
+            {"op": "add", "path": f"{container}/env/-", "value": {"name": k, "value": v}}
+            for k, v in _api_address(api_port)
+        ),
         {"op": "remove", "path": f"{container}/livenessProbe"},
         {"op": "remove", "path": f"{container}/readinessProbe"},
         # hostNetwork makes the container port a host port: nothing listens there now.

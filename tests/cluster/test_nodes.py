@@ -8,9 +8,25 @@ The same with the DRA variant (``write_fleet_dra_overlay``): one pool per node, 
 a claim template, each claim allocated from the pool of its pod's node; the seventh takes the
 device a deleted pod freed.
 
+Drain: a Deployment of three pods, each with a claim from a ResourceClaimTemplate;
+``kubectl drain`` of a node evicts its pods, whose claims that node's agent unprepares (log and
+checkpoint) and which are deleted with them; the replacements run on the other nodes with new
+claims from those nodes' pools, prepared by their agents, each with a device no other pod has.
+
 The nodes share this machine's devices; each node's mount namespace hides the other nodes'
-loop devices in sysfs (``NodeNamespace.hide``), so that one ConfigMap naming all six devices
-is what every agent gets, as on real machines, and each agent finds only its own two.
+loop devices in sysfs (``fleet.devices_per_node``), so that one ConfigMap naming all six
+devices is what every agent gets, as on real machines, and each agent finds only its own two.
+
+Not here: hotplug on one node after the DaemonSet started, shown to reach that node only. It
+cannot be done faithfully on one machine. Uevents go to every listener of a network namespace,
+and the agents use the host's (hostNetwork: in a pod's own namespace they would get none), so
+all three receive the add of any new device, with its udev properties in the message; on
+separate machines each kernel tells only its own agent. Hiding the new device from two nodes
+does not stand in for that either: its sysfs folder exists only once it was added (the event
+is on its way by then), and a mount made in a node's namespace after the agent's container
+started does not reach that container (hostPath volumes mount with propagation None). What an
+agent made of such an event would depend on which sysfs files its config happens to read, not
+on what a second machine would do. Hotplug itself is proven on one node (test_hotplug.py).
 """
 
 from __future__ import annotations
@@ -24,8 +40,12 @@ from typing import Any
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
+from tests.waiting import until_sync
+
 from .agent import DRIVER
-from .claims import Claims, allocated_devices, device_attribute
+from .api import Api
+from .claims import CLAIMS as CLAIMS_PATH
+from .claims import Claims, allocated_devices, claim_consumer, device_attribute
 from .cluster import Cluster, Node
 from .conftest import _TEST_LOGS, FLEET_NODES
 from .daemonset import (
@@ -35,16 +55,17 @@ from .daemonset import (
     write_fleet_dra_overlay,
     write_fleet_overlay,
 )
+from .fleet import devices_per_node
 from .image import AgentImage
-from .pods import Pods, phase
+from .pods import PODS, Pods, phase
 from .test_seed_lab import RESOURCE, hex_rdev
 
 # A cold agent image build takes minutes (see image.py); the scenario itself about one.
 pytestmark = pytest.mark.timeout(900)
 
-SYS_BLOCK = Path("/sys/devices/virtual/block")
 #: The shipped DeviceClass of the fpga class (deploy/kubernetes/dra/deviceclasses.yaml).
 FPGA_CLASS = "fpga.example.com"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 
 
 def _wait_every_node(fleet: Cluster, count: int, timeout: float = 120) -> None:
@@ -72,23 +93,8 @@ def _diagnostics(fleet: Cluster) -> str:
 @pytest.fixture
 def own_devices(fleet: Cluster, loops: LoopDevices) -> Iterator[dict[str, list[LoopDevice]]]:
     """Two loop devices per node, each hidden from the other nodes; node name -> devices."""
-    devices = {node.name: [loops.add(), loops.add()] for node in fleet.nodes}
-    hidden: list[tuple[Node, Path]] = []
-    try:
-        for node in fleet.nodes:
-            assert node.namespace is not None
-            for other, theirs in devices.items():
-                if other == node.name:
-                    continue
-                for device in theirs:
-                    path = SYS_BLOCK / device.name
-                    node.namespace.hide(path)
-                    hidden.append((node, path))
+    with devices_per_node(fleet, loops) as devices:
         yield devices
-    finally:
-        for node, path in hidden:
-            assert node.namespace is not None
-            node.namespace.unhide(path)
 
 
 def test_seed_lab_across_three_nodes(
@@ -106,6 +112,7 @@ def test_seed_lab_across_three_nodes(
         tmp_path / "overlay",
         agent_image.name,
         loop_fpga_config([d.name for d in every], dfl_path=False),
+        fleet.api.port,
     )
     pods = Pods(fleet.api)
     _TEST_LOGS.append(("DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
@@ -151,7 +158,8 @@ def test_seed_lab_across_three_nodes(
         fleet.kubectl(
             "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
         )
-        # Left on purpose by the agents (no --cleanup-on-exit); the next test starts clean.
+        # The agents remove their specs on an uninstall (test_uninstall.py); whatever a
+        # failed run left goes here, so the next test starts clean.
         for node in fleet.nodes:
             for spec in node.cdi_run.glob("*"):
                 spec.unlink()
@@ -248,3 +256,214 @@ def _assert_own_device(pods: Pods, name: str, mine: list[LoopDevice]) -> None:
     by_path = {str(d.path): d for d in mine}
     assert path in by_path, (name, seen, sorted(by_path))
     assert numbers == hex_rdev(by_path[path])
+
+
+def _wait_pools(claims: Claims, own_devices: dict[str, list[LoopDevice]]) -> None:
+    """Until every node's pool publishes exactly its own two fpga devices."""
+    for node, mine in own_devices.items():
+        wanted = {f"{RESOURCE}=fpga-{d.number}" for d in mine}
+
+        def published(found: dict[str, Any], wanted: set[str] = wanted) -> bool:
+            # Only the fpga class: the shipped config's others (kvm) match the host too.
+            names = {device_attribute(d, DRIVER, "cdiName") for d in found.values()}
+            return {n for n in names if n.startswith(f"{RESOURCE}=")} == wanted
+
+        claims.wait_devices(DRIVER, published, f"{node}'s own two devices", timeout=120, node=node)
+
+
+def _deployment(name: str, replicas: int, template: str) -> dict[str, Any]:
+    """A Deployment of consumer pods, each with a claim made from ``template``."""
+    pod = claim_consumer(name, template=template)
+    pod["metadata"] = {"labels": {"app": name}}
+    pod["spec"]["restartPolicy"] = "Always"  # the only policy a Deployment takes
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod,
+        },
+    }
+
+
+def _running_replicas(api: Api, app: str) -> dict[str, dict[str, Any]]:
+    """The Deployment's pods that run and are not being deleted, by name."""
+    items = api.get(f"{PODS}?labelSelector=app%3D{app}")["items"]
+    return {
+        p["metadata"]["name"]: p
+        for p in items
+        if phase(p) == "Running" and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def _wait_replicas(
+    api: Api, app: str, count: int, gone: set[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Until ``count`` pods of ``app`` run, none of them one of ``gone``; those pods."""
+
+    def ready() -> dict[str, dict[str, Any]]:
+        running = _running_replicas(api, app)
+        return running if len(running) == count and not set(running) & (gone or set()) else {}
+
+    return until_sync(
+        ready, f"{count} Running replicas of {app}, none of {sorted(gone or ())}", within=120
+    )
+
+
+def _claim_of(pod: dict[str, Any]) -> str:
+    (entry,) = pod["status"]["resourceClaimStatuses"]
+    name: str = entry["resourceClaimName"]
+    return name
+
+
+def _checkpoint(node: Node) -> str:
+    """The node's DRA checkpoint as the agent sees it: /var/lib/cdi-gen inside the node's
+    mount namespace (the DaemonSet's hostPath), reached through its holder process."""
+    assert node.namespace is not None and node.namespace.holder is not None
+    state = Path(f"/proc/{node.namespace.holder.pid}/root/var/lib/cdi-gen")
+    return "".join(f.read_text(errors="replace") for f in sorted(state.glob("dra-*.json")))
+
+
+def test_drain_moves_dra_pods_to_other_nodes_with_new_claims(
+    fleet: Cluster,
+    own_devices: dict[str, list[LoopDevice]],
+    agent_image: AgentImage,
+    tmp_path: Path,
+) -> None:
+    """``kubectl drain`` of a node running a pod of a Deployment whose pods each get a claim
+    from a ResourceClaimTemplate: the pod is evicted, its claim unprepared by that node's agent
+    (still running: drain leaves DaemonSet pods) and deleted with the pod; the replacement pod
+    gets a new claim, allocated from the pool of another node and prepared by that node's
+    agent, with a device of its own."""
+    api = fleet.api
+    assert api is not None
+    every = [d for theirs in own_devices.values() for d in theirs]
+    for node in fleet.nodes:
+        fleet.import_image(agent_image.archive, node)
+    overlay = write_fleet_dra_overlay(
+        tmp_path / "overlay",
+        agent_image.name,
+        loop_fpga_config([d.name for d in every], dfl_path=False),
+        api.port,
+    )
+    pods = Pods(api)
+    claims = Claims(api, pods)
+    app = "drained"
+    drained: str | None = None
+    _TEST_LOGS.append(("DRA DaemonSet on three nodes (kubectl)", lambda: _diagnostics(fleet)))
+    try:
+        fleet.kubectl("apply", "-k", str(overlay))
+        _wait_pools(claims, own_devices)
+        claims.template("fpga", FPGA_CLASS)
+        api.create(DEPLOYMENTS, _deployment(app, len(fleet.nodes), "fpga"))
+        before = _wait_replicas(api, app, len(fleet.nodes))
+        victim = next(iter(before.values()))
+        drained = victim["spec"]["nodeName"]
+        moved = {n for n, p in before.items() if p["spec"]["nodeName"] == drained}
+        old_claims = {}
+        for name in moved:
+            obj = claims.get_claim(_claim_of(before[name]))
+            assert obj is not None
+            old_claims[obj["metadata"]["name"]] = obj["metadata"]["uid"]
+            (result,) = allocated_devices(obj)
+            assert result["pool"] == drained, result
+            assert obj["metadata"]["uid"] in _checkpoint(_node(fleet, drained))
+
+        fleet.kubectl(
+            "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
+            timeout=180,
+        )  # fmt: skip
+
+        after = _wait_replicas(api, app, len(fleet.nodes), gone=moved)
+        used: dict[str, str] = {}
+        for name, pod in after.items():
+            node = pod["spec"]["nodeName"]
+            assert node != drained, (name, node)
+            claim = claims.get_claim(_claim_of(pod))
+            (result,) = allocated_devices(claim)
+            # Allocated from the pool of the node it runs on, prepared by that node's agent.
+            assert (result["driver"], result["pool"]) == (DRIVER, node), result
+            assert claim is not None and claim["metadata"]["uid"] in _checkpoint(_node(fleet, node))
+            _assert_own_device(pods, name, own_devices[node])
+            ((path, _),) = pods.seen(name).devices.items()
+            assert path not in used, f"{name} and {used.get(path)} both got {path}"
+            used[path] = name
+
+        # The old claims: unprepared on the drained node (its agent's log and checkpoint
+        # say so) and deleted with their pods.
+        for name, uid in old_claims.items():
+            api.wait_for(f"{CLAIMS_PATH}/{name}", lambda o: o is None, 60, f"claim {name} gone")
+            assert uid not in _checkpoint(_node(fleet, drained))
+        new_claims = {
+            _claim_of(p): p["spec"]["nodeName"] for n, p in after.items() if n not in before
+        }
+        _assert_agents_logged(fleet, drained, set(old_claims), new_claims)
+        # For the report (pytest -rA): where the replicas ran before and after.
+        print(
+            f"drained {drained}:",
+            {n: p["spec"]["nodeName"] for n, p in before.items()},
+            "->",
+            {n: p["spec"]["nodeName"] for n, p in after.items()},
+        )
+    finally:
+        _TEST_LOGS.clear()
+        _undo_drain_run(fleet, claims, overlay, app, drained)
+
+
+def _undo_drain_run(
+    fleet: Cluster, claims: Claims, overlay: Path, app: str, drained: str | None
+) -> None:
+    """The node uncordoned; the Deployment's pods deleted while the agents run (the kubelet
+    removes a pod only after its claims were unprepared), then the claims and the DaemonSet;
+    whatever slices and specs are left removed."""
+    api = fleet.api
+    assert api is not None
+    if drained is not None:
+        fleet.kubectl("uncordon", drained, check=False)
+    api.delete(f"{DEPLOYMENTS}/{app}")
+    until_sync(
+        lambda: not api.get(f"{PODS}?labelSelector=app%3D{app}")["items"],
+        f"the pods of {app} gone",
+        within=120,
+    )
+    claims.delete_all()
+    fleet.kubectl(
+        "delete", "--wait", "--cascade=foreground", "--ignore-not-found", "-k", str(overlay)
+    )
+    for node in fleet.nodes:
+        claims.delete_slices(DRIVER, node.name)
+        for spec in node.cdi_run.glob("*"):
+            spec.unlink()
+
+
+def _node(fleet: Cluster, name: str) -> Node:
+    (node,) = [n for n in fleet.nodes if n.name == name]
+    return node
+
+
+def _agent_on(api: Api, node: str) -> str:
+    """The name of the agent pod on ``node``."""
+    items = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={SELECTOR}")["items"]
+    (name,) = [p["metadata"]["name"] for p in items if p["spec"].get("nodeName") == node]
+    return str(name)
+
+
+def _assert_agents_logged(
+    fleet: Cluster, drained: str, unprepared: set[str], prepared: dict[str, str]
+) -> None:
+    """The drained node's agent logged unpreparing each of ``unprepared``; the agent of each
+    claim's node in ``prepared`` (claim -> node) logged preparing it."""
+    assert fleet.api is not None
+    log = fleet.kubectl(
+        "-n", NAMESPACE, "logs", "-l", SELECTOR, "--prefix", "--tail=-1",
+        "--max-log-requests=10",
+    ).splitlines()  # fmt: skip
+    wanted = [(drained, f"unprepared claim default/{name} ") for name in unprepared]
+    wanted += [(node, f"prepared claim default/{name} ") for name, node in prepared.items()]
+    for node, text in wanted:
+        agent = _agent_on(fleet.api, node)
+        assert any(f"[pod/{agent}/" in line and text in line for line in log), (
+            f"{agent} on {node} did not log {text!r}"
+        )

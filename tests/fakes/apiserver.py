@@ -1,6 +1,7 @@
 """A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one.
 
-It serves what the DRA driver calls — the Node, ResourceClaims, and ResourceSlices (list with
+It serves what the agent calls — the Node, ResourceClaims, DaemonSets (the agent's own, asked
+about at exit), and ResourceSlices (list with
 ``limit``/``continue``, watch as chunked JSON lines, create, replace with resourceVersion
 conflicts, delete) — and refuses what the real API server refuses where the tests need it (a
 ``pool.generation`` outside int64 is a 400, as the real JSON decoder answers).
@@ -33,6 +34,7 @@ import yaml
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/"
 NODES = "/api/v1/nodes/"
+DAEMONSETS = "/apis/apps/v1/namespaces/"
 INT64_MAX = (1 << 63) - 1
 
 Obj = dict[str, Any]
@@ -68,6 +70,8 @@ class FakeApiServer:
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.nodes: dict[str, str] = {}
+        #: DaemonSets by (namespace, name), answered as they are.
+        self.daemonsets: dict[tuple[str, str], Obj] = {}
         #: Canned answers by (method, path): they win over the real handling (not watches).
         self.answers: dict[tuple[str, str], Answer] = {}
         #: Called right after a slice list is answered (a change "between" list and watch).
@@ -75,6 +79,8 @@ class FakeApiServer:
         #: While set and not yet set free, every write (POST, PUT, DELETE) waits for it: an API
         #: server that hangs.
         self.hold_writes: asyncio.Event | None = None
+        #: The same for every read (GET that is not a watch).
+        self.hold_reads: asyncio.Event | None = None
         #: Every request as (method, path, query).
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.watches_opened = 0
@@ -222,6 +228,8 @@ class FakeApiServer:
     ) -> None:
         if method != "GET" and self.hold_writes is not None:
             await self.hold_writes.wait()
+        if method == "GET" and self.hold_reads is not None:
+            await self.hold_reads.wait()
         canned = self.answers.get((method, path))
         if canned is not None:
             if canned.times is not None:
@@ -265,6 +273,8 @@ class FakeApiServer:
     ) -> tuple[int, Obj]:
         if method == "GET" and path.startswith(NODES):
             return self._node(path[len(NODES) :])
+        if method == "GET" and path.startswith(DAEMONSETS) and "/daemonsets/" in path:
+            return self._daemonset(path)
         if method == "GET" and path.startswith(CLAIMS):
             namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
             claim = self.claims.get((namespace, name))
@@ -274,6 +284,13 @@ class FakeApiServer:
         if path == SLICES or path.startswith(SLICES + "/"):
             return self._slices(method, path[len(SLICES) + 1 :], query, body)
         return _status(404, "NotFound", f"{method} {path}")
+
+    def _daemonset(self, path: str) -> tuple[int, Obj]:
+        namespace, _, name = path[len(DAEMONSETS) :].partition("/daemonsets/")
+        daemonset = self.daemonsets.get((namespace, name))
+        if daemonset is None:
+            return _status(404, "NotFound", f'daemonsets.apps "{name}" not found')
+        return 200, daemonset
 
     def _node(self, name: str) -> tuple[int, Obj]:
         if name not in self.nodes:

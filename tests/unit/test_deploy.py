@@ -46,6 +46,41 @@ def test_daemonset_shape() -> None:
         assert not (termination + "/").startswith(mount.rstrip("/") + "/"), (termination, mount)
 
 
+def test_the_agent_may_read_its_own_daemonset_and_nothing_else() -> None:
+    """At exit the agent asks about the DaemonSet the manifest names (an uninstall removes its
+    specs): the env names this DaemonSet, and the base's RBAC grants get on it alone."""
+    (ds,) = _load(BASE / "daemonset.yaml")
+    spec = ds["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["CDI_GEN_DAEMONSET"]["value"] == ds["metadata"]["name"]
+    assert env["CDI_GEN_DAEMONSET_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    docs = {d["kind"]: d for d in _load(BASE / "rbac.yaml")}
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}
+    assert docs["ServiceAccount"]["metadata"]["name"] == spec["serviceAccountName"]
+    assert docs["Role"]["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": [ds["metadata"]["name"]],
+            "verbs": ["get"],
+        }
+    ]
+    binding = docs["RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": docs["Role"]["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "kube-system"}
+    ]
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert "rbac.yaml" in kustomization["resources"]
+
+
 def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
     (cm,) = _load(BASE / "configmap.yaml")
     config = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "configmap.yaml")

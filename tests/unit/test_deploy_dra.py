@@ -129,15 +129,16 @@ def test_daemonset_patch_serves_through_dra() -> None:
         assert volumes[mounts[path]["name"]] == path
     assert env["CDI_GEN_PLUGINS_REGISTRY_DIR"]["value"] == "/var/lib/kubelet/plugins_registry"
     assert env["CDI_GEN_KUBELET_PLUGINS_DIR"]["value"] == "/var/lib/kubelet/plugins"
-    assert spec["serviceAccountName"] == "cdi-gen"
+    # The ServiceAccount is the base's: the device-plugin variant asks about its DaemonSet too.
+    assert "serviceAccountName" not in spec
 
 
 def test_rbac_grants_what_the_agent_needs_and_no_more() -> None:
     docs = {d["kind"]: d for d in _load(DRA / "rbac.yaml")}
-    assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-    account = docs["ServiceAccount"]["metadata"]
-    spec, _ = _patched_container()
-    assert account == {**account, "name": spec["serviceAccountName"], "namespace": "kube-system"}
+    assert set(docs) == {"ClusterRole", "ClusterRoleBinding"}
+    (base,) = _load(K8S / "base" / "daemonset.yaml")
+    account = base["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account == "cdi-gen"
     grants = {
         (group, resource): set(rule["verbs"])
         for rule in docs["ClusterRole"]["rules"]

@@ -120,6 +120,27 @@ def test_driver_and_node_names_must_be_dns_subdomains(monkeypatch: pytest.Monkey
     assert "CDI_GEN_NODE_NAME" in str(info.value) and "DNS subdomain" in str(info.value)
 
 
+def test_the_owner_daemonset_is_a_name_and_its_namespace_a_label(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the agent asks the API server about at exit (an uninstall takes its specs) goes
+    into a URL path: refused, quoted, before the agent starts."""
+    assert load_settings({}).daemonset is None  # nothing named: specs kept at every exit
+    with pytest.raises(ConfigError) as info:
+        load_settings({"daemonset": "../secrets"})
+    assert str(info.value).startswith("--daemonset: '../secrets' is not a DNS subdomain")
+    monkeypatch.setenv("CDI_GEN_DAEMONSET_NAMESPACE", "kube.system")
+    with pytest.raises(ConfigError) as info:
+        load_settings({"daemonset": "cdi-gen"})
+    assert str(info.value).startswith(
+        "CDI_GEN_DAEMONSET_NAMESPACE: 'kube.system' is not a namespace: a DNS label"
+    ), str(info.value)
+    monkeypatch.setenv("CDI_GEN_DAEMONSET_NAMESPACE", "kube-system")
+    monkeypatch.setenv("CDI_GEN_DAEMONSET", "cdi-gen")
+    settings = load_settings({})
+    assert (settings.daemonset, settings.daemonset_namespace) == ("cdi-gen", "kube-system")
+
+
 LONG_DRIVER = "d" * 61 + ".io"  # a DNS subdomain of 64 characters
 
 

@@ -1,5 +1,6 @@
-"""The API server as the DRA driver needs it: claims, the Node's UID, and this node's
-ResourceSlices — a thin async layer over an HTTP client that lightkube configures.
+"""The API server as the agent needs it: claims, the Node's UID, this node's ResourceSlices
+and the agent's own DaemonSet (asked about at exit) — a thin async layer over an HTTP client
+that lightkube configures.
 
 Everything goes in and out as plain dicts (the slices :mod:`~cdi_gen.apiserver.slices`
 builds) or as the domain's values (:class:`~cdi_gen.model.ClaimView`). Every failure is one
@@ -326,6 +327,9 @@ class ApiClient:
         self._http.event_hooks = {"response": [_bound_answer]}
         self._watch_timeout = httpx2.Timeout(timeout, read=WATCH_SECONDS + 30)
         self.server: str = str(config.cluster.server)
+        #: The namespace of the configuration: the service account's in a pod, else the
+        #: kubeconfig context's, else ``default``.
+        self.namespace: str = config.namespace
 
     # The timeout is the client's for every call, not a bound on opening it.
     @classmethod
@@ -402,6 +406,16 @@ class ApiClient:
         if not isinstance(uid, str) or not uid:
             raise ApiServerError(f"{what}: the answer has no metadata.uid: {quote(obj)}", 200)
         return uid
+
+    async def daemonset(self, namespace: str, name: str) -> Obj:
+        """DaemonSet ``namespace/name`` as it is; :class:`ApiServerError` with the status
+        when the API server refuses (404: it is gone)."""
+        what = f"DaemonSet {namespace}/{name}"
+        path = (
+            f"/apis/apps/v1/namespaces/{url_quote(namespace, safe='')}"
+            f"/daemonsets/{url_quote(name, safe='')}"
+        )
+        return await self._call("GET", path, what)
 
     async def list_slices(self, driver: str, node: str) -> list[Obj]:
         """Every ResourceSlice of ``driver`` on ``node``, read in pages of :data:`LIST_PAGE`."""

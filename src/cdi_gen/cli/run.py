@@ -36,11 +36,14 @@ from cdi_gen.cli import options
 @options.setting("state_dir", "--state-dir", type=click.Path(file_okay=False))
 @options.KUBECONFIG
 @options.NODE_NAME
+@options.setting("daemonset", "--daemonset")
+@options.setting("daemonset_namespace", "--daemonset-namespace")
 def run(**flags: Any) -> None:
     """The node agent: follow udev, keep spec files current, serve a device plugin per class.
 
     Runs until SIGTERM, SIGINT or SIGHUP, then removes its sockets (and, with
-    --cleanup-on-exit, its spec files) and exits 0.
+    --cleanup-on-exit or when its --daemonset is being uninstalled, its spec files) and
+    exits 0.
     """
     import asyncio
 

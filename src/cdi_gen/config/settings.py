@@ -28,7 +28,7 @@ from cdi_gen.cdi.runtimes import Lookup
 from cdi_gen.config.loader import load_config, pin_versions
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
-from cdi_gen.names import is_dns_subdomain, validate_driver_name
+from cdi_gen.names import is_dns_label, is_dns_subdomain, validate_driver_name
 
 __all__ = [
     "ENV_PREFIX",
@@ -150,6 +150,17 @@ class Settings(BaseModel):
         "replaces and removes only the specs it wrote; default: the config's vendor (two "
         "agents with one vendor need distinct names)",
     )
+    daemonset: str | None = Field(
+        default=None,
+        description="the DaemonSet that runs this agent: at exit the agent asks the API server "
+        "about it, and when it is gone or being deleted (an uninstall) removes its spec files "
+        "and ResourceSlices; default: none, they are kept (a restart or an update needs them)",
+    )
+    daemonset_namespace: str | None = Field(
+        default=None,
+        description="the namespace of --daemonset; default: the service account's (in a pod), "
+        "else the kubeconfig context's",
+    )
     #: Longest wait, in seconds, between the agent's retries of a class's spec write or device
     #: plugin start, of the DRA driver's start, and between restarts of a DRA slice publisher
     #: that failed unexpectedly (not the kubelet registrations or the publisher's own API
@@ -191,6 +202,8 @@ class Settings(BaseModel):
         "dra_driver",
         "node_name",
         "instance",
+        "daemonset",
+        "daemonset_namespace",
         mode="before",
     )
     @classmethod
@@ -199,13 +212,23 @@ class Settings(BaseModel):
             raise ValueError(_EMPTY)
         return value
 
-    @field_validator("dra_driver", "node_name", "instance", mode="after")
+    @field_validator("dra_driver", "node_name", "instance", "daemonset", mode="after")
     @classmethod
     def _subdomain(cls, value: str | None) -> str | None:
         if value is not None and not is_dns_subdomain(value):
             raise ValueError(
                 f"{quote(value)} is not a DNS subdomain (lower-case letters, digits, '-' "
                 "and '.', at most 253 characters)"
+            )
+        return value
+
+    @field_validator("daemonset_namespace", mode="after")
+    @classmethod
+    def _label(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_label(value):
+            raise ValueError(
+                f"{quote(value)} is not a namespace: a DNS label (lower-case letters, digits "
+                "and '-', at most 63 characters)"
             )
         return value
 

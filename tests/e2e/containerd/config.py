@@ -86,13 +86,14 @@ CRI_IMAGES_2X = "io.containerd.cri.v1.images"
 
 
 def daemon_config_v4(work: Path, spec_dirs: list[Path], sandbox_image: str) -> dict[str, Any]:
-    """containerd 2.3's native config (version 4) for a private daemon.
+    """containerd 2.3's native config (version 4) for a private daemon, built on
+    ``deploy/containerd/containerd-2.x-cdi.toml`` as :func:`daemon_config` is on the 1.7
+    snippet: only its folder list is replaced.
 
-    CDI is left at its default, on: ``enable_cdi`` is not written (only ``false`` is
-    deprecated, and a node as users get it has no such line). ``cdi_spec_dirs`` names the
-    folders as ``deploy/containerd`` tells users to (its default is the same two).
+    CDI is left at its default, on: the snippet writes no ``enable_cdi`` (only ``false`` is
+    deprecated, and a node as users get it has no such line).
     """
-    return {
+    private = {
         "version": 4,
         "root": str(work / "root"),
         "state": str(work / "state"),
@@ -127,6 +128,7 @@ def daemon_config_v4(work: Path, spec_dirs: list[Path], sandbox_image: str) -> d
             "io.containerd.internal.v1.opt": {"path": str(work / "opt")},
         },
     }
+    return _merge(load_snippet(SNIPPET_2X), private)
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")

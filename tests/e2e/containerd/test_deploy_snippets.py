@@ -2,7 +2,8 @@
 
 The daemon's config is built from deploy/containerd/containerd-1.7-cdi.toml; these tests pin
 that nothing but the folder list is replaced, that the file on disk the daemon was started with
-says so too, and that the 2.x snippet states the same CDI settings in its own format.
+says so too; and that the 2.x snippet, on which the cluster lane's containerd 2.3 config is
+built the same way, states the same folders and leaves CDI at its default.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from .config import CRI_2X, CRI_17, SNIPPET_2X, daemon_config, load_snippet, to_toml
+from .config import (
+    CRI_2X,
+    CRI_17,
+    SNIPPET_2X,
+    daemon_config,
+    daemon_config_v4,
+    load_snippet,
+    to_toml,
+)
 from .daemon import Containerd
 
 pytestmark = pytest.mark.e2e
@@ -30,12 +39,27 @@ def test_the_17_snippet_enables_cdi_on_the_default_folders() -> None:
     assert snippet["plugins"][CRI_17] == {"enable_cdi": True, "cdi_spec_dirs": DEFAULT_DIRS}
 
 
-def test_the_2x_snippet_states_the_same_settings_in_config_version_3() -> None:
+def test_the_2x_snippet_states_the_folders_and_leaves_cdi_at_its_default() -> None:
+    """What the current cluster lane runs containerd 2.3 on (config version 4): the 1.7
+    snippet's folders, and no ``enable_cdi`` (on by default in 2.x, deprecated in 2.3)."""
     snippet = load_snippet(SNIPPET_2X)
-    assert snippet["version"] == 3
+    assert snippet["version"] == 4
     assert snippet["plugins"] == {
-        CRI_2X: cdi_keys(load_snippet()["plugins"][CRI_17]),
+        CRI_2X: {"cdi_spec_dirs": load_snippet()["plugins"][CRI_17]["cdi_spec_dirs"]},
     }
+
+
+def test_the_23_daemon_config_is_the_2x_snippet_with_only_the_folders_replaced(
+    tmp_path: Path,
+) -> None:
+    folders = [tmp_path / "a", tmp_path / "b"]
+    config = daemon_config_v4(tmp_path, folders, "img")
+    snippet = load_snippet(SNIPPET_2X)
+    assert config["version"] == snippet["version"]
+    cri = config["plugins"][CRI_2X]
+    assert "enable_cdi" not in cri
+    assert cri["cdi_spec_dirs"] == [str(f) for f in folders]
+    assert tomllib.loads(to_toml(config)) == config
 
 
 def test_the_daemon_config_is_the_snippet_with_only_the_folders_replaced(tmp_path: Path) -> None:
