@@ -34,12 +34,17 @@ START_TIMEOUT = 30.0
 #: Debian 12's runtime and monitor (crun refuses the machine's hybrid cgroup layout).
 RUNC = Path("/usr/sbin/runc")
 CONMON = Path("/usr/bin/conmon")
-#: What CRI-O runs as runc. CRI-O gives every pod's infra container oom_score_adj -998 (and
-#: the kubelet a Guaranteed pod's containers -997); lowering it needs CAP_SYS_RESOURCE, which
-#: this VM withholds even from root, so runc would fail every sandbox. containerd has
-#: ``restrict_oom_score_adj`` for such hosts (its config here sets it); CRI-O has no such
-#: option, so this wrapper does the same to the bundle before runc reads it: a negative value
-#: becomes 0, what CRI-O itself runs with. Nothing the tests check depends on the score.
+#: What CRI-O runs as runc: Debian's, after two edits of the bundle's config.json that make
+#: CRI-O's container specs fit this VM, as containerd's config does for its own:
+#: - oom_score_adj: CRI-O gives every infra container -998 (and the kubelet a Guaranteed
+#:   pod's containers -997); lowering it needs CAP_SYS_RESOURCE, which this VM withholds even
+#:   from root, so runc would fail. containerd here has ``restrict_oom_score_adj``; CRI-O has
+#:   no such option, so a negative value becomes 0, what CRI-O itself runs with.
+#: - hugepage limits: CRI-O sets them whenever /proc/cgroups lists hugetlb, but on this hybrid
+#:   host hugetlb is bound to the unified hierarchy, which runc (in cgroup v1 mode) cannot
+#:   use: every container would fail with "cannot set hugetlb limit". containerd drops them
+#:   by default (``disable_hugetlb_controller``); so do we.
+#: Nothing the tests check depends on either.
 RUNC_WRAPPER = f"""#!/bin/sh
 bundle=""
 previous=""
@@ -49,7 +54,18 @@ for arg in "$@"; do
     previous="$arg"
 done
 if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    sed -i -E 's/"oomScoreAdj": *-[0-9]+/"oomScoreAdj": 0/' "$bundle/config.json"
+    /usr/bin/python3 -c '
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    spec = json.load(f)
+process = spec.get("process") or {{}}
+if process.get("oomScoreAdj", 0) < 0:
+    process["oomScoreAdj"] = 0
+((spec.get("linux") or {{}}).get("resources") or {{}}).pop("hugepageLimits", None)
+with open(path, "w") as f:
+    json.dump(spec, f)
+' "$bundle/config.json" || exit 1
 fi
 exec {RUNC} "$@"
 """
