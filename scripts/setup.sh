@@ -147,10 +147,10 @@ ensure_containerd() {
 
 ensure_cluster() {
     # The real nodes (tests/cluster): etcd from Debian 13 and every lane, Kubernetes 1.37 with
-    # containerd 2.3 and Kubernetes 1.35 with containerd 1.7, built from their Go modules (cold
-    # about 20 and 15 minutes on 2 cores; cached per lane outside the checkout), then the agent
-    # image from deploy/Containerfile on a base made from Debian's packages. Both scripts check
-    # their caches first and print what they found.
+    # containerd 2.3, Kubernetes 1.35 with containerd 1.7 and Kubernetes 1.36 with CRI-O 1.36,
+    # built from their Go modules (cold about 20, 15 and 35 minutes on 2 busy cores; cached per
+    # lane outside the checkout), then the agent image from deploy/Containerfile on a base made
+    # from Debian's packages. Both scripts check their caches first and print what they found.
     "$VENV/bin/python" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
     "$VENV/bin/python" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"
 }
