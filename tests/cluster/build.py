@@ -6,9 +6,10 @@ of the release Kubernetes 1.36 pairs with, so they are built from the Go module 
 (``lanes/<lane>/kubernetes/go.mod``), ``github.com/containerd/containerd/v2``
 (``lanes/current/containerd/go.mod``) and ``github.com/cri-o/cri-o`` (``lanes/crio/crio/go.mod``;
 with cgo against Debian's libseccomp). The output goes to a cache outside the checkout,
-``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod and go.sum>``: a warm
-run builds nothing, and changing a pin builds into a new folder. The cold build's duration is
-recorded next to the binaries, so later runs can still report what a cold build costs.
+``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod, go.sum and flags>``: a
+warm run builds nothing, and changing a pin (or CRI-O's tags) builds into a new folder. The
+cold build's duration is recorded next to the binaries, so later runs can still report what a
+cold build costs.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ class GoProgram:
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum"):
             digest.update((self.directory / name).read_bytes())
+        if self.cgo or self.tags or self.c_programs:
+            # How a program is built changes its binaries as much as what it is built from:
+            # new build tags must not find the old build (programs without any keep their key).
+            digest.update(repr((self.cgo, self.tags, self.c_programs)).encode())
         return f"{self.release()}-{digest.hexdigest()[:12]}"
 
 
