@@ -171,7 +171,7 @@ class Cluster:
     runtime_root: Path
     lane: Lane
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
-    #: How many nodes (kubelet + containerd + mount namespace each) join the control plane.
+    #: How many nodes (kubelet + runtime + mount namespace each) join the control plane.
     node_count: int = 1
     components: dict[str, Component] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
