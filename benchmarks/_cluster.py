@@ -38,7 +38,7 @@ def missing() -> str | None:
 
 def components(lane: Lane = CURRENT) -> tuple[Binaries, Path, Path]:
     """The lane's Kubernetes binaries, etcd's and containerd's roots."""
-    etcd, containerd = fetch_etcd(), lane.containerd_root()
+    etcd, containerd = fetch_etcd(), lane.runtime_root()
     return lane.binaries(), etcd, containerd
 
 

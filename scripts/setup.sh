@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up this machine for one purpose, idempotently: `run` (the agent alone), `test` (the
 # whole suite: the real runtimes, udev, the Go CDI library, containerd, Kubernetes nodes of
-# both cluster lanes and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
+# every cluster lane and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
 # so CI proves the very path a newcomer takes. `scripts/setup.sh --packages MODE` prints the
 # Debian packages MODE installs, one a line (what `make check-setup` builds a root file system
 # from).
@@ -51,10 +51,14 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 # What each mode needs from Debian, as package names (checked with dpkg, installed with apt).
 # python3-venv: Debian's python3 makes no virtual environment without it.
 run_packages=(python3 python3-venv libudev1)
+# The crio lane builds CRI-O with cgo against libseccomp (gcc, libc6-dev, pkg-config,
+# libseccomp-dev) and its static pinns helper (gcc); its node runs Debian's conmon and runc, and
+# images reach CRI-O's store through podman.
 test_packages=(
     ca-certificates make git util-linux mount udev busybox-static iptables
     podman runc conmon containernetworking-plugins catatonit mmdebstrap
     golang-go golang-github-container-orchestrated-devices-container-device-interface-dev
+    gcc libc6-dev pkg-config libseccomp-dev
 )
 
 missing_packages() {
@@ -142,11 +146,11 @@ ensure_containerd() {
 }
 
 ensure_cluster() {
-    # The real nodes (tests/cluster): etcd from Debian 13 and both lanes, Kubernetes 1.37 with
-    # containerd 2.3 and Kubernetes 1.35 with containerd 1.7, built from their Go modules (cold
-    # about 20 and 15 minutes on 2 cores; cached per lane outside the checkout), then the agent
-    # image from deploy/Containerfile on a base made from Debian's packages. Both scripts check
-    # their caches first and print what they found.
+    # The real nodes (tests/cluster): etcd from Debian 13 and every lane, Kubernetes 1.37 with
+    # containerd 2.3, Kubernetes 1.35 with containerd 1.7 and Kubernetes 1.36 with CRI-O 1.36,
+    # built from their Go modules (cold about 20, 15 and 35 minutes on 2 busy cores; cached per
+    # lane outside the checkout), then the agent image from deploy/Containerfile on a base made
+    # from Debian's packages. Both scripts check their caches first and print what they found.
     "$VENV/bin/python" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
     "$VENV/bin/python" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"
 }

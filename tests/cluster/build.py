@@ -1,12 +1,15 @@
 """Go programs of a lane, built with ``go build`` from the release its go.mod pins.
 
-No registry ships kubelet or kube-apiserver binaries, nor a static containerd 2.x, so they are
-built from the Go module proxy: ``k8s.io/kubernetes`` plus every staging module pinned by a
-replace (``lanes/<lane>/kubernetes/go.mod``), and ``github.com/containerd/containerd/v2``
-(``lanes/current/containerd/go.mod``). The output goes to a cache outside the checkout,
-``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod and go.sum>``: a warm
-run builds nothing, and changing a pin builds into a new folder. The cold build's duration is
-recorded next to the binaries, so later runs can still report what a cold build costs.
+No registry ships kubelet or kube-apiserver binaries, nor a static containerd 2.x, nor a CRI-O
+of the release Kubernetes 1.36 pairs with, so they are built from the Go module proxy:
+``k8s.io/kubernetes`` plus every staging module pinned by a replace
+(``lanes/<lane>/kubernetes/go.mod``), ``github.com/containerd/containerd/v2``
+(``lanes/current/containerd/go.mod``) and ``github.com/cri-o/cri-o`` (``lanes/crio/crio/go.mod``;
+with cgo against Debian's libseccomp). The output goes to a cache outside the checkout,
+``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod, go.sum and flags>``: a
+warm run builds nothing, and changing a pin (or CRI-O's tags) builds into a new folder. The
+cold build's duration is recorded next to the binaries, so later runs can still report what a
+cold build costs.
 """
 
 from __future__ import annotations
@@ -65,10 +68,17 @@ class GoProgram:
     ldflags: Callable[[str], str]
     #: Where the binaries go inside the cache entry (``usr/bin`` keeps a Debian-like root).
     out: str = "bin"
+    #: Build with cgo (against the host's C libraries) instead of static.
+    cgo: bool = False
+    #: ``go build -tags``.
+    tags: tuple[str, ...] = ()
+    #: Folders of the module holding a C program (``src/*.c``), built with the host's cc
+    #: into the same output and named after the folder: CRI-O's ``pinns``.
+    c_programs: tuple[str, ...] = ()
 
     @property
     def commands(self) -> tuple[str, ...]:
-        return tuple(p.rsplit("/", 1)[-1] for p in self.packages)
+        return (*(p.rsplit("/", 1)[-1] for p in self.packages), *self.c_programs)
 
     def release(self) -> str:
         """The pinned release, e.g. ``v1.37.2``, read from go.mod."""
@@ -87,6 +97,10 @@ class GoProgram:
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum"):
             digest.update((self.directory / name).read_bytes())
+        if self.cgo or self.tags or self.c_programs:
+            # How a program is built changes its binaries as much as what it is built from:
+            # new build tags must not find the old build (programs without any keep their key).
+            digest.update(repr((self.cgo, self.tags, self.c_programs)).encode())
         return f"{self.release()}-{digest.hexdigest()[:12]}"
 
 
@@ -112,6 +126,22 @@ def containerd_ldflags(version: str) -> str:
     return f"-s -w -X {package}.Version={version} -X {package}.Revision=release-{version}"
 
 
+def crio_ldflags(version: str) -> str:
+    # CRI-O's version is a constant in its source (internal/version); only the symbols go.
+    return "-s -w"
+
+
+#: The tags of CRI-O's Makefile that need no C library beyond libseccomp: no ostree, no gpgme
+#: (the OpenPGP signature code is pure Go), no btrfs or devicemapper storage drivers.
+CRIO_TAGS = (
+    "containers_image_ostree_stub",
+    "containers_image_openpgp",
+    "exclude_graphdriver_btrfs",
+    "exclude_graphdriver_devicemapper",
+    "seccomp",
+)
+
+
 def kubernetes(directory: Path) -> GoProgram:
     return GoProgram(
         "kubernetes",
@@ -132,6 +162,22 @@ def containerd(directory: Path) -> GoProgram:
         containerd_ldflags,
         # The layout of Debian's package, which tests/e2e/containerd's daemon runs from.
         out="usr/bin",
+    )
+
+
+def crio(directory: Path) -> GoProgram:
+    return GoProgram(
+        "crio",
+        "github.com/cri-o/cri-o",
+        directory,
+        ("github.com/cri-o/cri-o/cmd/crio",),
+        crio_ldflags,
+        out="usr/bin",
+        # seccomp needs libseccomp through cgo; CRI-O's own releases are dynamic builds too.
+        cgo=True,
+        tags=CRIO_TAGS,
+        # CRI-O pins every pod's namespaces with this small C helper of its repository.
+        c_programs=("pinns",),
     )
 
 
@@ -209,6 +255,25 @@ def find_go(cache: Path, min_go: tuple[int, int]) -> tuple[Path, str]:
 SETUP_COMMAND = ".venv/bin/python tests/cluster/setup.py"
 
 
+def _build_c(go: Path, program: GoProgram, env: dict[str, str], folder: str, out: Path) -> None:
+    """``folder``'s C program, from the module's source in the Go module cache, into ``out``."""
+    listed = subprocess.run(
+        [str(go), "list", "-m", "-f", "{{.Dir}}", program.module],
+        cwd=program.directory, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise BuildError(f"go list -m {program.module} failed:\n{listed.stderr}")
+    sources = sorted((Path(listed.stdout.strip()) / folder / "src").glob("*.c"))
+    if not sources:
+        raise BuildError(f"{program.module}: no {folder}/src/*.c in {listed.stdout.strip()}")
+    # The flags of its own Makefile: static, so it runs in any mount namespace.
+    argv = ["cc", "-std=c99", "-O2", "-Wall", "-static", "-s", "-o", str(out / folder),
+            *map(str, sources)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"cc of {program.module}'s {folder} failed:\n{proc.stderr[-4000:]}")
+
+
 def build(program: GoProgram, cache: Path, *, allow_build: bool = True) -> Binaries:
     """The binaries of ``program``'s pinned release, built into ``cache`` unless already there.
 
@@ -241,25 +306,29 @@ def build(program: GoProgram, cache: Path, *, allow_build: bool = True) -> Binar
         staging.mkdir()
         env = {
             **os.environ,
-            # Static binaries, as the releases build them; nothing depends on the host's libc.
-            "CGO_ENABLED": "0",
+            # Static binaries, as the releases build them, unless the program needs C (CRI-O:
+            # libseccomp).
+            "CGO_ENABLED": "1" if program.cgo else "0",
             # go.mod and go.sum are committed: a build must never rewrite them.
             "GOFLAGS": "-mod=readonly -buildvcs=false",
         }
+        tags = ["-tags", ",".join(program.tags)] if program.tags else []
         args = [
-            str(go), "build", "-trimpath", "-ldflags", program.ldflags(version),
+            str(go), "build", "-trimpath", *tags, "-ldflags", program.ldflags(version),
             "-o", f"{staging}/", *program.packages,
         ]  # fmt: skip
         start = time.monotonic()
         proc = subprocess.run(
             args, cwd=program.directory, env=env, capture_output=True, text=True, check=False
         )
-        seconds = time.monotonic() - start
         if proc.returncode != 0:
             raise BuildError(
                 f"go build of {program.module} {version} failed (exit {proc.returncode}), "
                 f"{go_line}:\n{proc.stdout}{proc.stderr[-6000:]}"
             )
+        for folder in program.c_programs:
+            _build_c(go, program, env, folder, staging)
+        seconds = time.monotonic() - start
         missing = [c for c in program.commands if not (staging / c).exists()]
         if missing:
             raise BuildError(f"go build left no {', '.join(missing)} in {staging}")

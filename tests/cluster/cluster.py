@@ -2,13 +2,13 @@
 
 Control plane on 127.0.0.1 (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) in the
 host's namespaces; per node (one by default, ``node_count=3`` for the several-node scenarios) a
-containerd with CDI on and a kubelet inside the node's own private mount namespace
-(``namespace.py``), each node with its own name, folder, kubelet ports and pod subnet. Which
-releases, which containerd config and which feature gates come from the cluster's
-:class:`~cluster.lane.Lane`. Every port is picked free at start and every file lives in one
-short work folder under /tmp (the first node's files too; each other node has a subfolder), so
-several sessions can run side by side. ``stop()`` undoes everything whatever state the start
-reached, and reports what it could not undo.
+CRI runtime with CDI on (containerd, or CRI-O in the crio lane: ``crio.py``) and a kubelet
+inside the node's own private mount namespace (``namespace.py``), each node with its own name,
+folder, kubelet ports and pod subnet. Which releases, which runtime and config and which feature
+gates come from the cluster's :class:`~cluster.lane.Lane`. Every port is picked free at start
+and every file lives in one short work folder under /tmp (the first node's files too; each
+other node has a subfolder), so several sessions can run side by side. ``stop()`` undoes
+everything whatever state the start reached, and reports what it could not undo.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ports import free_port
 
 from .api import Api
 from .build import Binaries
+from .crio import Crio, CrioError
 from .lane import Lane
 from .namespace import NodeNamespace
 from .pki import Authority, Pair, kubeconfig
@@ -92,6 +93,11 @@ def host_ip() -> str:
         return address
 
 
+#: A node's CRI runtime: both start, stop, import an image, and name their socket, log and the
+#: cgroup parent the kubelet is given.
+NodeRuntime = Containerd | Crio
+
+
 def _https_ok(port: int, path: str = "/healthz") -> bool:
     context = ssl.create_default_context()
     # The scheduler's and controller-manager's serving certificates are self-signed; this
@@ -118,7 +124,7 @@ def _http_ok(url: str) -> bool:
 @dataclass
 class Node:
     """One node: its name, folder, kubelet ports and pod subnet; its mount namespace,
-    containerd and kubelet once started."""
+    runtime and kubelet once started."""
 
     name: str
     work: Path
@@ -126,10 +132,15 @@ class Node:
     suffix: str
     ports: dict[str, int] = field(default_factory=dict)
     namespace: NodeNamespace | None = None
-    containerd: Containerd | None = None
+    runtime: NodeRuntime | None = None
     kubelet: Component | None = None
     #: Addresses of pods without hostNetwork (chosen free at start).
     pod_subnet: ipaddress.IPv4Network | None = None
+
+    @property
+    def containerd(self) -> Containerd | None:
+        """The node's runtime when it is a containerd (its config, ``ctr``)."""
+        return self.runtime if isinstance(self.runtime, Containerd) else None
 
     @property
     def device_plugin_dir(self) -> Path:
@@ -156,10 +167,11 @@ class Node:
 class Cluster:
     binaries: Binaries
     etcd_root: Path
-    containerd_root: Path
+    #: The lane's runtime binaries (``Lane.runtime_root``): containerd's or CRI-O's.
+    runtime_root: Path
     lane: Lane
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
-    #: How many nodes (kubelet + containerd + mount namespace each) join the control plane.
+    #: How many nodes (kubelet + runtime + mount namespace each) join the control plane.
     node_count: int = 1
     components: dict[str, Component] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
@@ -178,6 +190,10 @@ class Cluster:
     @property
     def containerd(self) -> Containerd | None:
         return self.nodes[0].containerd if self.nodes else None
+
+    @property
+    def runtime(self) -> NodeRuntime | None:
+        return self.nodes[0].runtime if self.nodes else None
 
     @property
     def pod_subnet(self) -> ipaddress.IPv4Network | None:
@@ -452,7 +468,7 @@ class Cluster:
         self._timed("default service account", step)
 
     def _start_runtime(self, node: Node) -> None:
-        """The node's mount namespace and containerd, with the consumers' busybox image."""
+        """The node's mount namespace and runtime, with the consumers' busybox image."""
         prefix = "" if not node.suffix else f"{node.name} "
         step = time.monotonic()
         node.namespace = NodeNamespace(node.work)
@@ -461,21 +477,24 @@ class Cluster:
 
         step = time.monotonic()
         self._cni(node)
-        node.containerd = Containerd(
-            self.containerd_root,
-            node.work,
-            # The node's standard folders, which the namespace binds to cdi/etc and cdi/run.
-            [Path("/etc/cdi"), Path("/var/run/cdi")],
-            IMAGE_NAME,
-            command_prefix=node.namespace.enter([]),
-            config_version=self.lane.containerd_config_version,
-        )
+        if self.lane.runtime == "cri-o":
+            node.runtime = Crio(self.runtime_root, node.work, IMAGE_NAME, node.namespace.enter([]))
+        else:
+            node.runtime = Containerd(
+                self.runtime_root,
+                node.work,
+                # The node's standard folders, which the namespace binds to cdi/etc and cdi/run.
+                [Path("/etc/cdi"), Path("/var/run/cdi")],
+                IMAGE_NAME,
+                command_prefix=node.namespace.enter([]),
+                config_version=self.lane.containerd_config_version,
+            )
         try:
-            node.containerd.start()
-        except DaemonError as exc:
-            raise ComponentError(f"containerd of {node.name}: {exc}") from exc
+            node.runtime.start()
+        except (DaemonError, CrioError) as exc:
+            raise ComponentError(f"{self.lane.runtime} of {node.name}: {exc}") from exc
         self.import_image(build_archive(node.work / "busybox-oci.tar"), node)
-        self._timed(f"{prefix}containerd + busybox image", step)
+        self._timed(f"{prefix}{self.lane.runtime} + busybox image", step)
 
     def _cni(self, node: Node) -> None:
         # containerd reports the pod network not ready (so the Node stays NotReady) until it
@@ -517,27 +536,27 @@ class Cluster:
         (node.work / "cni/conf/10-pods.conflist").write_text(json.dumps(network))
 
     def _cgroup_root(self, node: Node) -> None:
-        # The kubelet wants its cgroupRoot to exist in every hierarchy; it is containerd's
-        # parent, so containerd's teardown removes it with everything the kubelet made in it.
-        assert node.containerd is not None
+        # The kubelet wants its cgroupRoot to exist in every hierarchy; it is the runtime's
+        # parent, so the runtime's teardown removes it with everything the kubelet made in it.
+        assert node.runtime is not None
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split(" - ")[0].split()[4] for line in f
                       if line.split(" - ")[1].split()[0] in ("cgroup", "cgroup2")]  # fmt: skip
         for mount in mounts:
-            Path(mount, node.containerd.cgroup_parent.lstrip("/")).mkdir(exist_ok=True)
+            Path(mount, node.runtime.cgroup_parent.lstrip("/")).mkdir(exist_ok=True)
 
     def kubelet_config(self, node: Node, certs: dict[str, Pair]) -> dict[str, Any]:
-        containerd = node.containerd
-        assert containerd is not None
+        runtime = node.runtime
+        assert runtime is not None
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "cgroupDriver": "cgroupfs",
             # From 1.35 the kubelet refuses cgroup v1 hosts unless told otherwise.
             "failCgroupV1": False,
-            # Under containerd's own parent, which its teardown removes.
-            "cgroupRoot": containerd.cgroup_parent,
-            "containerRuntimeEndpoint": f"unix://{containerd.socket}",
+            # Under the runtime's own parent, which its teardown removes.
+            "cgroupRoot": runtime.cgroup_parent,
+            "containerRuntimeEndpoint": f"unix://{runtime.socket}",
             "address": "0.0.0.0",
             "port": node.ports["kubelet"],
             "readOnlyPort": 0,
@@ -626,14 +645,15 @@ class Cluster:
     # ----- use -----------------------------------------------------------------------------
 
     def import_image(self, archive: Path, node: Node | None = None) -> None:
-        """Import an OCI/docker image archive into a node's containerd (namespace k8s.io;
-        default: the first node's), as ``ctr images import`` does; pods then use it with
+        """Import an OCI/docker image archive into a node's runtime (default: the first
+        node's): containerd's namespace k8s.io as ``ctr images import`` does, or CRI-O's
+        containers-storage by ``podman load``; pods then use it with
         ``imagePullPolicy: Never``."""
-        containerd = (node or self.nodes[0]).containerd
-        assert containerd is not None
+        runtime = (node or self.nodes[0]).runtime
+        assert runtime is not None
         try:
-            containerd.import_image(archive)
-        except DaemonError as exc:
+            runtime.import_image(archive)
+        except (DaemonError, CrioError) as exc:
             raise ComponentError(f"importing {archive}: {exc}") from exc
 
     def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> str:
@@ -711,10 +731,10 @@ class Cluster:
                 f"----- {component.name} ({component.log_path})\n{component.log_tail(lines)}"
             )
         for node in self.nodes:
-            if node.containerd is not None:
+            if node.runtime is not None:
                 parts.append(
-                    f"----- containerd of {node.name} ({node.containerd.log_path})\n"
-                    f"{node.containerd.log_tail(lines)}"
+                    f"----- {self.lane.runtime} of {node.name} ({node.runtime.log_path})\n"
+                    f"{node.runtime.log_tail(lines)}"
                 )
         return "\n".join(parts)
 
@@ -727,8 +747,8 @@ class Cluster:
             if node.kubelet is not None:
                 node.kubelet.stop()
         for node in reversed(self.nodes):
-            if node.containerd is not None:
-                problems += node.containerd.stop()
+            if node.runtime is not None:
+                problems += node.runtime.stop()
             if node.namespace is not None:
                 node.namespace.stop()
         for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
@@ -752,10 +772,10 @@ def _pair(pair: Pair) -> tuple[Path, Path]:
 
 @contextlib.contextmanager
 def running_cluster(
-    binaries: Binaries, etcd_root: Path, containerd_root: Path, lane: Lane, nodes: int = 1
+    binaries: Binaries, etcd_root: Path, runtime_root: Path, lane: Lane, nodes: int = 1
 ) -> Any:
     """A started cluster, always stopped and removed at the end (for scripts and benchmarks)."""
-    cluster = Cluster(binaries, etcd_root, containerd_root, lane, node_count=nodes)
+    cluster = Cluster(binaries, etcd_root, runtime_root, lane, node_count=nodes)
     try:
         cluster.start()
         yield cluster

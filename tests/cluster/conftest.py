@@ -105,13 +105,13 @@ def _running(lane: Lane, nodes: int) -> Iterator[Cluster]:
         pytest.fail("cluster: needs root (mount namespace, cgroups, containerd, loop devices)")
     try:
         etcd = fetch_etcd()
-        containerd = lane.containerd_root(allow_build=False)
+        runtime = lane.runtime_root(allow_build=False)
         binaries = lane.binaries(allow_build=False)
     except FetchError as exc:
         pytest.fail(f"lane {lane.name}: cannot get etcd: {exc}", False)
     except LaneError as exc:
         pytest.fail(f"cannot get the components: {exc}", False)
-    cluster = Cluster(binaries, etcd, containerd, lane, node_count=nodes)
+    cluster = Cluster(binaries, etcd, runtime, lane, node_count=nodes)
     _CLUSTER.append(cluster)
     try:
         try:

@@ -1,4 +1,4 @@
-"""The lanes of the cluster tests: which Kubernetes, which containerd, which feature gates.
+"""The lanes of the cluster tests: which Kubernetes, which CRI runtime, which feature gates.
 
 - ``current`` (the default of every cluster test): Kubernetes 1.37 and containerd 2.3 (the LTS),
   both built from their Go modules, containerd's config in its native version 4 with CDI left at
@@ -7,6 +7,11 @@
   as ``deploy/containerd/containerd-1.7-cdi.toml`` says) and the DRA alpha gates of 1.35: the
   oldest pair we support. The device-plugin scenarios and one DRA scenario run here too
   (``@pytest.mark.lanes("current", "oldest")``).
+- ``crio``: Kubernetes 1.36 with CRI-O 1.36, both built from their Go modules (CRI-O with cgo
+  against Debian's libseccomp; conmon and runc from Debian), cgroupfs, CDI at CRI-O's defaults
+  and no feature gates (every DRA feature the tests use is on by default in 1.36: see
+  DRA_FEATURES). The runtime reads images from containers-storage, so images reach the node
+  through ``podman load`` into CRI-O's own store (``crio.py``), not ``ctr images import``.
 
 Every lane builds or fetches into its own folder ``/var/cache/cdi-gen-test/<lane>/``; etcd (Debian
 13's 3.5, which both releases support) is shared. A lane whose parts cannot be had fails the
@@ -18,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from containerd.fetch import CACHE_ROOT
 
-from .build import HERE, Binaries, BuildError, GoProgram, build, containerd, kubernetes
+from .build import HERE, Binaries, BuildError, GoProgram, build, containerd, crio, kubernetes
 from .dist import FetchError, fetch_containerd
 
 #: The features the DRA scenarios use, and where each matters: the apiserver keeps the
@@ -41,9 +47,14 @@ DRA_FEATURES = {
     "DRAPartitionableDevices": ("kube-apiserver", "kube-scheduler"),
     # containerStatuses[].allocatedResourcesStatus: the kubelet fills it from the driver's
     # health stream, and the apiserver drops the field from pod status while the gate is off.
-    # Beta, on, from 1.36.
+    # Beta, on, from 1.36 (so the crio lane sets none of these four either: each is on by
+    # default in v1.36.3's pkg/features/kube_features.go).
     "ResourceHealthStatus": ("kube-apiserver", "kubelet"),
 }  # fmt: skip
+
+
+#: The node's CRI runtime, named as it names itself in the CRI Version answer.
+RuntimeKind = Literal["containerd", "cri-o"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,11 @@ class Lane:
     #: What the lane stands for (README's matrix says the same).
     proves: str
     kubernetes: GoProgram
-    #: None: Debian 13's containerd 1.7, unpacked (``dist.py``).
-    containerd: GoProgram | None
+    #: Which daemon serves the node's CRI socket.
+    runtime: RuntimeKind
+    #: The Go program the runtime is built from; None: Debian 13's containerd 1.7, unpacked
+    #: (``dist.py``).
+    runtime_program: GoProgram | None
     #: Set in every component; an unknown gate makes a component refuse to start, so each
     #: was checked against the release's pkg/features/kube_features.go.
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
@@ -65,7 +79,13 @@ class Lane:
     @property
     def containerd_config_version(self) -> int:
         """containerd's native config format: 2 for 1.7, 4 for 2.3."""
-        return 2 if self.containerd is None else 4
+        return 2 if self.runtime_program is None else 4
+
+    def runtime_release(self) -> str | None:
+        """The runtime's pinned release without its ``v`` (None for Debian's containerd)."""
+        if self.runtime_program is None:
+            return None
+        return self.runtime_program.release().removeprefix("v")
 
     def binaries(self, *, allow_build: bool = True) -> Binaries:
         """The lane's Kubernetes binaries (raises :class:`LaneError` naming the lane)."""
@@ -74,18 +94,21 @@ class Lane:
         except BuildError as exc:
             raise LaneError(f"lane {self.name}: Kubernetes: {exc}") from exc
 
-    def containerd_build(self, *, allow_build: bool = True) -> Binaries | None:
-        """The built containerd of the lane (None for Debian's)."""
-        if self.containerd is None:
+    def runtime_build(self, *, allow_build: bool = True) -> Binaries | None:
+        """The built runtime of the lane (None for Debian's containerd)."""
+        program = self.runtime_program
+        if program is None:
             return None
         try:
-            return build(self.containerd, self.cache / "containerd", allow_build=allow_build)
+            return build(program, self.cache / program.name, allow_build=allow_build)
         except BuildError as exc:
-            raise LaneError(f"lane {self.name}: containerd: {exc}") from exc
+            raise LaneError(f"lane {self.name}: {self.runtime}: {exc}") from exc
 
-    def containerd_root(self, *, allow_build: bool = True) -> Path:
-        """A root with ``usr/bin/{containerd,containerd-shim-runc-v2,ctr}`` inside."""
-        built = self.containerd_build(allow_build=allow_build)
+    def runtime_root(self, *, allow_build: bool = True) -> Path:
+        """A root with the runtime's commands in ``usr/bin``: containerd's
+        (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) or CRI-O's (``crio``,
+        ``pinns``)."""
+        built = self.runtime_build(allow_build=allow_build)
         if built is not None:
             return built.bin.parent.parent
         try:
@@ -104,13 +127,23 @@ CURRENT = Lane(
     "current",
     "Kubernetes 1.37 + containerd 2.3 (LTS), no feature gates: what users run",
     kubernetes(_LANES_DIR / "current/kubernetes"),
+    "containerd",
     containerd(_LANES_DIR / "current/containerd"),
 )
 OLDEST = Lane(
     "oldest",
     "Kubernetes 1.35 + containerd 1.7 with the DRA alpha gates: the oldest pair supported",
     kubernetes(_LANES_DIR / "oldest/kubernetes"),
+    "containerd",
     None,
     dict.fromkeys(DRA_FEATURES, True),
 )
-LANES = {lane.name: lane for lane in (CURRENT, OLDEST)}
+CRIO = Lane(
+    "crio",
+    "Kubernetes 1.36 + CRI-O 1.36 (cgroupfs, conmon and runc from Debian), no feature gates: "
+    "the other runtime users run",
+    kubernetes(_LANES_DIR / "crio/kubernetes"),
+    "cri-o",
+    crio(_LANES_DIR / "crio/crio"),
+)
+LANES = {lane.name: lane for lane in (CURRENT, OLDEST, CRIO)}

@@ -4,10 +4,11 @@
 
 For each lane of tests/cluster/lane.py: builds kubelet, kube-apiserver, kube-scheduler,
 kube-controller-manager and kubectl from the release pinned in
-tests/cluster/lanes/<lane>/kubernetes/go.mod, and containerd 2.3 (current lane) from
-tests/cluster/lanes/current/containerd/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing
-when already built); unpacks Debian 13's etcd (both lanes) and containerd 1.7 (oldest lane);
-checks the host tools the node needs. Exits 1 naming the lane and what is missing or failed
+tests/cluster/lanes/<lane>/kubernetes/go.mod, containerd 2.3 (current lane) from
+tests/cluster/lanes/current/containerd/go.mod and CRI-O 1.36 with its pinns (crio lane) from
+tests/cluster/lanes/crio/crio/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing when
+already built); unpacks Debian 13's etcd (every lane) and containerd 1.7 (oldest lane);
+checks the host tools the nodes need. Exits 1 naming the lane and what is missing or failed
 (after trying the other lanes); a second run does nothing but check.
 """
 
@@ -31,6 +32,10 @@ HOST_TOOLS = {
     "mount": "mount",
     "runc": "runc",
     "busybox": "busybox-static",
+    # The crio lane: CRI-O's container monitor, and podman to load images into its store.
+    "conmon": "conmon",
+    "podman": "podman",
+    "cc": "gcc",
 }
 
 
@@ -48,10 +53,11 @@ def _state(binaries: Binaries) -> str:
 def prepare(lane: Lane) -> None:
     """Build or fetch the lane's parts and print what they are (raises LaneError)."""
     print(f"lane {lane.name}: {lane.proves}", flush=True)
-    built = lane.containerd_build()
-    root = lane.containerd_root()
+    built = lane.runtime_build()
+    root = lane.runtime_root()
     where = f"built, {_state(built)}" if built is not None else "Debian 13's package"
-    print(f"  {_version([str(root / 'usr/bin/containerd'), '--version'])} ({where})")
+    daemon = "crio" if lane.runtime == "cri-o" else "containerd"
+    print(f"  {_version([str(root / 'usr/bin' / daemon), '--version'])} ({where})")
     print("  Kubernetes: from the build cache, or built (15 min cold, 2 busy cores)", flush=True)
     binaries = lane.binaries()
     print(f"  Kubernetes {binaries.version} in {binaries.bin} ({_state(binaries)})")

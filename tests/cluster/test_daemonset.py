@@ -31,8 +31,9 @@ from .daemonset import DEPLOY, NAMESPACE, SELECTOR, loop_fpga_config, write_over
 from .image import AgentImage
 
 # A cold agent image build takes minutes (see image.py); the scenario itself well under one.
-#: The shipped DaemonSet runs in the oldest lane too (Kubernetes 1.35, containerd 1.7).
-pytestmark = [pytest.mark.timeout(900), pytest.mark.lanes("current", "oldest")]
+#: The shipped DaemonSet runs in the oldest lane (Kubernetes 1.35, containerd 1.7) and the crio
+#: lane (Kubernetes 1.36, CRI-O 1.36, the image loaded into its containers-storage) too.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.lanes("current", "oldest", "crio")]
 
 RESOURCE = "example.com/fpga"
 EXAMPLE = DEPLOY / "examples" / "one-consumer.yaml"

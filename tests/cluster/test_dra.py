@@ -121,7 +121,7 @@ def wait_health(pods: Pods, pod: str, cdi: str, health: str, timeout: float = 30
     )
 
 
-@pytest.mark.lanes("current", "oldest")
+@pytest.mark.lanes("current", "oldest", "crio")
 def test_dra_gates_are_on(cluster: Cluster, lane: Lane) -> None:
     """The DRA features the scenarios use are on in each component they matter to: by default
     in the current lane (which sets no gate), through the lane's alpha gates in the oldest (a
@@ -138,8 +138,9 @@ def test_dra_gates_are_on(cluster: Cluster, lane: Lane) -> None:
         assert {g: reported.get(g) for g in gates} == dict.fromkeys(gates, True), component
 
 
-#: The DRA scenario of the oldest lane (Kubernetes 1.35 with its alpha gates, containerd 1.7).
-@pytest.mark.lanes("current", "oldest")
+#: The DRA scenario of the oldest lane (Kubernetes 1.35 with its alpha gates, containerd 1.7)
+#: and of the crio lane (Kubernetes 1.36, CRI-O 1.36).
+@pytest.mark.lanes("current", "oldest", "crio")
 def test_claim_template_pod_gets_its_device(node: Node) -> None:
     loops, claims, pods = node.loops, node.claims, node.pods
     device = loops.add()
@@ -170,6 +171,7 @@ def test_claim_template_pod_gets_its_device(node: Node) -> None:
     wait_health(pods, "dra-consumer", cdi_name(device), "Healthy")
 
 
+@pytest.mark.lanes("current", "crio")
 def test_two_devices_three_claims_third_pending(node: Node) -> None:
     loops, claims, pods = node.loops, node.claims, node.pods
     devices = [loops.add(), loops.add()]
@@ -201,6 +203,7 @@ def test_two_devices_three_claims_third_pending(node: Node) -> None:
     assert pods.seen(pending).devices == {freed: hex_rdev(by_path[freed])}
 
 
+@pytest.mark.lanes("current", "crio")
 def test_extended_resource_pod_served_by_dra(node: Node) -> None:
     cluster, loops, claims, pods = node.cluster, node.loops, node.claims, node.pods
     device = loops.add()

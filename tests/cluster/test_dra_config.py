@@ -119,6 +119,8 @@ def admin_namespace(cluster: Cluster) -> Iterator[None]:
         label(None)
 
 
+#: On CRI-O too: its CDI injection applies the configured owner and mode.
+@pytest.mark.lanes("current", "crio")
 def test_claim_config_gives_a_non_root_pod_its_device(
     cluster: Cluster, loops: LoopDevices, dra_agent: DraAgentFactory, claims: Claims, tmp_path: Path
 ) -> None:

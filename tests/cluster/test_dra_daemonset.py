@@ -71,6 +71,8 @@ def shipped_dra_daemonset(
     assert not agent_pods(cluster), "the DaemonSet's pod outlived its deletion"
 
 
+#: On CRI-O too (Kubernetes 1.36, CRI-O 1.36).
+@pytest.mark.lanes("current", "crio")
 def test_dra_daemonset_as_shipped_serves_the_example_consumer(
     cluster: Cluster,
     loops: LoopDevices,

@@ -26,7 +26,7 @@ def test_broken_kubelet_fails_by_name_and_leaves_nothing(cluster: Cluster, tmp_p
     broken = Cluster(
         Binaries(cluster.binaries.version, bin_dir, 0.0, 0.0),
         fetch_etcd(),
-        cluster.containerd_root,
+        cluster.runtime_root,
         cluster.lane,
     )
     with pytest.raises(ComponentError) as failure:

@@ -14,8 +14,9 @@ from .conftest import AgentFactory, wait_capacity
 from .pods import Pods
 from .test_seed_lab import hex_rdev
 
-#: The device-plugin scenarios run in the oldest lane too (Kubernetes 1.35, containerd 1.7).
-pytestmark = pytest.mark.lanes("current", "oldest")
+#: The device-plugin scenarios run in the oldest lane (Kubernetes 1.35, containerd 1.7) and the
+#: crio lane (Kubernetes 1.36, CRI-O 1.36) too.
+pytestmark = pytest.mark.lanes("current", "oldest", "crio")
 
 SHARED = "example.com/shared"
 

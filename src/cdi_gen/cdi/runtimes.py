@@ -77,6 +77,8 @@ RELEASES: tuple[Release, ...] = (
     Release("cri-o", (1, 31, 0), "0.8.0"),
     Release("cri-o", (1, 32, 2), "0.8.1"),
     Release("cri-o", (1, 33, 0), "1.0.1"),
+    # 1.35.0 up to 1.36.3, the cluster tests' crio lane: v1.36.3's go.mod requires 1.1.0
+    # (read 2026-12-01 from the module proxy, which serves exact CRI-O tags only).
     Release("cri-o", (1, 35, 0), "1.1.0"),
     Release("podman", (4, 3, 1), "0.5.2"),
     Release("podman", (4, 4, 0), "0.5.3"),
