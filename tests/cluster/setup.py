@@ -7,8 +7,10 @@ kube-controller-manager and kubectl from the release pinned in
 tests/cluster/lanes/<lane>/kubernetes/go.mod, and containerd 2.3 (current lane) from
 tests/cluster/lanes/current/containerd/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing
 when already built); unpacks Debian 13's etcd (both lanes) and containerd 1.7 (oldest lane);
-checks the host tools the node needs. Exits 1 naming the lane and what is missing or failed
-(after trying the other lanes); a second run does nothing but check.
+checks the host tools the node needs. Helm, for the chart's tests, is built from
+tests/cluster/tools/helm/go.mod into /var/cache/cdi-gen-test/helm/ (tests/cluster/helm.py).
+Exits 1 naming the lane and what is missing or failed (after trying the other lanes); a second
+run does nothing but check.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.build import Binaries
+from cluster.build import Binaries, BuildError
 from cluster.cluster import CNI_BIN, CNI_PLUGINS
 from cluster.dist import FetchError, etcd_version, fetch_etcd
+from cluster.helm import helm_build
 from cluster.lane import LANES, Lane, LaneError
 
 HOST_TOOLS = {
@@ -83,6 +86,14 @@ def main(argv: list[str]) -> int:
         print(f"cluster setup: etcd: {exc}", file=sys.stderr)
         return 1
     print(f"etcd {etcd_version(etcd)} ({etcd})")
+    try:
+        # The chart's tests (unit and cluster) run it; built here, never by a test.
+        helm = helm_build(allow_build=True)
+    except BuildError as exc:
+        print(f"cluster setup: helm: {exc}", file=sys.stderr)
+        return 1
+    helm_version = _version([str(helm.path("helm")), "version", "--short"])
+    print(f"helm {helm_version} in {helm.bin} ({_state(helm)})")
     failed = []
     for name in argv or list(LANES):
         try:
