@@ -2,7 +2,8 @@
 image of this checkout serves pods (device plugin) and a claim (DRA); ``helm upgrade`` adding
 a class rolls the agent by itself (the config checksum on the pod template); ``helm
 uninstall`` leaves no object of the release in the API server, and on the node what README
-("Install") says: the spec files, nothing of the agent's sockets.
+("Install") says: the spec files, nothing of the agent's sockets. With ``existingConfigMap``
+the chart reads the site's ConfigMap at install and upgrade (DeviceClasses, checksum).
 
 Helm is the pinned build (tests/cluster/helm.py), talking to the cluster as its admin. The
 values change only what a test on this machine must (as daemonset.py's overlays do): the
@@ -266,3 +267,76 @@ def test_helm_install_with_dra_serves_a_claim_and_uninstall_leaves_nothing(
         every=1,
         observe=lambda: [s["metadata"]["name"] for s in claims.slices(DRIVER)],
     )
+
+
+def test_helm_with_an_existing_configmap_reads_it_at_install_and_at_upgrade(
+    cluster: Cluster, loops: LoopDevices, claims: Claims, release: Helm, agent_image: AgentImage
+) -> None:
+    """`existingConfigMap`: the chart reads the site's ConfigMap from the API server (Helm's
+    lookup) for the DeviceClasses and the checksum, so after editing it `helm upgrade` alone
+    rolls the agent and adds the new class's DeviceClass, as README says."""
+    devices = [loops.add(), loops.add()]
+    assert cluster.api is not None
+    api = cluster.api
+    configmaps = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    config = loop_fpga_config([devices[0].name], dfl_path=False)
+
+    def site_configmap() -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "site-devices", "namespace": NAMESPACE},
+            "data": {"agent.yaml": yaml.safe_dump(config, sort_keys=False)},
+        }
+
+    api.create(configmaps, site_configmap())
+    try:
+        values = {
+            **chart_values(agent_image, config, free_port()),
+            "api": "dra",
+            "existingConfigMap": {"name": "site-devices", "key": "agent.yaml"},
+            "extraEnv": [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)},
+            ],
+        }
+        del values["config"]
+        release("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "-f", release.values("install", values))  # fmt: skip
+        pod = wait_agent_ready(cluster)
+        classes = "/apis/resource.k8s.io/v1/deviceclasses"
+        assert api.get_or_none(f"{classes}/fpga.{DRIVER}") is not None
+        assert api.get_or_none(f"{configmaps}/cdi-gen-config") is None
+
+        config["classes"].append(
+            {"name": "scratch",
+             "match": {"subsystem": "block", "kernel": devices[1].name,
+                       "properties": {"DEVTYPE": "disk"}}}
+        )  # fmt: skip
+        api.request("PUT", f"{configmaps}/site-devices", site_configmap())
+        release("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values")
+        until_sync(
+            _rolled(cluster, pod["metadata"]["uid"]),
+            "a new agent pod, Ready, after helm upgrade",
+            120,
+            every=0.5,
+            observe=lambda: [p.get("status") for p in agent_pods(cluster)],
+        )
+        scratch = api.get_or_none(f"{classes}/scratch.{DRIVER}")
+        assert scratch is not None
+        assert scratch["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        claims.wait_devices(
+            DRIVER,
+            lambda found: any(
+                device_attribute(d, DRIVER, "class") == "scratch" for d in found.values()
+            ),
+            "the added class's device published",
+            timeout=60,
+        )
+
+        release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
+        assert not _release_objects(cluster)
+        until_sync(lambda: not claims.slices(DRIVER), "the driver's slices deleted", 120, every=1)
+    finally:
+        api.delete(f"{configmaps}/site-devices")
