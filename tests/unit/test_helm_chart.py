@@ -1,4 +1,5 @@
-"""The Helm chart (deploy/helm/cdi-gen), rendered by the pinned Helm (tests/cluster/helm.py).
+"""The Helm chart (deploy/helm/cdi-gen), rendered by the pinned Helm 3 and Helm 4
+(tests/cluster/helm.py): every test of the chart runs with both.
 
 One source of truth: for the same settings the chart renders the objects deploy/kubernetes
 renders (kubectl kustomize of the lane's kubectl), modulo Helm's standard labels and the
@@ -9,18 +10,20 @@ the same config. A change to either side without the other fails here with the d
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import subprocess
-import sys
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from cdi_gen.cli.main import cli
 from tests.cluster.helm import helm
 from tests.cluster.lane import CURRENT
 from tests.conftest import REPO
@@ -58,9 +61,11 @@ def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-def _helm(args: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+def _helm(
+    major: str, args: Sequence[str], env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(helm()), *args], capture_output=True, text=True, env=dict(env), timeout=60,
+        [str(helm(major)), *args], capture_output=True, text=True, env=dict(env), timeout=60,
         check=False,
     )  # fmt: skip
 
@@ -70,7 +75,8 @@ def _docs(text: str) -> list[Obj]:
 
 
 class Chart:
-    def __init__(self, env: Mapping[str, str], tmp: Path) -> None:
+    def __init__(self, major: str, env: Mapping[str, str], tmp: Path) -> None:
+        self.major = major
         self.env = env
         self.tmp = tmp
 
@@ -78,6 +84,7 @@ class Chart:
         path = self.tmp / f"values-{len(list(self.tmp.iterdir()))}.yaml"
         path.write_text(yaml.safe_dump(dict(values)))
         return _helm(
+            self.major,
             ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(path), *args],
             self.env,
         )
@@ -93,9 +100,9 @@ class Chart:
         return proc.stderr
 
 
-@pytest.fixture
-def chart(helm_env: dict[str, str], tmp_path: Path) -> Chart:
-    return Chart(helm_env, tmp_path)
+@pytest.fixture(params=["helm3", "helm4"])
+def chart(request: pytest.FixtureRequest, helm_env: dict[str, str], tmp_path: Path) -> Chart:
+    return Chart(request.param, helm_env, tmp_path)
 
 
 def kustomize(folder: Path) -> list[Obj]:
@@ -176,7 +183,6 @@ def assert_same_objects(chart: Sequence[Obj], other: Sequence[Obj], other_name: 
 
 def _overlay(tmp: Path, resources: str, component: str) -> Path:
     """A kustomization of a user's own, as deploy/kubernetes/runtime-pin tells to write it."""
-    tmp.mkdir(exist_ok=True)
     (tmp / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
@@ -190,9 +196,9 @@ def _overlay(tmp: Path, resources: str, component: str) -> Path:
     return tmp
 
 
-def test_helm_lint_strict_passes_for_both_apis(helm_env: dict[str, str]) -> None:
+def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
     for args in ([], ["--set", "api=dra"], ["--set", "metrics.serviceMonitor.enabled=true"]):
-        proc = _helm(["lint", "--strict", str(CHART), *args], helm_env)
+        proc = _helm(chart.major, ["lint", "--strict", str(CHART), *args], chart.env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
 
@@ -208,14 +214,25 @@ def test_helm_lint_strict_passes_for_both_apis(helm_env: dict[str, str]) -> None
     ids=["devicePlugin", "dra", "devicePlugin-runtime-pin", "dra-runtime-pin"],
 )
 def test_the_chart_renders_what_kustomize_renders(
-    chart: Chart, tmp_path: Path, values: dict[str, str], folder: str
+    chart: Chart, kustomized: Callable[[str], list[Obj]], values: dict[str, str], folder: str
 ) -> None:
-    if "+" in folder:
+    assert_same_objects(chart.render(values), kustomized(folder), f"deploy/kubernetes/{folder}")
+
+
+@pytest.fixture(scope="module")
+def kustomized(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[Obj]]:
+    """``kubectl kustomize`` of a folder (``base``) or of a folder with a component
+    (``base+runtime-pin``), once per module: both Helm majors compare against the same."""
+
+    @functools.cache
+    def render(folder: str) -> list[Obj]:
+        if "+" not in folder:
+            return kustomize(KUSTOMIZE / folder)
         resources, component = folder.split("+")
-        rendered = kustomize(_overlay(tmp_path / "overlay", resources, component))
-    else:
-        rendered = kustomize(KUSTOMIZE / folder)
-    assert_same_objects(chart.render(values), rendered, f"deploy/kubernetes/{folder}")
+        overlay = tmp_path_factory.mktemp("overlay")
+        return kustomize(_overlay(overlay, resources, component))
+
+    return render
 
 
 CONFIGS = {
@@ -240,13 +257,10 @@ def test_the_device_classes_are_what_cdi_gen_deviceclasses_prints(
         values["config"] = config
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config if config is not None else _values()["config"])
-    argv = [sys.executable, "-m", "cdi_gen", "deviceclasses", "--config", str(config_file)]
-    proc = subprocess.run(
-        [*argv, *(["--driver", driver] if driver else [])],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    printed = _docs(proc.stdout)
+    argv = ["deviceclasses", "--config", str(config_file)]
+    result = CliRunner().invoke(cli, [*argv, *(["--driver", driver] if driver else [])])
+    assert result.exit_code == 0, result.output
+    printed = _docs(result.output)
     rendered = _of(chart.render(values), "DeviceClass")
     assert [_normal(o) for o in rendered] == printed
     assert len(printed) == yaml.safe_load(config_file.read_text())["classes"].__len__()
