@@ -13,9 +13,9 @@ the agent image by the base, every file the Containerfile copies and the build a
 stamps into its labels: the package version, the source and the revision. The revision is the
 last commit that changed those files (``-dirty`` when the checkout changes them further), so a
 commit elsewhere in the repository does not rebuild the image, and the image never names a
-commit whose files it does not hold. A warm run rebuilds
-nothing. Several sessions (worktrees) may share the cache: a file lock serialises builds, and
-the few most recently used agent images are kept, older ones removed.
+commit whose files it does not hold. A warm run rebuilds nothing. Several sessions (worktrees)
+may share the cache: a file lock serialises builds, and the few most recently used agent images
+are kept, older ones removed.
 
 Run it as a setup step (idempotent): ``python3 tests/cluster/image.py``; it prints the image
 name and archive. A missing tool or a failed step raises :class:`ImageError` naming it; nothing
