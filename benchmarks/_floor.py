@@ -1,7 +1,7 @@
 """The footprint floor: a Python process that loads what the agent's design needs, serves as
 the agent serves, and does nothing else. bench_footprint measures the agent against it.
 
-    python benchmarks/_floor.py FOLDER [dra]
+    python benchmarks/_floor.py FOLDER [dra] [used]
 
 It imports grpcio, protobuf, pydantic (its BaseModel), orjson, click, pyudev,
 prometheus-client and the device plugin protos, serves five synchronous grpc servers on unix
@@ -10,6 +10,12 @@ server on 127.0.0.1 answering ``/metrics`` from a prometheus registry. With ``dr
 loads what the DRA driver needs besides: the API server client (lightkube on httpx2) and the
 DRA protos (dra v1 and v1beta1, the health stream, plugin registration). It sets the agent's
 GRPC_EXPERIMENTS first, so that grpc runs as it does in the agent.
+
+With ``used`` it also uses what it loaded, the least any user of it does: one pydantic model
+built and validated (pydantic loads its schema machinery only then, about 3 MiB), and with
+``dra`` an API server client made (lightkube's, as the agent makes it: httpx2 loads its
+transport, httpcore2, h11, h2 and anyio, only then, about 4 MiB). The benchmark shows the
+agent against both floors.
 
 Prints ``ready`` once it serves, then serves until its standard input ends (or SIGTERM).
 """
@@ -49,6 +55,30 @@ def _load(dra: bool) -> None:
         from cdi_gen._proto.drahealth.v1alpha1 import api_pb2_grpc as _hg  # noqa: F401
         from cdi_gen._proto.pluginregistration.v1 import api_pb2 as _r  # noqa: F401
         from cdi_gen._proto.pluginregistration.v1 import api_pb2_grpc as _rg  # noqa: F401
+
+
+def _use(dra: bool) -> object:
+    """What the loaded libraries need to be of use at all (see the module docstring)."""
+    from pydantic import BaseModel
+
+    class Floor(BaseModel):
+        name: str
+
+    kept: list[object] = [Floor(name="floor")]
+    if dra:
+        from lightkube import KubeConfig
+        from lightkube.config import client_adapter
+
+        config = KubeConfig.from_dict(
+            {
+                "clusters": [{"name": "f", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "f", "user": "u"}}],
+                "current-context": "c",
+            }
+        ).get()
+        kept.append(client_adapter.AsyncClient(config, client_adapter.ConnectionParams()))
+    return kept
 
 
 async def _serve(folder: Path) -> None:
@@ -94,8 +124,11 @@ def main(argv: list[str]) -> None:
     from cdi_gen.kubelet import apply_grpc_experiments
 
     apply_grpc_experiments()
-    _load(len(argv) > 1 and argv[1] == "dra")
+    dra = "dra" in argv[1:]
+    _load(dra)
+    used = _use(dra) if "used" in argv[1:] else None
     asyncio.run(_serve(Path(argv[0])))
+    del used
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
   bytes (no protobuf, no logic), on ``FOLDER/floor.sock``: the floor of the gRPC stack;
 * ``plugin``: cdi-gen's DRA driver serving ``FOLDER/plugins/<driver>/dra.sock``, with a pool
   of ``POOL_DEVICES`` devices, an in-memory claim reader (claim ``c-N`` has uid ``u-N`` and
-  device ``fpga-<N mod POOL_DEVICES>``) and its checkpoint in ``FOLDER/state``.
+  one device, ``fpga-0`` for ``c-0`` alone; claim ``k-N`` the same with uid ``k-uid-N`` and a
+  configuration of the driver, so it gets a spec of its own) and its checkpoint in
+  ``FOLDER/state``; the class's spec, and the claims' own, in ``FOLDER/cdi``.
 
 Both use the same thread pool size. Each prints ``ready`` once it serves and stops on
 ``quit`` or at the end of its input.
@@ -62,25 +64,58 @@ def _serve_floor(folder: Path) -> None:
     server.stop(0)
 
 
+#: The configuration of every ``k-N`` claim: the issue's non-root example.
+CONFIG = {
+    "apiVersion": "cdi-gen.io/v1alpha1",
+    "kind": "DeviceConfig",
+    "deviceNodes": {"uid": 1000, "gid": 1000, "fileMode": 0o600},
+    "env": {"FPGA_USER": "1000"},
+}
+
+
 class _Claims:
-    """Claims made up on the fly, as an API server that knows every ``c-N`` would answer."""
+    """Claims made up on the fly, as an API server that knows every ``c-N`` and ``k-N``
+    would answer."""
 
     def read_claims(self, refs: list[tuple[str, str]], timeout: float) -> list[object]:
-        from cdi_gen.model import AllocatedDevice, ClaimView
+        from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 
         claims: list[object] = []
         for namespace, name in refs:
-            number = int(name.removeprefix("c-"))
-            device = f"fpga-{number % POOL_DEVICES}"
+            configured = name.startswith("k-")
+            number = int(name.removeprefix("k-" if configured else "c-"))
+            # fpga-0 is c-0's, the claim prepared once and asked again: the others never take
+            # it (it is held exclusively while c-0 is prepared).
+            device = f"fpga-{1 + (number - 1) % (POOL_DEVICES - 1) if number else 0}"
             result = AllocatedDevice("fpga", DRIVER, POOL, device)
-            claims.append(ClaimView(namespace, name, f"u-{number}", (result,)))
+            if configured:
+                entry = ConfigEntry("FromClaim", DRIVER, (), CONFIG, 0)
+                view = ClaimView(namespace, name, f"k-uid-{number}", (result,), (entry,))
+            else:
+                view = ClaimView(namespace, name, f"u-{number}", (result,))
+            claims.append(view)
         return claims
 
 
 async def _serve_plugin(folder: Path) -> None:
+    from cdi_gen.cdi.builder import assemble, build_entry
+    from cdi_gen.cdi.codec import dump_document
+    from cdi_gen.cdi.writer import write_bytes
     from cdi_gen.discovery.pool import DevicePool
-    from cdi_gen.kubelet.draplugin import DraPlugin
+    from cdi_gen.kubelet.claimspecs import ClaimSpecs
+    from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
+    from cdi_gen.kubelet.preparer import PoolPreparer
     from cdi_gen.model import PoolDevice
+
+    # The class's spec as the agent writes it: what a configured claim's spec starts from.
+    entries = [
+        build_entry(str(i), {"deviceNodes": [{"path": f"/dev/fpga{i}"}], "env": [f"FPGA={i}"]})
+        for i in range(POOL_DEVICES)
+    ]
+    spec_dir = folder / "cdi"
+    write_bytes(
+        spec_dir, "example.com", "fpga", dump_document(assemble("example.com/fpga", entries))
+    )
 
     pool = DevicePool()
     pool.publish(
@@ -91,15 +126,28 @@ async def _serve_plugin(folder: Path) -> None:
         ],
     )
     (folder / "registry").mkdir(exist_ok=True)
-    plugin = DraPlugin(
+    preparer = PoolPreparer(
         DRIVER,
         pool,
         _Claims(),  # type: ignore[arg-type]
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
+        state_dir=folder / "state",
+        max_reading_calls=MAX_READING_CALLS,
+        claim_specs=ClaimSpecs(
+            spec_dir,
+            "example.com",
+            driver=DRIVER,
+            metadata_dir=folder / "plugins" / DRIVER / "dra-device-metadata",
+        ),
+    )
+    plugin = DraPlugin(
+        DRIVER,
+        pool,
+        preparer,
+        pool_name=POOL,
         registry_dir=folder / "registry",
         plugins_dir=folder / "plugins",
-        state_dir=folder / "state",
     )
     await plugin.start()
     queue = commands(asyncio.get_running_loop())

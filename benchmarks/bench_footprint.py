@@ -5,7 +5,9 @@
 The floor (``_floor.py``) is a Python process that imports what the design needs (grpcio,
 protobuf, pydantic's BaseModel, orjson, click, pyudev, prometheus-client, the device plugin
 protos), serves five grpc servers and the metrics HTTP server, and does nothing else; the DRA
-floor adds the API server client (lightkube, httpx2) and the DRA protos. Every agent runs in a
+floor adds the API server client (lightkube, httpx2) and the DRA protos. Informative rows show
+each floor also *using* what it loaded (``_floor.py ... used``: one pydantic model built, and
+for DRA the API client made), with the agent against that too. Every agent runs in a
 process of its own (``_recorded.py``: the real agent, udev replaced by recorded devices)
 against the fakes of the suite in this process, and is read from /proc once it serves all its
 devices:
@@ -278,9 +280,10 @@ async def _startup(rounds: int) -> list[float]:
     return samples[1:]  # the first one may write bytecode
 
 
-def _floors(tmp: Path, rounds: int) -> tuple[Child, Child, list[float]]:
-    """The two floors, serving (their sockets in ``tmp``); the device-plugin floor's
-    spawn → serving times (ms) over ``rounds`` fresh starts."""
+def _floors(tmp: Path, rounds: int) -> tuple[list[Child], list[float]]:
+    """The floors, serving (their sockets in ``tmp``): device plugins, DRA, and each using
+    what it loaded; the device-plugin floor's spawn → serving times (ms) over ``rounds``
+    fresh starts."""
     starts = []
     for i in range(rounds):
         folder = tmp / f"start{i}"
@@ -288,13 +291,18 @@ def _floors(tmp: Path, rounds: int) -> tuple[Child, Child, list[float]]:
         child = Child("_floor.py", str(folder), log=tmp / f"floor{i}.log")
         starts.append(child.wait_ready())
         child.stop()
-    (tmp / "floor").mkdir()
-    (tmp / "dra-floor").mkdir()
-    floor = Child("_floor.py", str(tmp / "floor"), log=tmp / "floor.log")
-    floor.wait_ready()
-    dra = Child("_floor.py", str(tmp / "dra-floor"), "dra", log=tmp / "dra-floor.log")
-    dra.wait_ready()
-    return floor, dra, starts
+    floors = []
+    for name, args in (
+        ("floor", ()),
+        ("dra-floor", ("dra",)),
+        ("used-floor", ("used",)),
+        ("used-dra-floor", ("dra", "used")),
+    ):
+        (tmp / name).mkdir()
+        child = Child("_floor.py", str(tmp / name), *args, log=tmp / f"{name}.log")
+        child.wait_ready()
+        floors.append(child)
+    return floors, starts
 
 
 def _ratio(value: float, floor: float) -> str:
@@ -303,16 +311,17 @@ def _ratio(value: float, floor: float) -> str:
 
 def measure(quick: bool) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgfoot"))
-    floor, dra_floor, floor_starts = _floors(tmp, 2 if quick else 5)
+    floors, floor_starts = _floors(tmp, 2 if quick else 5)
+    floor = floors[0]
     try:
         time.sleep(1)
-        floor_rss, dra_floor_rss = _status(floor.pid), _status(dra_floor.pid)
+        floor_rss, dra_floor_rss, used_rss, used_dra_rss = (_status(f.pid) for f in floors)
         rss = asyncio.run(_memory_device_plugins(tmp))
         dra_rss, slices = asyncio.run(_memory_dra(tmp))
         idle, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
     finally:
-        floor.stop()
-        dra_floor.stop()
+        for child in floors:
+            child.stop()
     rounds = 3 if quick else 10
     help_ms = _cli(["--help"], rounds)
     render_ms = _cli(["render", "--vendor", "example.com", "--class", "fpga"], rounds)
@@ -333,6 +342,16 @@ def measure(quick: bool) -> list[Row]:
             f"DRA agent RSS, {devices} devices in {slices} slices",
             f"{dra_rss:.1f} MiB ({_ratio(dra_rss, dra_floor_rss)})",
             f"<= {MEMORY_TARGET:g}x floor",
+        ),
+        (
+            "  floor + one pydantic model built: RSS / agent vs it",
+            f"{used_rss:.1f} MiB / {rss / used_rss:.2f}x",
+            "informative",
+        ),
+        (
+            "  DRA floor + a model + an API client made: RSS / DRA agent vs it",
+            f"{used_dra_rss:.1f} MiB / {dra_rss / used_dra_rss:.2f}x",
+            "informative",
         ),
         ("floor: cdi-gen --help, p50", f"{help50:.0f} ms", "floor"),
         (

@@ -1,11 +1,14 @@
 """The node's DRA driver: the device pool, its kubelet plugin and its ResourceSlice publisher.
 
-Classes with ``api: dra`` are served here instead of by a device plugin each. The agent
-publishes their devices into one :class:`~cdi_gen.discovery.pool.DevicePool` at the points
-where it would publish a device plugin's list; the
+Classes with ``api: dra`` are served here instead of by a device plugin each. Their class
+runners publish their devices, through a :class:`~cdi_gen.frontends.dra.DraFrontend` each,
+into one :class:`~cdi_gen.discovery.pool.DevicePool` at the points where a device plugin's
+class publishes its board; the
 :class:`~cdi_gen.apiserver.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
 the pool, and the :class:`~cdi_gen.kubelet.draplugin.DraPlugin` answers the kubelet's
-NodePrepareResources from it, reading each claim through the API server.
+NodePrepareResources from it through the driver's state, a
+:class:`~cdi_gen.kubelet.preparer.PoolPreparer` that reads each claim through the API server
+and records it in the checkpoint.
 
 The slices offer the pool only while the kubelet plugin serves: a device in a slice is one
 the scheduler may allocate, and only a served plugin can prepare it. Until the plugin serves
@@ -194,7 +197,9 @@ class DraDriver:
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.apiserver.claims import ClaimReader
         from cdi_gen.kubelet.claims import Refusal
-        from cdi_gen.kubelet.draplugin import DraPlugin
+        from cdi_gen.kubelet.claimspecs import ClaimSpecs
+        from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
+        from cdi_gen.kubelet.preparer import PoolPreparer
 
         settings = self.settings
         registered = {
@@ -205,7 +210,7 @@ class DraDriver:
         def on_register(ok: bool, error: str) -> None:
             registered[ok].inc()
 
-        return DraPlugin(
+        preparer = PoolPreparer(
             self.name,
             self.pool,
             ClaimReader(client, asyncio.get_running_loop()),
@@ -213,10 +218,25 @@ class DraDriver:
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
             ],
+            state_dir=settings.state_dir,
+            max_reading_calls=MAX_READING_CALLS,
+            resolver=self.resolver,
+            # A claim's own specs sit beside its class's, written by the same instance.
+            claim_specs=ClaimSpecs(
+                settings.spec_dir,
+                settings.instance or self.config.vendor,
+                driver=self.name,
+                # Beside the plugin's socket: a host folder the DaemonSet already mounts.
+                metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",
+            ),
+        )
+        return DraPlugin(
+            self.name,
+            self.pool,
+            preparer,
+            pool_name=self.node,
             registry_dir=settings.plugins_registry_dir,
             plugins_dir=settings.kubelet_plugins_dir,
-            state_dir=settings.state_dir,
-            resolver=self.resolver,
             on_register=on_register,
             # Counted with the device plugins' allocations, under the driver's name: a
             # prepared claim is DRA's allocation on the node.

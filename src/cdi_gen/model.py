@@ -22,6 +22,7 @@ __all__ = [
     "AttributeValue",
     "ClaimView",
     "ClassChange",
+    "ConfigEntry",
     "DeviceRecord",
     "DiscoveredDevice",
     "DiscoveryWarning",
@@ -176,6 +177,25 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None = None
+    #: ``adminAccess: true``: the device is given to this claim while others hold it too.
+    admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One opaque entry of a ResourceClaim's ``status.allocation.devices.config``.
+
+    ``source`` is ``FromClass`` or ``FromClaim``; ``requests`` the requests it is limited to
+    (empty: all); ``parameters`` the driver's own document, as JSON decoded it (checked by
+    the driver it is for, never here).
+    """
+
+    source: str
+    driver: str
+    requests: tuple[str, ...] = ()
+    parameters: object = field(default=None, compare=False, hash=False)
+    #: Its index in the allocation's config list, for messages.
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +207,11 @@ class ClaimView:
     uid: str
     #: Every allocation result (any driver's); None when the claim is not allocated.
     results: tuple[AllocatedDevice, ...] | None
+    #: The allocation's opaque configuration entries (any driver's), in the API's order.
+    config: tuple[ConfigEntry, ...] = ()
+    #: The pod's name for the claim when a template made it (the claim's
+    #: ``resource.kubernetes.io/pod-claim-name`` annotation), else None.
+    pod_claim_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,12 +241,27 @@ class Claims:
         }
         return self._create(TEMPLATES, body)
 
-    def claim(self, name: str, device_class: str, count: int = 1) -> Obj:
+    def claim(
+        self,
+        name: str,
+        device_class: str,
+        count: int = 1,
+        *,
+        config: list[Obj] | None = None,
+        admin_access: bool = False,
+    ) -> Obj:
+        """A ResourceClaim; ``config`` its ``spec.devices.config`` entries, ``admin_access``
+        its request's ``adminAccess`` (the namespace must be labelled for it)."""
+        spec = claim_spec(device_class, count)
+        if config is not None:
+            spec["devices"]["config"] = config
+        if admin_access:
+            spec["devices"]["requests"][0]["exactly"]["adminAccess"] = True
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": claim_spec(device_class, count),
+            "spec": spec,
         }
         return self._create(CLAIMS, body)
 

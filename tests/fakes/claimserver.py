@@ -26,15 +26,25 @@ _NOT_FOUND = orjson.dumps(
 )
 
 
-def claim_body(namespace: str, name: str, uid: str, *results: dict[str, Any]) -> bytes:
-    """An allocated ResourceClaim with ``results`` as the API server sends it."""
+def claim_body(
+    namespace: str,
+    name: str,
+    uid: str,
+    *results: dict[str, Any],
+    config: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """An allocated ResourceClaim with ``results`` (and the allocation's ``config``
+    entries) as the API server sends it."""
+    devices: dict[str, Any] = {"results": list(results)}
+    if config is not None:
+        devices["config"] = config
     return orjson.dumps(
         {
             "kind": "ResourceClaim",
             "apiVersion": "resource.k8s.io/v1",
             "metadata": {"namespace": namespace, "name": name, "uid": uid},
             "spec": {"devices": {"requests": []}},
-            "status": {"allocation": {"devices": {"results": list(results)}}},
+            "status": {"allocation": {"devices": devices}},
         }
     )
 

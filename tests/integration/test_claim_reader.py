@@ -15,7 +15,7 @@ import pytest
 from cdi_gen.apiserver.claims import ClaimReader
 from cdi_gen.apiserver.client import ApiClient, claim_view
 from cdi_gen.errors import ClaimError
-from cdi_gen.model import AllocatedDevice, ClaimView
+from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.fakes.claimserver import ClaimServer, claim_body
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,6 +48,81 @@ async def test_a_claim_is_read(served: tuple[ClaimServer, ClaimReader]) -> None:
     [missing] = await read(reader, ("ns", "gone"))
     assert isinstance(missing, ClaimError)
     assert str(missing) == "ResourceClaim ns/gone: not found"
+
+
+PARAMETERS = {"apiVersion": "cdi-gen.io/v1alpha1", "kind": "DeviceConfig", "env": {"A": "1"}}
+
+
+async def test_config_entries_and_admin_access_are_read(
+    served: tuple[ClaimServer, ClaimReader],
+) -> None:
+    # Before: the allocation's config and adminAccess were dropped, so a claim's
+    # configuration was silently ignored.
+    server, reader = served
+    config = [
+        {"source": "FromClass", "opaque": {"driver": "other.example.com", "parameters": {}}},
+        {
+            "source": "FromClaim",
+            "requests": ["r"],
+            "opaque": {"driver": "d", "parameters": PARAMETERS},
+        },
+        {"source": "FromClaim", "future": {"kind": "not opaque"}},
+    ]
+    server.bodies["ns", "c"] = claim_body(
+        "ns", "c", "u1", {**RESULT, "adminAccess": True}, config=config
+    )
+    [view] = await read(reader, ("ns", "c"))
+    assert isinstance(view, ClaimView)
+    assert view.results is not None and view.results[0].admin_access
+    assert view.config == (
+        ConfigEntry("FromClass", "other.example.com", (), index=0),
+        ConfigEntry("FromClaim", "d", ("r",), index=1),
+    )
+    assert view.config[1].parameters == PARAMETERS
+
+
+@pytest.mark.parametrize(
+    ("config", "rule"),
+    [
+        ("x", "status.allocation.devices: config: want a list, got 'x'"),
+        ([{"source": 1}], "status.allocation.devices.config[0]: source: want a string, got 1"),
+        ([{"requests": ["a", 2]}], "config[0]: requests: want a list of strings, got ['a', 2]"),
+        ([{"opaque": {"parameters": {}}}], "config[0].opaque: has no 'driver'"),
+    ],
+)
+async def test_a_malformed_config_entry_is_that_claims_error(
+    served: tuple[ClaimServer, ClaimReader], config: object, rule: str
+) -> None:
+    server, reader = served
+    body = orjson.loads(claim_body("ns", "c", "u1", RESULT))
+    body["status"]["allocation"]["devices"]["config"] = config
+    server.bodies["ns", "c"] = orjson.dumps(body)
+    [error] = await read(reader, ("ns", "c"))
+    assert isinstance(error, ClaimError)
+    assert rule in str(error)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "outcome"),
+    [
+        ("accel", "accel"),
+        ("../etc", "annotation resource.kubernetes.io/pod-claim-name '../etc' is not a pod's"),
+        (7, "annotations: resource.kubernetes.io/pod-claim-name: want a string, got 7"),
+    ],
+)
+async def test_the_pod_claim_name_of_a_template_claim_is_read(
+    served: tuple[ClaimServer, ClaimReader], annotation: object, outcome: str
+) -> None:
+    # The device metadata's path in the container is built from it: a DNS label or nothing.
+    server, reader = served
+    body = orjson.loads(claim_body("ns", "c", "u1", RESULT))
+    body["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": annotation}
+    server.bodies["ns", "c"] = orjson.dumps(body)
+    [view] = await read(reader, ("ns", "c"))
+    if isinstance(view, ClaimView):
+        assert view.pod_claim_name == outcome
+    else:
+        assert outcome in str(view)
 
 
 NOT_CLAIMS = [

@@ -26,6 +26,8 @@ from cdi_gen.kubelet import draplugin
 from cdi_gen.kubelet.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
 from cdi_gen.kubelet.claims import ClaimReader as KubeletClaimReader
 from cdi_gen.kubelet.draplugin import DraPlugin
+from cdi_gen.kubelet.preparer import PoolPreparer
+from cdi_gen.kubelet.resolution import SpecResolver
 from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from tests.fakes.claimserver import ClaimServer, claim_body
@@ -111,22 +113,33 @@ class Node:
         self.outcomes: list[tuple[bool, str]] = []
         self.prepared: list[tuple[str, str]] = []
 
-    def plugin(self, reader: KubeletClaimReader | None = None, **kwargs: object) -> DraPlugin:
-        return DraPlugin(
+    def plugin(
+        self,
+        reader: KubeletClaimReader | None = None,
+        resolver: SpecResolver | None = None,
+    ) -> DraPlugin:
+        preparer = PoolPreparer(
             DRIVER,
             self.pool,
             self.claims if reader is None else reader,
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
+            state_dir=self.root / "state",
+            max_reading_calls=draplugin.MAX_READING_CALLS,
+            resolver=resolver,
+        )
+        return DraPlugin(
+            DRIVER,
+            self.pool,
+            preparer,
+            pool_name=POOL,
             registry_dir=self.root / "registry",
             plugins_dir=self.root / "plugins",
-            state_dir=self.root / "state",
             on_register=lambda ok, error: self.outcomes.append((ok, error)),
             on_prepare=lambda outcome, reason: self.prepared.append((outcome, reason)),
             watch_interval=0.02,
             max_backoff=0.2,
             register_timeout=2.0,
-            **kwargs,  # type: ignore[arg-type]
         )
 
 
@@ -655,5 +668,46 @@ async def test_a_claim_is_prepared_only_when_its_cdi_names_resolve(node: Node) -
         assert ("error", "unresolved") in node.prepared
 
         (folder / "other.json").write_bytes(orjson.dumps(spec))
+        # Released first: a device prepared for another claim is refused as in use.
+        await connection.unprepare([("default", "resolves", "u-1")])
         later = await connection.prepare([("default", "later", "u-3")])
         assert "CDI devices do not resolve" in later.claims["u-3"].error
+
+
+async def test_an_unprepare_during_the_prepare_of_that_claim_leaves_no_stale_record(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet may unprepare a claim while a prepare of it still waits for the API
+    server (the pod was deleted meanwhile). The unprepare must not be answered before the
+    prepare has recorded the claim, else the record lands after the unprepare removed
+    nothing and the checkpoint keeps a claim the kubelet believes unprepared, answered from
+    it whenever that UID is asked for again."""
+    result = {"request": "fpga", "driver": DRIVER, "pool": POOL, "device": "fpga-0"}
+    claim = ("default", "c1", "uid-1")
+    caplog.set_level(logging.INFO, "cdi_gen")
+    with ClaimServer.running(node.root) as server:
+        server.bodies["default", "c1"] = claim_body("default", "c1", "uid-1", result)
+        server.stalled.add(("default", "c1"))
+        client = ApiClient(server.kubeconfig)
+        reader = ClaimReader(client, asyncio.get_running_loop())
+        try:
+            async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(reader):
+                connection = await kubelet.next_registration()
+                prepare = asyncio.ensure_future(connection.prepare([claim], within=30))
+                await until(lambda: server.requests, "the claim's read at the API server")
+                unprepare = asyncio.ensure_future(connection.unprepare([claim], within=30))
+                await until(
+                    lambda: (
+                        unprepare.done()
+                        or any("waits for the call" in r.getMessage() for r in caplog.records)
+                    ),
+                    "the unprepare answered, or waiting for the prepare",
+                )
+                server.release.set()
+                prepared, unprepared = await asyncio.gather(prepare, unprepare)
+        finally:
+            await client.close()
+    assert prepared.claims["uid-1"].error == ""
+    assert unprepared.claims["uid-1"].error == ""
+    recorded = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+    assert recorded["claims"] == {}, "the unprepared claim is still recorded"

@@ -19,7 +19,7 @@ from pathlib import Path
 from fakes.kubelet import FakeKubelet
 
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.kubelet.board import DeviceBoard
+from cdi_gen.discovery.board import DeviceBoard
 from cdi_gen.kubelet.deviceplugin import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
 

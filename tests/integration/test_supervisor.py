@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,15 @@ import grpc
 import pytest
 
 from cdi_gen.errors import RegistrationError
+from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.supervisor import Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, file_id
+from tests.fakes.drakubelet import FakeDraKubelet
 from tests.waiting import until
+
+#: A look at the files once an hour: within a test, only inotify or the registrar wakes the
+#: supervisor.
+HOURLY = 3600.0
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,6 +41,9 @@ class MarkerRegistrar:
     def kubelet_id(self) -> FileId | None:
         self.looked += 1
         return file_id(self.marker)
+
+    def follow(self, wake: Callable[[], None]) -> tuple[Path, ...]:
+        return (self.marker,)
 
     async def register(self) -> str | None:
         self.calls += 1
@@ -228,3 +238,89 @@ async def test_a_socket_wiped_before_any_kubelet_came_is_served_again(short_dir:
     finally:
         await supervisor.stop()
     assert changes[-1] == (False, "stopped")
+
+
+async def test_removals_and_restarts_are_seen_through_inotify_not_by_looking(
+    short_dir: Path,
+) -> None:
+    """With the look at the files once an hour, our socket removed, the kubelet's file made
+    anew and the folder of our socket moved away are each noticed at once: inotify woke the
+    supervisor (the registrar counts its looks: no look passes without a wake)."""
+    marker = short_dir / "kubelet"
+    marker.touch()
+    registrar = MarkerRegistrar(marker)
+    path = short_dir / "plugin" / "a.sock"
+    path.parent.mkdir()
+    supervisor = Supervisor("test", [echo_server(path)], registrar, watch_interval=HOURLY)
+    await supervisor.start()
+    try:
+        await asyncio.wait_for(supervisor.wait_registered(), 5)
+        os.unlink(path)
+        await until(lambda: supervisor.registrations == 2, "a registration after the removal")
+        assert await call(path) == b"ping"
+
+        marker.unlink()
+        marker.touch()
+        await until(lambda: supervisor.registrations == 3, "a registration after a restart")
+
+        # The folder moved away and made again: its watch went with it, and is set anew.
+        path.parent.rename(short_dir / "moved")
+        path.parent.mkdir()
+        await until(lambda: supervisor.registrations == 4, "a registration in the new folder")
+        assert await call(path) == b"ping"
+        os.unlink(path)
+        await until(lambda: supervisor.registrations == 5, "a removal in the new folder")
+    finally:
+        await supervisor.stop()
+
+
+async def test_a_new_getinfo_of_the_plugin_watcher_is_seen_without_looking(
+    short_dir: Path,
+) -> None:
+    """A DRA driver has no kubelet file: the plugin watcher's GetInfo of a restarted kubelet
+    wakes the supervisor, which registers again (with the look once an hour)."""
+    registry = short_dir / "registry"
+    registry.mkdir()
+    endpoint = short_dir / "dra.sock"
+    service = RegistrationService("driver.example.com", endpoint)
+    supervisor = Supervisor(
+        "driver.example.com",
+        [echo_server(endpoint), UnixServer(registry / "driver-reg.sock", service.services)],
+        PluginWatcherRegistrar(service, 5.0),
+        watch_interval=HOURLY,
+        serve_anew_on_restart=False,
+    )
+    await supervisor.start()
+    try:
+        async with FakeDraKubelet(registry) as kubelet:
+            await asyncio.wait_for(supervisor.wait_registered(), 5)
+            await kubelet.restart()
+            await until(lambda: supervisor.registrations == 2, "a registration after a restart")
+            assert service.info_calls == 2
+    finally:
+        await supervisor.stop()
+
+
+async def test_a_kubelet_folder_that_cannot_be_watched_yet_is_looked_at_often(
+    short_dir: Path,
+) -> None:
+    """The kubelet's file is in a folder that does not exist yet: inotify cannot watch it, so
+    the supervisor looks several times a second (not once an hour) until it can, and
+    registers once the kubelet comes; from then on inotify sees its restarts."""
+    marker = short_dir / "later" / "kubelet"
+    registrar = MarkerRegistrar(marker)
+    supervisor = Supervisor(
+        "test", [echo_server(short_dir / "a.sock")], registrar, watch_interval=HOURLY
+    )
+    await supervisor.start()
+    try:
+        looked = registrar.looked
+        await until(lambda: registrar.looked >= looked + 2, "two looks without a kubelet")
+        marker.parent.mkdir()
+        marker.touch()
+        await asyncio.wait_for(supervisor.wait_registered(), 5)
+        marker.unlink()
+        marker.touch()
+        await until(lambda: supervisor.registrations == 2, "a registration after a restart")
+    finally:
+        await supervisor.stop()

@@ -18,11 +18,13 @@ from cdi_gen.kubelet.checkpoint import (
     CHECKPOINT_MAX_BYTES,
     Checkpoint,
     CheckpointError,
+    ClaimSpec,
     PreparedClaim,
     checkpoint_path,
 )
 from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoint"
 DRIVER = "cdi-gen.example.com"
 POOL = "node"
 KINDS = ("example.com/fpga", "example.com/gpu")
@@ -69,7 +71,7 @@ def test_round_trip_and_removal(tmp_path: Path) -> None:
     cp.add("u1", CLAIM)
     assert cp.path.stat().st_mode & 0o777 == 0o600
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 1, DRIVER)
+    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 2, DRIVER)
     again = fresh(tmp_path)
     again.load()
     assert again.claims == {"u1": CLAIM}
@@ -119,8 +121,16 @@ def test_any_claims_survive_the_file(
         (b"[]", "not a cdi-gen DRA checkpoint"),
         (b'{"kind": "other"}', "not a cdi-gen DRA checkpoint (kind 'other'"),
         (
-            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 2, "driver": DRIVER, "claims": {}}),
-            "checkpoint version 2, this cdi-gen reads 1",
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 3, "driver": DRIVER, "claims": {}}),
+            "checkpoint format 3 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 2",
+        ),
+        (
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": "2", "driver": DRIVER}),
+            "checkpoint format '2'; this cdi-gen reads formats 1 to 2",
+        ),
+        (
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": True, "driver": DRIVER}),
+            "checkpoint format True; this cdi-gen reads formats 1 to 2",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": 1, "driver": "x.io", "claims": {}}),
@@ -294,3 +304,65 @@ def test_a_reader_sees_the_old_or_the_new_file(tmp_path: Path) -> None:
         cp.add("u2", CLAIM)
         assert set(orjson.loads(old.read())["claims"]) == {"u1"}
     assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u1", "u2"}
+
+
+def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_2(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file the agent wrote before per-claim specs (format 1), stored as it was written:
+    # an upgraded agent answers its claims as before, then records them in format 2.
+    cp = Checkpoint(
+        checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
+    )
+    stored = (DATA / "v1.json").read_bytes()
+    assert orjson.loads(stored)["version"] == 1
+    cp.path.write_bytes(stored)
+    cp.path.chmod(0o600)
+    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
+        cp.load()
+    assert "checkpoint format 1 read as format 2" in caplog.text
+    first = cp.claims["0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b"]
+    assert first == PreparedClaim(
+        "default",
+        "fpga-claim",
+        (PreparedDevice(("fpga",), POOL, "fpga-fpga0", ("example.com/fpga=fpga0",)),),
+    )
+    shared = cp.claims["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"].devices[0]
+    assert (shared.share_id, shared.admin_access) == ("share-1", False)
+    assert cp.path.read_bytes() == stored  # not rewritten until something changes
+    cp.remove("0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b")
+    doc = orjson.loads(cp.path.read_bytes())
+    assert doc["version"] == 2
+    assert list(doc["claims"]) == ["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
+
+
+def test_admin_access_and_claim_specs_survive_the_file(tmp_path: Path) -> None:
+    claim = PreparedClaim(
+        "ns",
+        "c",
+        (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=claim-u1-0",), None, True),),
+        (ClaimSpec("example.com/fpga", "u1"),),
+    )
+    cp = fresh(tmp_path)
+    cp.load()
+    cp.add("u1", claim)
+    again = fresh(tmp_path)
+    again.load()
+    assert again.claims == {"u1": claim}
+
+
+@pytest.mark.parametrize(
+    ("specs", "why"),
+    [
+        ([{"kind": "other.com/x", "transient": "u1"}], "spec 'other.com/x' is not of this"),
+        ([{"kind": "example.com/fpga", "transient": "../u1"}], "transient spec ID"),
+    ],
+)
+def test_a_recorded_spec_that_is_not_ours_drops_the_claim(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, specs: list[object], why: str
+) -> None:
+    cp = fresh(tmp_path)
+    write(cp, {"u1": {**wire("example.com/fpga=0"), "specs": specs}})
+    cp.load()
+    assert cp.claims == {}
+    assert why in caplog.text

@@ -83,7 +83,8 @@ def test_a_start_that_fails_without_a_message_still_names_its_cause(
     monkeypatch.setattr(agent.dra, "start", start)
     backoff = Backoff()
     for _ in range(2):
-        assert not asyncio.run(agent._start_dra(backoff))
+        assert agent._dra is not None
+        assert not asyncio.run(agent._dra.attempt(backoff))
         why = agent.dra.waiting()
         assert why == (
             "DRA driver example.com (not serving: AssertionError without a message: "

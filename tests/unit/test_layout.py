@@ -66,3 +66,51 @@ def test_importing_a_module_does_not_load_an_adapter_it_does_not_use(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False", f"importing {module} loads {absent}"
+
+
+#: Recorded hardware with an fpga, so that `render` goes the whole way to a printed spec.
+_HARDWARE = REPO / "tests" / "data" / "udev" / "hardware.json"
+
+
+@pytest.mark.parametrize(
+    "absent",
+    [
+        "grpc",
+        "cdi_gen.config.settings",
+        "cdi_gen.cdi.registry",
+        "cdi_gen.kubelet",
+        "cdi_gen.cli.write",
+        "cdi_gen.cli.doctor",
+    ],
+)
+def test_render_loads_only_what_it_uses(absent: str) -> None:
+    """`cdi-gen render` prints a spec without the run settings, the spec folders' registry,
+    anything of the kubelet's or the other commands' modules: each would cost it start-up
+    time (issue 21)."""
+    code = (
+        "import sys\n"
+        "from cdi_gen.cli.main import main\n"
+        "try:\n"
+        f"    main(['render', '--class', 'fpga', '--records', {str(_HARDWARE)!r}])\n"
+        "finally:\n"
+        f"    print('loaded:', {absent!r} in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"kind":"cdi-gen.io/fpga"' in proc.stdout.replace(" ", ""), proc.stdout[:200]
+    assert proc.stderr.splitlines()[-1] == "loaded: False", f"render loads {absent}"
+
+
+def test_every_command_module_is_a_command_of_the_group() -> None:
+    """The group imports a command's module only when it runs, from its table: a command
+    module missing from the table would be a command nobody can call."""
+    from cdi_gen.cli.main import COMMANDS, cli
+
+    helpers = {"__init__.py", "main.py", "options.py", "inputs.py"}
+    modules = {p.stem for p in (PACKAGE / "cli").glob("*.py") if p.name not in helpers}
+    assert {module.rsplit(".", 1)[1] for module, _ in COMMANDS.values()} == modules
+    for name in COMMANDS:
+        command = cli.get_command(None, name)  # type: ignore[arg-type]
+        assert command is not None and command.name == name

@@ -165,6 +165,9 @@ def _foreign_edit(api: FakeApiServer, edit: str) -> None:
         spec["devices"][0]["name"] = "z"
     elif edit == "attribute-added":
         spec["devices"][0]["attributes"] = {"x": {"string": "y"}}
+    elif edit == "attribute-beyond-int64":
+        # Compared by digest: a number no 64-bit JSON encoder takes must not stop that.
+        spec["devices"][0]["attributes"] = {"x": {"int": 2**70}}
     elif edit == "owner-dropped":
         obj["metadata"].pop("ownerReferences")
     elif edit == "generation-lowered":
@@ -180,6 +183,7 @@ def _foreign_edit(api: FakeApiServer, edit: str) -> None:
         "devices-removed",
         "device-renamed",
         "attribute-added",
+        "attribute-beyond-int64",
         "owner-dropped",
         "generation-lowered",
         "generation-negative",

@@ -93,7 +93,8 @@ def test_every_settings_flag_names_its_variable(command: str) -> None:
         assert f"CDI_GEN_{field.upper()}" in result.output, field
     if command == "run":
         assert set(Settings.model_fields) - {"kubelet_socket", "retry_max_seconds"} <= {
-            p.name for p in cli.commands["run"].params
+            p.name
+            for p in cli.get_command(None, "run").params  # type: ignore[union-attr]
         }
 
 

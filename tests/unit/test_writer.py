@@ -217,3 +217,55 @@ def test_a_record_from_before_instances_belongs_to_its_vendor(tmp_path: Path) ->
     assert writer.remove_unconfigured(tmp_path, set(), instance="example.com") == [
         ("example.com", "loop", None)
     ]
+
+
+def test_transient_specs_are_named_as_cdi_does_and_kept_apart(tmp_path: Path) -> None:
+    class_spec = make_spec("loop0")
+    claim_spec = make_spec("claim-loop0")
+    assert writer.write_bytes(tmp_path, "example.com", "loop", class_spec)
+    assert writer.write_bytes(
+        tmp_path, "example.com", "loop", claim_spec, transient="3f2a-11", instance="me"
+    )
+    assert (tmp_path / "example.com-loop_3f2a-11.json").read_bytes() == claim_spec
+    assert (tmp_path / "example.com-loop.json").read_bytes() == class_spec
+    # A class spec list never holds a claim's spec: the agent's start-up removal of classes
+    # no longer configured must not take it (the DRA driver owns it through its checkpoint).
+    assert writer.owned_specs(tmp_path) == [("example.com", "loop")]
+    assert writer.owned_transient_specs(tmp_path, instance="me") == [
+        ("example.com", "loop", "3f2a-11")
+    ]
+    assert writer.owned_transient_specs(tmp_path, instance="other") == []
+    assert writer.remove_unconfigured(tmp_path, [], instance="me") == []
+    assert (tmp_path / "example.com-loop_3f2a-11.json").exists()
+    assert not writer.remove_spec(
+        tmp_path, "example.com", "loop", transient="3f2a-11", instance="other"
+    )
+    assert writer.remove_spec(tmp_path, "example.com", "loop", transient="3f2a-11", instance="me")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".example.com-loop.json.cdi-gen-owner",
+        "example.com-loop.json",
+    ]
+
+
+@pytest.mark.parametrize("transient", ["", "../x", "a/b", ".hidden", "x" * 129, "a\nb"])
+def test_a_transient_id_that_is_not_a_plain_name_is_refused(tmp_path: Path, transient: str) -> None:
+    with pytest.raises(SpecWriteError, match="transient spec ID"):
+        writer.write_bytes(tmp_path, "example.com", "loop", make_spec("a"), transient=transient)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_planted_transient_record_is_not_ours(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = make_spec("a")
+    (tmp_path / "passwd").write_bytes(data)
+    record = {
+        "vendor": "example.com",
+        "class": "loop",
+        "transient": "../../passwd",
+        "instance": "me",
+    }
+    record["sha256"] = [writer._digest(data)]
+    (tmp_path / ".example.com-loop_x.json.cdi-gen-owner").write_bytes(orjson.dumps(record))
+    assert writer.owned_transient_specs(tmp_path, instance="me") == []
+    assert "not one cdi-gen wrote" in caplog.text

@@ -40,7 +40,7 @@ from cdi_gen.cdi.codec import BOUND_ERROR, load_yaml
 from cdi_gen.errors import CdiGenError, ClaimError, quote
 from cdi_gen.errors import ConfigError as CdiConfigError
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.model import AllocatedDevice, ClaimView
+from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from cdi_gen.names import is_dns_label, is_dns_subdomain
 
 __all__ = [
@@ -64,6 +64,8 @@ LIST_PAGE = 4
 #: timeout of a watch is a little longer, so a server that went silent is noticed.
 WATCH_SECONDS = 300
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+#: Set by the API server on a claim made from a ResourceClaimTemplate: the pod's name for it.
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 
 
 class KubeConfigError(CdiConfigError):
@@ -512,6 +514,7 @@ def claim_view(obj: object) -> ClaimView:
     status = _field(obj, "status", dict, ref, {})
     allocation = _field(status, "allocation", dict, ref, None)
     results: tuple[AllocatedDevice, ...] | None = None
+    config: tuple[ConfigEntry, ...] = ()
     if allocation is not None:
         devices = _field(allocation, "devices", dict, ref, {})
         entries = _field(devices, "results", list, ref, [])
@@ -519,10 +522,36 @@ def claim_view(obj: object) -> ClaimView:
             _result(entry, f"{ref}: status.allocation.devices.results[{i}]")
             for i, entry in enumerate(entries)
         )
-    return ClaimView(namespace=namespace, name=name, uid=uid, results=results)
+        configs = _field(devices, "config", list, f"{ref}: status.allocation.devices", [])
+        config = tuple(
+            entry
+            for i, doc in enumerate(configs)
+            if (entry := _config(doc, i, f"{ref}: status.allocation.devices.config[{i}]"))
+        )
+    annotations = _field(meta, "annotations", dict, ref, {})
+    pod_claim_name = _field(annotations, POD_CLAIM_NAME, str, f"{ref}: annotations", None)
+    if pod_claim_name is not None and not is_dns_label(pod_claim_name):
+        # It becomes a folder of the path the pod's containers read device metadata from.
+        raise ClaimError(
+            f"{ref}: annotation {POD_CLAIM_NAME} {quote(pod_claim_name)} is not a pod's claim "
+            "name: want a DNS label"
+        )
+    return ClaimView(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        results=results,
+        config=config,
+        pod_claim_name=pod_claim_name,
+    )
 
 
-_KINDS: dict[type[Any], str] = {dict: "an object", list: "a list", str: "a string"}
+_KINDS: dict[type[Any], str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+}
 
 
 def _field(doc: object, key: str, kind: type[Any], where: str, default: Any) -> Any:
@@ -545,4 +574,30 @@ def _result(entry: object, where: str) -> AllocatedDevice:
         if value is None:
             raise ClaimError(f"{where}: has no {key!r}; every allocation result names one")
         fields[key] = value
-    return AllocatedDevice(**fields, share_id=_field(entry, "shareID", str, where, None))
+    return AllocatedDevice(
+        **fields,
+        share_id=_field(entry, "shareID", str, where, None),
+        admin_access=_field(entry, "adminAccess", bool, where, False),
+    )
+
+
+def _config(doc: object, index: int, where: str) -> ConfigEntry | None:
+    """One ``config`` entry of the allocation; None when it is not opaque (a kind of
+    configuration newer than this reader: no driver of ours could use it)."""
+    source = _field(doc, "source", str, where, "")
+    requests = _field(doc, "requests", list, where, [])
+    if not all(isinstance(r, str) for r in requests):
+        raise ClaimError(f"{where}: requests: want a list of strings, got {quote(requests)}")
+    opaque = _field(doc, "opaque", dict, where, None)
+    if opaque is None:
+        return None
+    driver = _field(opaque, "driver", str, f"{where}.opaque", None)
+    if driver is None:
+        raise ClaimError(f"{where}.opaque: has no 'driver'; every opaque entry names one")
+    return ConfigEntry(
+        source=source,
+        driver=driver,
+        requests=tuple(requests),
+        parameters=opaque.get("parameters"),
+        index=index,
+    )

@@ -25,16 +25,25 @@ device leaves the slices before its CDI spec entry is removed.
 Fields the API server does not know are dropped silently by it (taints without the
 ``DRADeviceTaints`` gate, counters without ``DRAPartitionableDevices``); the publisher
 compares what it sent with what came back and says so once.
+
+What it keeps of each slice is small: the uid and resourceVersion of our slice in the API,
+the times its taints were added, and digests of what it sent and what came back (a slice of
+128 devices is tens of kilobytes as a dict; copies of every slice were most of what the DRA
+agent held beyond its imports).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
+import hashlib
+import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from cdi_gen.apiserver.slices import Slice, build_slices
 from cdi_gen.backoff import Backoff, describe
@@ -87,31 +96,72 @@ def _dropped(sent: Slice, got: Slice) -> set[str]:
     return out
 
 
-def _comparable(obj: Slice) -> tuple[Any, Any]:
-    """What decides whether a slice must be written: its owner and its spec, without the
-    taints' ``timeAdded`` that the API server fills in."""
-    spec = copy.deepcopy(obj.get("spec") or {})
-    for device in _devices({"spec": spec}):
-        for taint in _taints(device):
-            taint.pop("timeAdded", None)
+def _untimed(device: Any) -> Any:
+    """``device`` without its taints' ``timeAdded`` (a copy only when it has one)."""
+    if not isinstance(device, dict):
+        return device
+    taints = device.get("taints")
+    if not isinstance(taints, list) or not any(
+        isinstance(t, dict) and "timeAdded" in t for t in taints
+    ):
+        return device
+    bare = [
+        {k: v for k, v in t.items() if k != "timeAdded"} if isinstance(t, dict) else t
+        for t in taints
+    ]
+    return {**device, "taints": bare}
+
+
+def _digest(obj: Slice) -> bytes:
+    """What decides whether a slice must be written, as a digest: its owner and its spec,
+    without the taints' ``timeAdded`` that the API server fills in (key order aside)."""
+    spec = obj.get("spec") or {}
+    spec = dict(spec) if isinstance(spec, dict) else {"": spec}
+    if isinstance(spec.get("devices"), list):
+        spec["devices"] = [_untimed(d) for d in spec["devices"]]
     for key in ("devices", "sharedCounters"):
         if not spec.get(key):
             spec.pop(key, None)
     owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return owners, spec
+    try:
+        text = orjson.dumps([owners, spec], option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        # orjson refuses integers beyond 64 bits, which another writer's slice may hold.
+        text = json.dumps([owners, spec], sort_keys=True).encode()
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
-def _keep_taint_times(obj: Slice, current: Slice | None) -> None:
+#: A taint of a device: (device name, key, effect).
+_TaintKey = tuple[Any, Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What is kept of one of our slices as the API server last showed it."""
+
+    uid: str | None
+    resource_version: str | None
+    #: When each taint was added (usually none).
+    taint_times: dict[_TaintKey, Any]
+
+    @classmethod
+    def of(cls, obj: Slice) -> _Held:
+        meta = obj["metadata"]
+        times = {
+            (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
+            for d in _devices(obj)
+            for t in _taints(d)
+            if t.get("timeAdded")
+        }
+        return cls(meta.get("uid"), meta.get("resourceVersion"), times)
+
+
+def _keep_taint_times(obj: Slice, current: _Held | None) -> None:
     """Carry over the time each existing taint was added: a NoExecute taint's
     ``tolerationSeconds`` count from it, and a rewrite of the slice is no new taint."""
-    if current is None:
+    if current is None or not current.taint_times:
         return
-    times = {
-        (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
-        for d in _devices(current)
-        for t in _taints(d)
-        if t.get("timeAdded")
-    }
+    times = current.taint_times
     for device in _devices(obj):
         for taint in _taints(device):
             when = times.get((device["name"], taint["key"], taint["effect"]))
@@ -138,13 +188,14 @@ class SlicePublisher:
         self._pool = pool
         self._retry_initial = retry_initial
         self._retry_max = retry_max
-        #: Our slices in the API as last seen (name -> object), and what we last sent.
-        self._current: dict[str, Slice] = {}
-        self._sent: dict[str, tuple[Any, Any]] = {}
-        #: What the API server answered to our last write of each slice, and what is being
-        #: written now: the watch's echo of our own writes is told apart by them.
-        self._returned: dict[str, tuple[Any, Any]] = {}
-        self._writing: dict[str, tuple[Any, Any]] = {}
+        #: Our slices in the API as last seen (name -> what is kept of it), and the digest of
+        #: what we last sent.
+        self._current: dict[str, _Held] = {}
+        self._sent: dict[str, bytes] = {}
+        #: Digests of what the API server answered to our last write of each slice, and of
+        #: what is being written now: the watch's echo of our own writes is told apart by them.
+        self._returned: dict[str, bytes] = {}
+        self._writing: dict[str, bytes] = {}
         self._deleting: set[str] = set()
         self._generation = 0
         self._node_uid: str | None = None
@@ -247,16 +298,16 @@ class SlicePublisher:
                     raise  # no answer: retry everything later
                 log.warning("slices published without their Node as owner: %s", exc)
         items = await self._client.list_slices(self.driver, self.node)
-        self._current = {s["metadata"]["name"]: s for s in items}
+        self._current = {s["metadata"]["name"]: _Held.of(s) for s in items}
         # A slice still as the API server returned it after our last write keeps what we
         # sent as its reference: the server may have dropped gated fields, and comparing
         # with its version would rewrite the slice after every list, forever.
-        self._sent = {
-            name: self._sent[name]
-            if name in self._sent and self._returned.get(name) == _comparable(s)
-            else _comparable(s)
-            for name, s in self._current.items()
-        }
+        sent = {}
+        for s in items:
+            name, digest = s["metadata"]["name"], _digest(s)
+            kept = name in self._sent and self._returned.get(name) == digest
+            sent[name] = self._sent[name] if kept else digest
+        self._sent = sent
         self._returned = {n: c for n, c in self._returned.items() if n in self._current}
         found = [int(s["spec"]["pool"].get("generation") or 0) for s in items]
         self._generation = max([self._generation, *found])
@@ -268,7 +319,7 @@ class SlicePublisher:
             await self._list()
         desired = self._build(devices, self._generation)
         if {s["metadata"]["name"] for s in desired} == set(self._current) and all(
-            self._sent.get(s["metadata"]["name"]) == _comparable(s) for s in desired
+            self._sent.get(s["metadata"]["name"]) == _digest(s) for s in desired
         ):
             return
         if self._generation >= MAX_GENERATION:
@@ -324,12 +375,12 @@ class SlicePublisher:
         name = obj["metadata"]["name"]
         current = self._current.get(name)
         _keep_taint_times(obj, current)
-        self._writing[name] = _comparable(obj)
+        self._writing[name] = sent = _digest(obj)
         try:
             if current is None:
                 result = await self._client.create_slice(obj)
             else:
-                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                obj["metadata"]["resourceVersion"] = current.resource_version
                 result = await self._client.replace_slice(obj)
         except ApiServerError:
             # 409 (someone changed or created it) or 404 (deleted meanwhile): list again.
@@ -338,9 +389,9 @@ class SlicePublisher:
         finally:
             del self._writing[name]
         obj["metadata"].pop("resourceVersion", None)
-        self._current[name] = result
-        self._sent[name] = _comparable(obj)
-        self._returned[name] = _comparable(result)
+        self._current[name] = _Held.of(result)
+        self._sent[name] = sent
+        self._returned[name] = _digest(result)
         for field in sorted(_dropped(obj, result) - self.dropped):
             self.dropped.add(field)
             log.warning(
@@ -358,13 +409,13 @@ class SlicePublisher:
         if kind == "DELETED":
             uid = obj["metadata"].get("uid")
             # Not ours, or an earlier slice of that name already replaced: nothing lost.
-            if current is None or (uid and uid != current["metadata"].get("uid")):
+            if current is None or (uid and uid != current.uid):
                 return None
             return "was deleted"
         if (
             current is not None
-            and obj["metadata"].get("resourceVersion") == current["metadata"].get("resourceVersion")
-        ) or _comparable(obj) in (
+            and obj["metadata"].get("resourceVersion") == current.resource_version
+        ) or _digest(obj) in (
             self._sent.get(name),
             self._returned.get(name),
             self._writing.get(name),

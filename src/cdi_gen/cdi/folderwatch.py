@@ -24,36 +24,35 @@ that cannot be watched, a full event queue (``IN_Q_OVERFLOW``), or no inotify at
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
-import struct
 import termios
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["FolderWatch", "path_entries"]
+from cdi_gen.inotify import (
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    SELF_EVENTS,
+    events,
+    inotify,
+)
+
+__all__ = ["IN_Q_OVERFLOW", "FolderWatch", "path_entries"]
 
 log = logging.getLogger(__name__)
-
-# <sys/inotify.h>
-IN_MODIFY = 0x00000002
-IN_ATTRIB = 0x00000004
-IN_CLOSE_WRITE = 0x00000008
-IN_MOVED_FROM = 0x00000040
-IN_MOVED_TO = 0x00000080
-IN_CREATE = 0x00000100
-IN_DELETE = 0x00000200
-IN_DELETE_SELF = 0x00000400
-IN_MOVE_SELF = 0x00000800
-IN_UNMOUNT = 0x00002000
-IN_Q_OVERFLOW = 0x00004000
-IN_IGNORED = 0x00008000
-IN_ONLYDIR = 0x01000000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
 
 #: Everything that changes what a folder entry holds or whether it exists. The same mask on
 #: every watch: adding a watch on an inode already watched replaces that watch's mask.
@@ -69,56 +68,10 @@ _MASK = (
     | IN_MOVE_SELF
     | IN_ONLYDIR
 )
-_SELF = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_IGNORED
-_EVENT = struct.Struct("iIII")
 #: Links followed in one path before giving up, as the kernel's ELOOP limit.
 MAX_LINKS = 40
 #: Where a descriptor can be named by path (absent without a mounted /proc).
 _PROC_FDS = "/proc/self/fd"
-
-
-class _Inotify:
-    """The three inotify calls through libc (the standard library has none)."""
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self._init1: Callable[[int], int] = libc.inotify_init1
-        self._add = libc.inotify_add_watch
-        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-        self._rm = libc.inotify_rm_watch
-        self._rm.argtypes = (ctypes.c_int, ctypes.c_int)
-        # Through PyDLL, which keeps the GIL: this runs on every Allocate, from a gRPC
-        # thread, and releasing the GIL for a call that never blocks lets grpc's own threads
-        # take it, which costs more than the call (os.read and select.poll release it).
-        self.ioctl = ctypes.PyDLL(libc._name).ioctl
-        self.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
-
-    def init(self) -> int:
-        fd = self._init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        return fd
-
-    def add(self, fd: int, path: str) -> int:
-        wd = int(self._add(fd, os.fsencode(path), _MASK))
-        if wd < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code), path)
-        return wd
-
-    def remove(self, fd: int, wd: int) -> None:
-        self._rm(fd, wd)  # fails only for a watch the kernel already dropped
-
-
-_libc: _Inotify | None = None
-
-
-def _inotify() -> _Inotify:
-    global _libc  # noqa: PLW0603 (loaded once, on first use)
-    if _libc is None:
-        _libc = _Inotify()
-    return _libc
 
 
 def path_entries(path: str, limit: int = MAX_LINKS) -> set[tuple[str, str]]:
@@ -193,14 +146,14 @@ class FolderWatch:
         self.available = True
         self._finalizer: weakref.finalize[..., FolderWatch] | None = None
         try:
-            self._fd = _inotify().init()
+            self._fd = inotify().init()
         except (OSError, AttributeError) as exc:
             # AttributeError: a libc without inotify. Scanning every time is still right.
             log.warning("spec folders are scanned on every check: no inotify (%s)", exc)
             self.available = False
             return
         self._finalizer = weakref.finalize(self, os.close, self._fd)
-        self._fionread = _inotify().ioctl
+        self._fionread = inotify().ioctl
         self._queued = ctypes.c_int()
         self._queued_ref = ctypes.byref(self._queued)
         # Through /proc the watch is set on the very folder whose inode is recorded.
@@ -256,7 +209,7 @@ class FolderWatch:
         if not self._via_proc:
             # Without /proc: the path must lead to one folder before and after the watch.
             before = os.stat(folder)
-            wd = _inotify().add(self._fd, folder)
+            wd = inotify().add(self._fd, folder, _MASK)
             after = os.stat(folder)
             if (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
                 self._release(wd)
@@ -267,7 +220,7 @@ class FolderWatch:
         fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            return _inotify().add(self._fd, f"{_PROC_FDS}/{fd}"), st.st_dev, st.st_ino
+            return inotify().add(self._fd, f"{_PROC_FDS}/{fd}", _MASK), st.st_dev, st.st_ino
         finally:
             os.close(fd)
 
@@ -289,7 +242,7 @@ class FolderWatch:
     def _release(self, wd: int) -> None:
         """Remove ``wd`` unless still used. One watch serves an inode for every purpose."""
         if wd not in self._folder_wds and wd not in self._link_wds:
-            _inotify().remove(self._fd, wd)
+            inotify().remove(self._fd, wd)
 
     def follow_links(self, linked_files: Iterable[str]) -> bool:
         """Watch what the given spec files (symbolic links) resolve through; drop the rest.
@@ -308,7 +261,7 @@ class FolderWatch:
         fresh: dict[int, set[str]] = {}
         for folder, names in wanted.items():
             try:
-                wd = _inotify().add(self._fd, folder)
+                wd = inotify().add(self._fd, folder, _MASK)
             except OSError:
                 continue  # gone already; the next scan sees the dangling link
             fresh.setdefault(wd, set()).update(names)
@@ -336,11 +289,7 @@ class FolderWatch:
 
     def _apply(self, data: bytes) -> bool:
         dirty = False
-        offset = 0
-        while offset + _EVENT.size <= len(data):
-            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            raw = data[offset + _EVENT.size : offset + _EVENT.size + length]
-            offset += _EVENT.size + length
+        for wd, mask, raw in events(data):
             if mask & IN_Q_OVERFLOW:
                 dirty = True  # events were lost: only a full scan is exact
                 continue
@@ -350,8 +299,8 @@ class FolderWatch:
                 # A watch dropped already (its IN_IGNORED, or events queued before): its
                 # folder is on no path we follow, and dropping it was a change already seen.
                 continue
-            name = os.fsdecode(raw.rstrip(b"\0"))
-            if mask & _SELF and not name:
+            name = os.fsdecode(raw)
+            if mask & SELF_EVENTS and not name:
                 if folders is not None:
                     # The folder itself went away (or moved): watch its path again later.
                     del self._folder_wds[wd]
@@ -360,7 +309,7 @@ class FolderWatch:
                     self._unwatched.update(folders)
                 self._link_wds.pop(wd, None)
                 if not mask & IN_IGNORED:
-                    _inotify().remove(self._fd, wd)
+                    inotify().remove(self._fd, wd)
                 dirty = True
                 continue
             # A spec file of a folder, or an entry a linked spec file resolves through.

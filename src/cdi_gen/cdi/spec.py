@@ -25,6 +25,9 @@ class _Wire(BaseModel):
         extra="forbid",
         strict=True,
         frozen=True,
+        # Built on first use: `render` and the agent build entries but never parse a whole
+        # Spec unless they read a spec file, and building costs start-up time.
+        defer_build=True,
     )
 
     def to_wire(self) -> dict[str, Any]:

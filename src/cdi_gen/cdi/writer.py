@@ -20,6 +20,12 @@ from a valid vendor and class (so they hold no ``/``), with ``O_NOFOLLOW``: a re
 by someone who can write the folder (a class of ``x/../../etc/passwd``, a symlinked subfolder)
 can never make cdi-gen replace or remove anything but a regular file directly in the folder.
 A record that does not sit at the name its own vendor and class give is ignored and logged.
+
+A *transient* spec belongs to something shorter-lived than its class (a DRA claim): it is named
+as the CDI library names them, ``<vendor>-<class>_<transient id>.json``, and its record says
+``transient``. It is written and removed like a class's spec, but :func:`owned_specs` and the
+removal of unconfigured classes never count it: whoever made it (the DRA driver, through its
+checkpoint) removes it, found with :func:`owned_transient_specs`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Collection, Iterator
@@ -61,6 +68,27 @@ def spec_filename(vendor: str, cls: str) -> str:
     names.validate_vendor(vendor)
     names.validate_class(cls)
     return f"{vendor}-{cls}.json"
+
+
+#: A transient ID: the characters of a Kubernetes UID, alphanumeric first, so the file name
+#: holds no ``/``, is not hidden and is never one of our temporary or record names.
+_TRANSIENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def transient_filename(vendor: str, cls: str, transient: str) -> str:
+    """``<vendor>-<class>_<transient>.json``, the CDI library's name of a transient spec.
+
+    Raises :class:`~cdi_gen.errors.InvalidNameError` unless vendor and class are valid CDI
+    names and ``transient`` is 1-128 of ``A-Z a-z 0-9 _ . -`` starting alphanumeric.
+    """
+    base = spec_filename(vendor, cls)
+    if _TRANSIENT_RE.fullmatch(transient) is None:
+        raise InvalidNameError(
+            "transient spec ID",
+            transient,
+            "must be 1-128 characters of A-Z a-z 0-9 _ . - starting alphanumeric",
+        )
+    return f"{base.removesuffix('.json')}_{transient}.json"
 
 
 def _owner_name(filename: str) -> str:
@@ -139,10 +167,17 @@ def _check_instance(record: dict[str, object] | None, instance: str, target: Pat
 
 
 def _atomic_replace(
-    dir_fd: int, filename: str, data: bytes, hook: StepHook | None, mode: int = SPEC_MODE
+    dir_fd: int,
+    filename: str,
+    data: bytes,
+    hook: StepHook | None,
+    mode: int = SPEC_MODE,
+    *,
+    durable: bool = True,
 ) -> None:
     """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
-    file gets ``mode``."""
+    file gets ``mode``. Without ``durable``, no fsync: readers still see the old or the new
+    file, but a power loss may leave either (or an empty one)."""
     tmp = f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
     fd = os.open(
@@ -161,7 +196,8 @@ def _atomic_replace(
             if hook:
                 hook("temp-written")
             os.fchmod(fd, mode)  # explicit: the umask must not make specs unreadable
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if hook:
@@ -174,7 +210,8 @@ def _atomic_replace(
         raise
     if hook:
         hook("renamed")
-    os.fsync(dir_fd)
+    if durable:
+        os.fsync(dir_fd)
 
 
 def _remove_stale_temps_in(dir_fd: int) -> int:
@@ -198,8 +235,10 @@ def remove_stale_temps(spec_dir: Path) -> int:
         return 0  # absent or unreadable: the write that follows reports why
 
 
-def _check_names(vendor: str, cls: str) -> str:
+def _check_names(vendor: str, cls: str, transient: str | None = None) -> str:
     try:
+        if transient is not None:
+            return transient_filename(vendor, cls, transient)
         return spec_filename(vendor, cls)
     except InvalidNameError as exc:
         raise SpecWriteError(f"refusing to touch the spec of {exc}") from None
@@ -212,16 +251,18 @@ def write_bytes(
     data: bytes,
     *,
     instance: str | None = None,
+    transient: str | None = None,
     step_hook: StepHook | None = None,
 ) -> bool:
     """Atomically make ``spec_dir/<vendor>-<class>.json`` hold ``data``; True if it changed.
+    With ``transient``, the transient spec ``<vendor>-<class>_<transient>.json``.
 
     Creates the folder if missing. Raises :class:`SpecWriteError` if the target exists but is
     not ours (foreign file, link, content we never wrote, or a spec another ``instance`` wrote;
     default: the vendor), the vendor or class is not a valid name, or the folder cannot be
     written.
     """
-    filename = _check_names(vendor, cls)
+    filename = _check_names(vendor, cls, transient)
     instance = instance or vendor
     target = spec_dir / filename
     try:
@@ -247,15 +288,17 @@ def write_bytes(
             new_hash = _digest(data)
             if new_hash not in kept:
                 kept.append(new_hash)
-            record = {
+            new_record: dict[str, object] = {
                 "vendor": vendor,
                 "class": cls,
                 "file": filename,
                 "instance": instance,
                 "sha256": kept,
             }
+            if transient is not None:
+                new_record["transient"] = transient
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
-            _atomic_replace(dir_fd, _owner_name(filename), orjson.dumps(record), owner_hook)
+            _atomic_replace(dir_fd, _owner_name(filename), orjson.dumps(new_record), owner_hook)
             _atomic_replace(dir_fd, filename, data, step_hook)
     except SpecWriteError:
         raise
@@ -272,14 +315,22 @@ def _is_owned_in(dir_fd: int, filename: str) -> bool:
     return current is not None and _digest(current) in _owned_hashes(dir_fd, filename)
 
 
-def remove_spec(spec_dir: Path, vendor: str, cls: str, *, instance: str | None = None) -> bool:
-    """Delete our spec file of ``vendor/cls``; True if one was removed.
+def remove_spec(
+    spec_dir: Path,
+    vendor: str,
+    cls: str,
+    *,
+    instance: str | None = None,
+    transient: str | None = None,
+) -> bool:
+    """Delete our spec file of ``vendor/cls`` (its ``transient`` spec, when given); True if
+    one was removed.
 
     A foreign file at that name, or one another ``instance`` (default: the vendor) wrote, is
     left alone (False). Raises :class:`SpecWriteError` if the vendor or class is not a valid
     name or the folder cannot be written.
     """
-    filename = _check_names(vendor, cls)
+    filename = _check_names(vendor, cls, transient)
     owner = _owner_name(filename)
     try:
         with _folder(spec_dir) as dir_fd:
@@ -303,14 +354,11 @@ def remove_spec(spec_dir: Path, vendor: str, cls: str, *, instance: str | None =
     return True
 
 
-def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[str, str]]:
-    """``(vendor, class)`` of every spec file in ``spec_dir`` that is ours (and ``instance``'s,
-    when given), sorted.
-
-    A record whose vendor or class is invalid, or which is not stored under the name its
-    vendor and class give, is not ours (someone else wrote it): it is logged and ignored.
-    """
-    found: list[tuple[str, str]] = []
+def _owned_records(spec_dir: Path, instance: str | None) -> list[tuple[str, str, str | None]]:
+    """``(vendor, class, transient or None)`` of every spec in ``spec_dir`` that is ours (and
+    ``instance``'s, when given). A record whose names are invalid, or which is not stored
+    under the name they give, is not ours: it is logged and ignored."""
+    found: list[tuple[str, str, str | None]] = []
     try:
         with _folder(spec_dir) as dir_fd:
             for entry in sorted(os.listdir(dir_fd)):
@@ -319,12 +367,16 @@ def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[st
                 record = _read_owner(dir_fd, entry[1 : -len(OWNER_SUFFIX)])
                 vendor = record.get("vendor") if record else None
                 cls = record.get("class") if record else None
+                transient = record.get("transient") if record else None
                 try:
                     if not (isinstance(vendor, str) and isinstance(cls, str)):
                         raise ValueError("no vendor and class")
-                    if _owner_name(spec_filename(vendor, cls)) != entry:
-                        raise ValueError(f"it names {vendor}/{cls}")
-                except ValueError as exc:  # InvalidNameError is one
+                    if transient is not None and not isinstance(transient, str):
+                        raise ValueError(f"transient {quote(transient)} is not a string")
+                    filename = _check_names(vendor, cls, transient)
+                    if _owner_name(filename) != entry:
+                        raise ValueError(f"it names {filename}")
+                except (ValueError, SpecWriteError) as exc:  # InvalidNameError is a ValueError
                     log.warning(
                         "ignoring owner record %s in %s: not one cdi-gen wrote (%s)",
                         quote(entry),
@@ -334,20 +386,38 @@ def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[st
                     continue
                 if instance is not None and _instance_of(record) != instance:
                     continue
-                if _is_owned_in(dir_fd, spec_filename(vendor, cls)):
-                    found.append((vendor, cls))
+                if _is_owned_in(dir_fd, filename):
+                    found.append((vendor, cls, transient))
     except OSError:
         return found
-    return sorted(found)
+    return found
 
 
-def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE) -> None:
+def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[str, str]]:
+    """``(vendor, class)`` of every class spec file in ``spec_dir`` that is ours (and
+    ``instance``'s, when given), sorted; transient specs are not class specs and not listed.
+
+    A record whose vendor or class is invalid, or which is not stored under the name its
+    vendor and class give, is not ours (someone else wrote it): it is logged and ignored.
+    """
+    return sorted((v, c) for v, c, t in _owned_records(spec_dir, instance) if t is None)
+
+
+def owned_transient_specs(spec_dir: Path, *, instance: str) -> list[tuple[str, str, str]]:
+    """``(vendor, class, transient id)`` of every transient spec ``instance`` wrote in
+    ``spec_dir`` and that is still ours, sorted."""
+    return sorted((v, c, t) for v, c, t in _owned_records(spec_dir, instance) if t is not None)
+
+
+def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE, *, durable: bool = True) -> None:
     """Atomically and durably make ``path`` hold ``data`` with ``mode``: temporary name,
     fsync, rename, folder fsync, missing folders created; raises OSError. The one way every
-    file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint).
+    file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint,
+    a claim's device metadata). Without ``durable``, the fsyncs are left out: for a file
+    made again whenever it is found missing or unreadable.
     """
     with _folder(path.parent, create=True) as dir_fd:
-        _atomic_replace(dir_fd, path.name, data, None, mode)
+        _atomic_replace(dir_fd, path.name, data, None, mode, durable=durable)
 
 
 def write_file(path: Path, data: bytes) -> None:

@@ -35,8 +35,7 @@ def discover_devices(
     """Load the config (pins resolved; the ``runtime`` pin asks ``cri_sockets``, default
     containerd's and CRI-O's, when no runtime binary answers), read the devices and return a
     fed :class:`Discovery`."""
-    from cdi_gen.config.loader import load_config
-    from cdi_gen.config.settings import pin_versions
+    from cdi_gen.config.loader import load_config, pin_versions
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.sources.udev import enumerate_records
 

@@ -3,12 +3,14 @@
 Exit codes: 0 success, 1 problems found or a runtime failure (among them a device that
 ``render``, ``write`` or ``slices`` left out of what it still printed or wrote), 2 bad usage or
 bad config, 3 registration failure. Errors go to stderr, one line each, as ``error: ...``; a
-traceback only with ``--debug``. Heavy modules are imported inside the commands so that a short
-command such as ``render`` starts fast.
+traceback only with ``--debug``. A command's module is imported only when that command runs (or
+``--help`` lists them all), and heavy modules only inside the commands, so that a short command
+such as ``render`` starts fast.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,21 @@ import click
 #: from its REVISION build argument into the agent's virtual environment): the wheel it
 #: installs is the same for every commit, so the revision cannot live in the package.
 REVISION_FILE = Path("share", "cdi-gen", "revision")
+
+#: Every command: its name -> the module (one per command) and the click command in it.
+COMMANDS = {
+    "check-config": ("cdi_gen.cli.check_config", "check_config"),
+    "deviceclasses": ("cdi_gen.cli.deviceclasses", "deviceclasses"),
+    "discover": ("cdi_gen.cli.discover", "discover"),
+    "doctor": ("cdi_gen.cli.doctor", "doctor"),
+    "list": ("cdi_gen.cli.listing", "list_devices"),
+    "render": ("cdi_gen.cli.render", "render"),
+    "run": ("cdi_gen.cli.run", "run"),
+    "schema": ("cdi_gen.cli.schema", "schema"),
+    "slices": ("cdi_gen.cli.slices", "slices"),
+    "validate": ("cdi_gen.cli.validate", "validate"),
+    "write": ("cdi_gen.cli.write", "write"),
+}
 
 
 class _State:
@@ -59,7 +76,23 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The group of :data:`COMMANDS`, each imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(where[0]), where[1])
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{where[0]}.{where[1]} is not a click command")
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option(
     "--version",
@@ -115,28 +148,3 @@ def _detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
-
-
-def _add_commands() -> None:
-    """One module per command; the group only collects them."""
-    from cdi_gen.cli.check_config import check_config
-    from cdi_gen.cli.deviceclasses import deviceclasses
-    from cdi_gen.cli.discover import discover
-    from cdi_gen.cli.doctor import doctor
-    from cdi_gen.cli.listing import list_devices
-    from cdi_gen.cli.render import render
-    from cdi_gen.cli.run import run
-    from cdi_gen.cli.schema import schema
-    from cdi_gen.cli.slices import slices
-    from cdi_gen.cli.validate import validate
-    from cdi_gen.cli.write import write
-
-    for command in (validate, list_devices, schema, discover, render, write, check_config):
-        cli.add_command(command)
-    cli.add_command(run)
-    cli.add_command(doctor)
-    cli.add_command(slices)
-    cli.add_command(deviceclasses)
-
-
-_add_commands()

@@ -60,8 +60,8 @@ def render(
     warning line naming the field and the rule; the spec holds the others, and the exit
     status is 1.
     """
+    from cdi_gen.config.loader import resolve_version
     from cdi_gen.config.models import AgentConfig
-    from cdi_gen.config.settings import resolve_version
     from cdi_gen.errors import DiscoveryError
 
     sockets = cri_sockets or None

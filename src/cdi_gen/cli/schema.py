@@ -1,8 +1,9 @@
 """JSON Schemas of the documents cdi-gen reads and writes, generated from the models.
 
 ``schemas/cdi-spec.schema.json`` is the CDI spec as this project validates it (strict: unknown
-fields refused); ``schemas/config.schema.json`` is the agent config. Tests keep the committed
-files in sync with the models.
+fields refused); ``schemas/config.schema.json`` is the agent config;
+``schemas/deviceconfig.schema.json`` a DRA claim's opaque configuration for the driver. Tests
+keep the committed files in sync with the models.
 """
 
 from __future__ import annotations
@@ -33,8 +34,16 @@ def config_schema() -> dict[str, Any]:
     return config_json_schema()
 
 
+def device_config_schema() -> dict[str, Any]:
+    from cdi_gen.config.claimconfig import device_config_schema as schema
+
+    return schema()
+
+
 @click.command()
-@click.argument("which", type=click.Choice(["spec", "config"]))
+@click.argument("which", type=click.Choice(["spec", "config", "deviceconfig"]))
 def schema(which: str) -> None:
-    """Print the JSON Schema of a CDI spec (as cdi-gen validates it) or of the config file."""
-    sys.stdout.buffer.write(dump_schema(cdi_spec_schema() if which == "spec" else config_schema()))
+    """Print the JSON Schema of a CDI spec (as cdi-gen validates it), of the config file or of
+    a DRA claim's DeviceConfig."""
+    make = {"spec": cdi_spec_schema, "config": config_schema, "deviceconfig": device_config_schema}
+    sys.stdout.buffer.write(dump_schema(make[which]()))

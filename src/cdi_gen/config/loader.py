@@ -1,4 +1,5 @@
 """Reading a config file, or the embedded catalogue, into the models; one line per problem.
+The classes' cdiVersion pins made concrete (:func:`pin_versions`).
 
 A config is YAML or JSON, read bounded (:mod:`cdi_gen.files`) and parsed strictly (unknown
 and duplicate keys are errors). Every problem becomes ``file: path.to.field: message``
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -25,11 +26,21 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
-from cdi_gen.config.models import AgentConfig, FieldError
+from cdi_gen.cdi.runtimes import Lookup, node_limit, node_runtimes
+from cdi_gen.cdi.version import normalize
+from cdi_gen.config.models import RUNTIME_PIN, AgentConfig, FieldError
 from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, fragment, quote
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
 
-__all__ = ["CATALOGUE_NAME", "catalogue_text", "config_json_schema", "load_config", "parse_config"]
+__all__ = [
+    "CATALOGUE_NAME",
+    "catalogue_text",
+    "config_json_schema",
+    "load_config",
+    "parse_config",
+    "pin_versions",
+    "resolve_version",
+]
 
 #: The embedded catalogue, package data beside this module.
 CATALOGUE_NAME = "catalogue.yaml"
@@ -258,3 +269,50 @@ def config_json_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "cdi-gen agent config"
     return schema
+
+
+def resolve_version(
+    value: str | None, runtime_refs: Sequence[str], what: str, fallback: Lookup | None = None
+) -> str | None:
+    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now
+    (through ``fallback`` when no runtime binary answers and none is named).
+
+    Raises :class:`ConfigError` naming ``what`` for an unknown version.
+    """
+    if value is None:
+        return None
+    if value == RUNTIME_PIN:
+        return node_limit(*node_runtimes(runtime_refs, fallback))
+    try:
+        return normalize(value)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc} or {RUNTIME_PIN!r}") from None
+
+
+def pin_versions(
+    config: AgentConfig,
+    default: str | None,
+    runtime_refs: Sequence[str],
+    *,
+    fallback: Lookup | None = None,
+) -> AgentConfig:
+    """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
+    ``runtime`` resolved once for all classes (``fallback``: see :func:`resolve_version`)."""
+    wanted = {c.cdi_version or default for c in config.classes}
+    if wanted <= {None} and default is None:
+        return config
+    limit = (
+        resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime", fallback)
+        if RUNTIME_PIN in wanted
+        else None
+    )
+    default = limit if default == RUNTIME_PIN else resolve_version(default, (), "--cdi-version")
+    classes = [
+        c.model_copy(
+            update={
+                "cdi_version": limit if c.cdi_version == RUNTIME_PIN else c.cdi_version or default
+            }
+        )
+        for c in config.classes
+    ]
+    return config.model_copy(update={"classes": classes})

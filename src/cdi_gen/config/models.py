@@ -79,6 +79,9 @@ class _Strict(BaseModel):
         extra="forbid",
         frozen=True,
         arbitrary_types_allowed=True,
+        # Validators built on first use, not at import: only what is validated is built
+        # (AgentConfig builds the classes' models inside its own), which start-up sees.
+        defer_build=True,
     )
 
 

@@ -24,10 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cdi_gen import paths
 from cdi_gen.backoff import FLOOR_SECONDS
 from cdi_gen.cdi.registry import unique_dirs
-from cdi_gen.cdi.runtimes import Lookup, node_limit, node_runtimes
-from cdi_gen.cdi.version import normalize
-from cdi_gen.config.loader import load_config
-from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
+from cdi_gen.cdi.runtimes import Lookup
+from cdi_gen.config.loader import load_config, pin_versions
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
 from cdi_gen.names import is_dns_subdomain, validate_driver_name
 
@@ -36,8 +35,6 @@ __all__ = [
     "Settings",
     "load_settings",
     "parse_address",
-    "pin_versions",
-    "resolve_version",
 ]
 
 ENV_PREFIX = "CDI_GEN_"
@@ -309,53 +306,6 @@ def parse_address(address: str) -> tuple[str, int]:
             f"invalid address {quote(address)}, should be HOST:PORT with a port of 0 to 65535"
         )
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def resolve_version(
-    value: str | None, runtime_refs: Sequence[str], what: str, fallback: Lookup | None = None
-) -> str | None:
-    """A concrete cdiVersion for a pin: ``runtime`` becomes the node's limit, found now
-    (through ``fallback`` when no runtime binary answers and none is named).
-
-    Raises :class:`ConfigError` naming ``what`` for an unknown version.
-    """
-    if value is None:
-        return None
-    if value == RUNTIME_PIN:
-        return node_limit(*node_runtimes(runtime_refs, fallback))
-    try:
-        return normalize(value)
-    except ValueError as exc:
-        raise ConfigError(f"{what}: {exc} or {RUNTIME_PIN!r}") from None
-
-
-def pin_versions(
-    config: AgentConfig,
-    default: str | None,
-    runtime_refs: Sequence[str],
-    *,
-    fallback: Lookup | None = None,
-) -> AgentConfig:
-    """``config`` with every class's cdiVersion pin concrete: its own pin, else ``default``;
-    ``runtime`` resolved once for all classes (``fallback``: see :func:`resolve_version`)."""
-    wanted = {c.cdi_version or default for c in config.classes}
-    if wanted <= {None} and default is None:
-        return config
-    limit = (
-        resolve_version(RUNTIME_PIN, runtime_refs, "cdiVersion runtime", fallback)
-        if RUNTIME_PIN in wanted
-        else None
-    )
-    default = limit if default == RUNTIME_PIN else resolve_version(default, (), "--cdi-version")
-    classes = [
-        c.model_copy(
-            update={
-                "cdi_version": limit if c.cdi_version == RUNTIME_PIN else c.cdi_version or default
-            }
-        )
-        for c in config.classes
-    ]
-    return config.model_copy(update={"classes": classes})
 
 
 def _flag(field: str) -> str:

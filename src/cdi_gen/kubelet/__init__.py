@@ -6,14 +6,14 @@
 * :mod:`~cdi_gen.kubelet.supervisor`: serve, register, notice a kubelet restart, serve and
   register again, shared by every kubelet plugin (the device plugin's Register call, the DRA
   plugin's plugin-watcher socket);
-* :mod:`~cdi_gen.kubelet.plugin`: the protocol the agent holds its device plugins through;
 * :mod:`~cdi_gen.kubelet.deviceplugin`: the ``deviceplugin/v1beta1`` plugin of one class;
 * :mod:`~cdi_gen.kubelet.draplugin`: the DRA driver's node service (``dra.v1``/``v1beta1``,
-  health), with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's socket),
-  :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
+  health), the gRPC side, with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's
+  socket); the driver's state behind it, without grpc: :mod:`~cdi_gen.kubelet.preparer`
+  (which claims are prepared), :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
   :mod:`~cdi_gen.kubelet.checkpoint` (the prepared claims on disk);
-* :mod:`~cdi_gen.kubelet.board` and :mod:`~cdi_gen.kubelet.allocation`: the device list the
-  plugins advertise, and the rules their answers follow;
+* :mod:`~cdi_gen.kubelet.allocation`: the rules the device plugin's answers follow (the list
+  it advertises is the class's :class:`~cdi_gen.discovery.board.DeviceBoard`);
 * :mod:`~cdi_gen.kubelet.cri`: the container runtime's name and version from its CRI socket,
   for ``--cdi-version runtime`` and the doctor where no runtime binary is visible.
 

@@ -8,7 +8,12 @@ kubelet gets its answer, and removed when it is unprepared. The file is replaced
 after the last change, never a mix.
 
 The file says what it is (``kind``), which format (``version``) and whose it is
-(``driver``). A file that is not that (corrupt, foreign, another driver's, a newer format),
+(``driver``). Format 2 adds, per device, ``adminAccess`` and, per claim, the transient specs
+written for it (``specs``: kind and transient ID), so that they are removed at unprepare and
+known after a restart. A format 1 file (cdi-gen before per-claim specs) is read as format 2
+with neither (its claims hold their devices exclusively and have no spec of their own) and
+written as format 2 at the next change; a format newer than this cdi-gen's is refused, naming
+both. A file that is not that (corrupt, foreign, another driver's, a newer format),
 or that someone else could have written (not owned by our effective user, or writable by
 group or others), is refused with one line naming the file and why, and left as it is:
 overwriting it would forget claims the kubelet still counts on, and cdi-gen never replaces a
@@ -36,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.cdi.writer import replace_file
+from cdi_gen.cdi.writer import replace_file, transient_filename
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileRefused, read_regular
 from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
@@ -48,6 +53,7 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
     "CheckpointError",
+    "ClaimSpec",
     "PreparedClaim",
     "checkpoint_path",
 ]
@@ -55,7 +61,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+#: Formats read and converted to :data:`CHECKPOINT_VERSION` (written at the next change).
+READ_VERSIONS = (1, 2)
 #: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
 #: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
 #: the largest claims and tens of thousands of common ones, more than a node prepares.
@@ -71,12 +79,22 @@ class CheckpointError(CdiGenError):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """A transient spec written for one claim: ``<vendor>-<class>_<transient>.json``."""
+
+    kind: str
+    transient: str
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedClaim:
-    """One prepared claim as recorded: who it is and the devices it was answered."""
+    """One prepared claim as recorded: who it is, the devices it was answered and the
+    transient specs written for it."""
 
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    specs: tuple[ClaimSpec, ...] = ()
 
 
 def checkpoint_path(state_dir: Path, driver: str) -> Path:
@@ -93,6 +111,19 @@ def _device_doc(device: PreparedDevice) -> dict[str, Any]:
     }
     if device.share_id is not None:
         doc["shareId"] = device.share_id
+    if device.admin_access:
+        doc["adminAccess"] = True
+    return doc
+
+
+def _claim_doc(claim: PreparedClaim) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "devices": [_device_doc(d) for d in claim.devices],
+    }
+    if claim.specs:
+        doc["specs"] = [{"kind": s.kind, "transient": s.transient} for s in claim.specs]
     return doc
 
 
@@ -115,13 +146,31 @@ def _parse_device(doc: object, where: str) -> PreparedDevice:
     share_id = doc.get("shareId")
     if share_id is not None and not isinstance(share_id, str):
         raise ValueError(f"{where}.shareId: want a string, got {quote(share_id)}")
+    admin = doc.get("adminAccess", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{where}.adminAccess: want a boolean, got {quote(admin)}")
     return PreparedDevice(
         request_names=_strings(doc.get("requestNames"), f"{where}.requestNames"),
         pool=_string(doc, "pool", where),
         device=_string(doc, "device", where),
         cdi_device_ids=_strings(doc.get("cdiDeviceIds"), f"{where}.cdiDeviceIds"),
         share_id=share_id,
+        admin_access=admin,
     )
+
+
+def _parse_specs(doc: object, where: str) -> tuple[ClaimSpec, ...]:
+    if doc is None:
+        return ()
+    if not isinstance(doc, list):
+        raise ValueError(f"{where}: want a list, got {quote(doc)}")
+    specs = []
+    for i, entry in enumerate(doc):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{at}: want an object, got {quote(entry)}")
+        specs.append(ClaimSpec(_string(entry, "kind", at), _string(entry, "transient", at)))
+    return tuple(specs)
 
 
 def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
@@ -139,6 +188,7 @@ def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
             namespace=_string(entry, "namespace", where),
             name=_string(entry, "name", where),
             devices=tuple(_parse_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)),
+            specs=_parse_specs(entry.get("specs"), f"{where}.specs"),
         )
     return claims
 
@@ -177,6 +227,21 @@ class Checkpoint:
 
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
+
+    def holder(self, device: PreparedDevice, uid: str) -> tuple[str, PreparedClaim] | None:
+        """Another prepared claim (UID, record) that holds ``device`` exclusively, when
+        ``device`` is to be held exclusively by ``uid`` too; None when nothing stands in the
+        way. A device given with admin access or as a share (``share_id``) holds nothing."""
+        if device.admin_access or device.share_id is not None:
+            return None
+        for other, claim in self._claims.items():
+            if other == uid:
+                continue
+            for held in claim.devices:
+                exclusive = not held.admin_access and held.share_id is None
+                if exclusive and (held.pool, held.device) == (device.pool, device.device):
+                    return other, claim
+        return None
 
     def load(self) -> None:
         """Read the file; a missing file means no prepared claims."""
@@ -260,6 +325,20 @@ class Checkpoint:
                         f"device {quote(device.device)} has CDI name {quote(cdi_id)}, not of "
                         f"this driver's kinds {quote(sorted(self.kinds))}"
                     )
+        return next(filter(None, map(self._foreign_spec, claim.specs)), None)
+
+    def _foreign_spec(self, spec: ClaimSpec) -> str | None:
+        """Why a recorded spec is not one this driver may remove (a file name it would not
+        write, another kind), or None."""
+        if spec.kind not in self.kinds:
+            return (
+                f"spec {quote(spec.kind)} is not of this driver's kinds {quote(sorted(self.kinds))}"
+            )
+        vendor, _, cls = spec.kind.partition("/")
+        try:
+            transient_filename(vendor, cls, spec.transient)
+        except InvalidNameError as exc:
+            return f"spec of {quote(spec.kind)}: {exc}"
         return None
 
     def _parse(self, raw: bytes) -> dict[str, PreparedClaim]:
@@ -274,10 +353,13 @@ class Checkpoint:
                 f"{CHECKPOINT_KIND!r}); {_LEFT}"
             )
         version = doc.get("version")
-        if version != CHECKPOINT_VERSION:
+        if version not in READ_VERSIONS or isinstance(version, bool):
+            newer = type(version) is int and version > CHECKPOINT_VERSION
             raise CheckpointError(
-                f"{self.path}: checkpoint version {quote(version)}, this cdi-gen reads "
-                f"{CHECKPOINT_VERSION}; {_LEFT}"
+                f"{self.path}: checkpoint format {quote(version)}"
+                + (" (written by a newer cdi-gen)" if newer else "")
+                + f"; this cdi-gen reads formats {READ_VERSIONS[0]} to {READ_VERSIONS[-1]}; "
+                + _LEFT
             )
         if doc.get("driver") != self.driver:
             raise CheckpointError(
@@ -285,9 +367,17 @@ class Checkpoint:
                 f"{self.driver!r}; {_LEFT}"
             )
         try:
-            return _parse_claims(doc.get("claims"))
+            claims = _parse_claims(doc.get("claims"))
         except ValueError as exc:
             raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
+        if version != CHECKPOINT_VERSION:
+            log.info(
+                "%s: checkpoint format %s read as format %s (written so at the next change)",
+                self.path,
+                version,
+                CHECKPOINT_VERSION,
+            )
+        return claims
 
     def add(self, uid: str, claim: PreparedClaim) -> None:
         """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
@@ -313,14 +403,7 @@ class Checkpoint:
             "kind": CHECKPOINT_KIND,
             "version": CHECKPOINT_VERSION,
             "driver": self.driver,
-            "claims": {
-                uid: {
-                    "namespace": claim.namespace,
-                    "name": claim.name,
-                    "devices": [_device_doc(d) for d in claim.devices],
-                }
-                for uid, claim in claims.items()
-            },
+            "claims": {uid: _claim_doc(claim) for uid, claim in claims.items()},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 

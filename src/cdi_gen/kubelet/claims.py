@@ -1,4 +1,5 @@
-"""What NodePrepareResources answers for one claim: the checks and the devices (pure).
+"""What NodePrepareResources answers for one claim: the checks and the devices (pure), and
+the :class:`ClaimPreparer` protocol between the DRA driver's gRPC side and its state.
 
 The kubelet sends only a claim's namespace, name and UID; the driver reads the claim through
 a :class:`ClaimReader` (the agent's, over the API server) and :func:`prepare_claim` decides,
@@ -26,8 +27,11 @@ from cdi_gen.names import is_dns_label, is_dns_subdomain
 __all__ = [
     "MAX_ALLOCATION_RESULTS",
     "MAX_UID_LEN",
+    "ClaimPreparer",
     "ClaimReader",
+    "ClaimRef",
     "ClaimRefused",
+    "PrepareResult",
     "PreparedDevice",
     "Refusal",
     "check_reference",
@@ -60,6 +64,60 @@ class ClaimReader(Protocol):
     ) -> list[ClaimView | ClaimError]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepare/UnprepareResources."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """What preparing one claim gave: its devices, or ``error`` (one line naming the claim
+    and the rule; ``""`` when prepared) and ``reason``, the ``on_prepare`` metrics reason
+    (``""``, a :class:`Refusal` value, ``"claim-read"``, ``"checkpoint"`` or
+    ``"internal"``)."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+    reason: str = ""
+
+
+class ClaimPreparer(Protocol):
+    """The DRA driver's state behind its kubelet service: which claims are prepared, and
+    with which devices. The gRPC side (:mod:`~cdi_gen.kubelet.draplugin`) checks the
+    requests' shape and answers; everything it answers comes from here.
+
+    Called on the gRPC server's threads. ``claims`` have passed :func:`check_reference`.
+    ``timeout`` is what the caller's deadline leaves for the work (reading claims, waiting
+    for another call on the same claim); an implementation returns within it plus the time
+    to record, answering a claim it could not get to with an error the kubelet retries.
+    Neither method raises for one claim: every claim gets its own result.
+    """
+
+    def load(self) -> None:
+        """Read what survives restarts, before the kubelet is served. Raises
+        :class:`~cdi_gen.errors.CdiGenError` naming the file and why when it cannot."""
+        ...
+
+    @property
+    def count(self) -> int:
+        """How many claims are prepared now."""
+        ...
+
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[PrepareResult]:
+        """Each claim's devices (the same answer again for a claim prepared earlier), or
+        why not, in the order of ``claims``."""
+        ...
+
+    def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[str]:
+        """Forget each claim (one never prepared is already unprepared); per claim ``""``
+        or the error, in the order of ``claims``."""
+        ...
+
+
 class Refusal(enum.StrEnum):
     """Why a claim is not prepared; also the ``reason`` of the prepare metrics hook."""
 
@@ -75,6 +133,9 @@ class Refusal(enum.StrEnum):
     GONE = "gone"
     UNHEALTHY = "unhealthy"
     UNRESOLVED = "unresolved"
+    IN_USE = "in-use"
+    INVALID_CONFIG = "invalid-config"
+    CLAIM_SPEC = "claim-spec"
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused
@@ -94,6 +155,8 @@ class PreparedDevice:
     device: str
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
+    #: Given with ``adminAccess``: it does not hold the device against other claims.
+    admin_access: bool = False
 
 
 def claim_label(namespace: str, name: str, uid: str) -> str:
@@ -206,6 +269,7 @@ def prepare_claim(
                 device=result.device,
                 cdi_device_ids=(device.cdi_name,),
                 share_id=result.share_id,
+                admin_access=result.admin_access,
             )
         )
     return prepared

@@ -3,7 +3,7 @@
 One :class:`DevicePlugin` serves ``<vendor>/<class>`` on ``<plugin dir>/<vendor>-<class>.sock``
 and registers it by calling ``Register`` on ``kubelet.sock``; the
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps it served and registered across kubelet
-restarts. It advertises what the :class:`~cdi_gen.kubelet.board.DeviceBoard` holds (device
+restarts. It advertises what the :class:`~cdi_gen.discovery.board.DeviceBoard` holds (device
 ID = CDI device name) and answers Allocate with CDI device names only, after checking that
 every name resolves in the spec folders the way the runtime will resolve it.
 
@@ -31,6 +31,7 @@ from typing import Any, cast
 import grpc
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from cdi_gen.discovery.board import DeviceBoard
 from cdi_gen.kubelet.allocation import (
     AllocationError,
     PhysicalPolicy,
@@ -40,10 +41,9 @@ from cdi_gen.kubelet.allocation import (
     check_request,
     preferred_allocation,
 )
-from cdi_gen.kubelet.board import DeviceBoard
 from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
+from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
 from cdi_gen.model import AdvertisedDevice
 from cdi_gen.names import validate_cdi_kind_as_resource
@@ -97,7 +97,7 @@ class DevicePlugin(SupervisedPlugin):
     ``pack`` onto the fullest); ``one_slot_per_device`` refuses a container request holding two
     slots of one physical device. ``on_allocate`` is called on the server's threads and
     ``on_register`` on the loop, for metrics; their exceptions are logged and ignored.
-    ``watch_interval`` is how often the socket files are checked for a kubelet restart.
+    ``watch_interval`` is how often the socket files are looked at without an inotify event.
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``vendor/class`` is
     not both a CDI kind and a Kubernetes extended resource name, and
@@ -118,7 +118,7 @@ class DevicePlugin(SupervisedPlugin):
         one_slot_per_device: bool = False,
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
-        watch_interval: float = 0.15,
+        watch_interval: float = WATCH_INTERVAL,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
         self.vendor = vendor
@@ -261,6 +261,9 @@ class _KubeletRegistration:
     def kubelet_id(self) -> FileId | None:
         # A starting kubelet creates kubelet.sock anew: its identity is the kubelet's.
         return file_id(self.plugin.kubelet_socket)
+
+    def follow(self, wake: Callable[[], None]) -> tuple[Path, ...]:
+        return (self.plugin.kubelet_socket,)
 
     async def register(self) -> str | None:
         plugin = self.plugin

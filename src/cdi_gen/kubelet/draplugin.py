@@ -9,23 +9,20 @@ registers the driver through the plugin watcher
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps both sockets served and the driver
 registered across kubelet restarts.
 
-Preparing a claim: its namespace, name and UID are checked first
-(:func:`~cdi_gen.kubelet.claims.check_reference`: they become an API path). A claim already
-in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint` under that UID is answered from it
-(the kubelet may ask again, also after our restart, and the claim may be gone from the API
-server by then); otherwise it is read through the
-:class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
-:class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
-recorded, and answered with the devices' CDI names: the spec entries the agent keeps on disk
-for every pool device, so nothing per claim is written besides the checkpoint. Every claim of
-a request gets an entry; a claim that cannot be prepared gets its error, never the whole call.
+This is the gRPC side only, as the kubelet's own helper library splits a driver: it checks
+each request's shape, computes what the caller's deadline leaves, and answers; which claims
+are prepared, and with which devices, is the driver's state behind the
+:class:`~cdi_gen.kubelet.claims.ClaimPreparer` it is given
+(:class:`~cdi_gen.kubelet.preparer.PoolPreparer`). A claim's namespace, name and UID are
+checked first (:func:`~cdi_gen.kubelet.claims.check_reference`: they become an API path);
+every claim of a request gets an entry; a claim that cannot be prepared gets its error, never
+the whole call. The health stream answers from the
+:class:`~cdi_gen.discovery.pool.DevicePool`.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler
-lets an exception out. A slow API server must not take them all: the claims of a call are
-read together, within what is left of the caller's deadline, and at most
-:data:`MAX_READING_CALLS` calls wait for the API server at once (a call beyond that gets an
-error for the claims it would read, which the kubelet retries), so the claims answered from
-the checkpoint are answered at once whatever the API server does.
+lets an exception out. A slow API server must not take them all: the preparer lets at most
+:data:`MAX_READING_CALLS` calls wait for it at once, so the claims answered from the
+checkpoint and the unprepare calls always find a thread.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from functools import partial
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,27 +42,26 @@ from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.discovery.pool import DevicePool
-from cdi_gen.errors import ClaimError, InvalidNameError, RegistrationError
-from cdi_gen.kubelet.checkpoint import Checkpoint, CheckpointError, PreparedClaim, checkpoint_path
+from cdi_gen.errors import InvalidNameError, RegistrationError
 from cdi_gen.kubelet.claims import (
-    ClaimReader,
+    ClaimPreparer,
+    ClaimRef,
     ClaimRefused,
-    PreparedDevice,
+    PrepareResult,
     Refusal,
     check_reference,
     claim_label,
-    prepare_claim,
 )
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
-from cdi_gen.kubelet.resolution import SpecResolver, unresolved
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
-from cdi_gen.kubelet.supervisor import RegisterHook, SupervisedPlugin, Supervisor
+from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
-from cdi_gen.model import ClaimView, PoolDevice
+from cdi_gen.model import PoolDevice
 from cdi_gen.modes import make_folder
 from cdi_gen.names import is_dns_subdomain
 
 __all__ = [
+    "ANSWER_MARGIN_SECONDS",
     "HEALTH_RESEND_SECONDS",
     "HEALTH_TIMEOUT_SECONDS",
     "MAX_HEALTH_STREAMS",
@@ -74,6 +69,7 @@ __all__ = [
     "READ_TIMEOUT_SECONDS",
     "DraPlugin",
     "PrepareHook",
+    "work_timeout",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,43 +88,47 @@ MAX_HEALTH_STREAMS = 4
 HEALTH_RESEND_SECONDS = 10.0
 #: Sent as each device's health_check_timeout_seconds: three resends may be missed.
 HEALTH_TIMEOUT_SECONDS = 30
-#: NodePrepareResources calls that may wait for the API server at once. Each holds a server
-#: thread while it waits; the health streams hold at most MAX_HEALTH_STREAMS more, so at
-#: least 4 threads always remain for answers from the checkpoint and for unprepare calls.
+#: NodePrepareResources calls that may wait for the API server at once (the preparer is
+#: built with this bound). Each holds a server thread while it waits; the health streams hold
+#: at most MAX_HEALTH_STREAMS more, so at least 4 threads always remain for answers from the
+#: checkpoint and for unprepare calls.
 MAX_READING_CALLS = WORKERS - MAX_HEALTH_STREAMS - 4
-#: Longest wait for the API server in one call, when the caller's deadline allows more.
+#: Longest a call works (reads claims, waits for another call on the same claim) when the
+#: caller's deadline allows more.
 READ_TIMEOUT_SECONDS = 10.0
-#: What is kept of the caller's deadline for recording and answering after the reads: a
+#: What is kept of the caller's deadline for recording and answering after that work: a
 #: tenth of it, at most this (an answer after the deadline is lost, prepared or not).
 ANSWER_MARGIN_SECONDS = 0.5
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
+_REFUSALS = frozenset(Refusal)
 
 #: ``on_prepare(outcome, reason)`` per claim: outcome ``"ok"`` or ``"error"``; reason ``""``,
 #: a :class:`~cdi_gen.kubelet.claims.Refusal` value, ``"claim-read"`` (the claim could not be
-#: read, or was not: too many calls already wait for the API server), ``"checkpoint"`` or
-#: ``"internal"``. Called on server threads.
+#: read, or was not: too many calls already wait for the API server, or another call holds
+#: it), ``"checkpoint"`` or ``"internal"``. Called on server threads.
 PrepareHook = Callable[[str, str], None]
 
 
-def _describe(devices: tuple[PreparedDevice, ...]) -> str:
-    return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
+def work_timeout(left: float | None) -> float:
+    """How long a call may work when its caller's deadline is ``left`` seconds away (None:
+    no deadline): :data:`READ_TIMEOUT_SECONDS` at most, and a margin kept for answering."""
+    if left is None:
+        return READ_TIMEOUT_SECONDS
+    return min(READ_TIMEOUT_SECONDS, left - min(ANSWER_MARGIN_SECONDS, left / 10))
 
 
 class DraPlugin(SupervisedPlugin):
     """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
 
-    ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on server
-    threads); ``cdi_kinds`` are the CDI kinds (``vendor/class``) of the pool's devices, the
-    only ones a recorded claim may name. The registration socket is
-    ``<registry_dir>/<driver>-reg.sock``, the service socket
-    ``<plugins_dir>/<driver>/dra.sock`` and the prepared claims live in
-    ``<state_dir>/dra-<driver>.json``. With a ``resolver``, a claim is prepared only when
-    every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
-    ``on_prepare`` (server threads) and ``on_register``
+    ``preparer`` is the driver's state: every prepare and unprepare is its answer. ``pool``
+    holds the node's DRA devices, whose health the health stream sends. The registration
+    socket is ``<registry_dir>/<driver>-reg.sock`` and the service socket
+    ``<plugins_dir>/<driver>/dra.sock``. ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
-    is how often the sockets are checked, ``max_backoff`` bounds the wait between failed
-    registrations and ``register_timeout`` each wait for the kubelet's notification.
+    is how often the sockets are looked at without an inotify event, ``max_backoff`` bounds
+    the wait between failed registrations and ``register_timeout`` each wait for the
+    kubelet's notification.
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``driver`` is not
     a DNS subdomain and :class:`~cdi_gen.errors.ConfigError` when a socket path is too long.
@@ -138,17 +138,14 @@ class DraPlugin(SupervisedPlugin):
         self,
         driver: str,
         pool: DevicePool,
-        claims: ClaimReader,
+        preparer: ClaimPreparer,
         *,
         pool_name: str,
-        cdi_kinds: Collection[str],
         registry_dir: Path,
         plugins_dir: Path,
-        state_dir: Path,
-        resolver: SpecResolver | None = None,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
-        watch_interval: float = 0.15,
+        watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
         register_timeout: float = 10.0,
     ) -> None:
@@ -156,16 +153,12 @@ class DraPlugin(SupervisedPlugin):
             raise InvalidNameError("DRA driver name", driver, "must be a DNS subdomain")
         self.driver = driver
         self.pool = pool
-        self.claims = claims
+        self.preparer = preparer
         self.pool_name = pool_name
         self.socket_path = Path(plugins_dir) / driver / "dra.sock"
         self.registration_socket = Path(registry_dir) / f"{driver}-reg.sock"
         check_socket_path(self.socket_path)
         check_socket_path(self.registration_socket)
-        self.checkpoint = Checkpoint(
-            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
-        )
-        self.resolver = resolver
         self._on_prepare = on_prepare
         self._service = _Service(self)
         self.server = UnixServer(
@@ -185,13 +178,14 @@ class DraPlugin(SupervisedPlugin):
         )
 
     async def start(self) -> None:
-        """Read the checkpoint, serve both sockets, then register in the background.
+        """Load the preparer's state, serve both sockets, then register in the background.
 
-        Raises :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint
-        cannot be read as ours (it is left as it is) and
-        :class:`~cdi_gen.errors.RegistrationError` when a socket cannot be served.
+        Raises what the preparer's ``load`` raises (a
+        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be
+        read as ours; it is left as it is) and :class:`~cdi_gen.errors.RegistrationError`
+        when a socket cannot be served.
         """
-        self.checkpoint.load()
+        self.preparer.load()
         try:
             make_folder(self.socket_path.parent)
         except OSError as exc:
@@ -204,79 +198,8 @@ class DraPlugin(SupervisedPlugin):
             self.driver,
             self.socket_path,
             self.registration_socket,
-            len(self.checkpoint.claims),
+            self.preparer.count,
         )
-
-    # -- answers (called on server threads) -------------------------------------------------
-
-    def prepared(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...] | None:
-        """The devices of a claim prepared earlier, None when it must be read first.
-
-        Raises :class:`~cdi_gen.kubelet.claims.ClaimRefused` when the reference is not a
-        claim's (checked before anything else: the next step puts it in an API path).
-        """
-        check_reference(namespace, name, uid)
-        known = self.checkpoint.get(uid)
-        if known is None:
-            return None
-        label = claim_label(namespace, name, uid)
-        log.info("prepared %s again from the checkpoint: %s", label, _describe(known.devices))
-        return known.devices
-
-    def read_claims(
-        self, refs: Sequence[tuple[str, str]], timeout: float
-    ) -> list[ClaimView | ClaimError]:
-        """Each claim of ``refs`` or why it cannot be read, within ``timeout`` seconds."""
-        return self.claims.read_claims(refs, timeout)
-
-    def prepare(
-        self, namespace: str, name: str, uid: str, claim: ClaimView | Exception
-    ) -> tuple[PreparedDevice, ...]:
-        """Prepare a claim not prepared yet from what reading it gave: check it, record it,
-        return its devices.
-
-        Raises ``claim`` when reading failed (a :class:`~cdi_gen.errors.ClaimError` naming
-        it), a :class:`~cdi_gen.kubelet.claims.ClaimRefused` when a rule fails or a
-        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when it cannot be recorded.
-        """
-        if isinstance(claim, Exception):
-            raise claim
-        devices = tuple(
-            prepare_claim(
-                uid, claim, driver=self.driver, pool_name=self.pool_name, devices=self.pool.devices
-            )
-        )
-        self._check_resolved(claim_label(namespace, name, uid), devices)
-        self.checkpoint.add(uid, PreparedClaim(namespace, name, devices))
-        log.info("prepared %s: %s", claim_label(namespace, name, uid), _describe(devices))
-        return devices
-
-    def _check_resolved(self, label: str, devices: tuple[PreparedDevice, ...]) -> None:
-        """Refuse a claim whose CDI names the runtime could not resolve: the kubelet would
-        hand them on, and the pod fail later, far from the cause."""
-        if self.resolver is None:
-            return
-        names = [n for device in devices for n in device.cdi_device_ids]
-        try:
-            problems = unresolved(self.resolver, names)
-        except TimeoutError as exc:
-            raise ClaimRefused(
-                Refusal.UNRESOLVED, f"{label}: its CDI devices cannot be checked: {exc}"
-            ) from None
-        if problems:
-            raise ClaimRefused(
-                Refusal.UNRESOLVED, f"{label}: CDI devices do not resolve: " + "; ".join(problems)
-            )
-
-    def unprepare(self, namespace: str, name: str, uid: str) -> None:
-        """Forget a prepared claim; an unknown one is already unprepared. Raises
-        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the change cannot be
-        recorded."""
-        label = claim_label(namespace, name, uid)
-        if self.checkpoint.remove(uid):
-            log.info("unprepared %s", label)
-        else:
-            log.info("unprepared %s: it was not prepared here (nothing to do)", label)
 
     def health_response(self) -> health_pb.NodeWatchResourcesResponse:
         """The health of every device of the pool, as the health stream sends it."""
@@ -300,8 +223,6 @@ class _Service:
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
         self.streams = StreamGate(MAX_HEALTH_STREAMS)
-        #: Calls waiting for the API server (see MAX_READING_CALLS); never waited on.
-        self._reading = threading.BoundedSemaphore(MAX_READING_CALLS)
         self._lock = threading.Lock()
         #: Device name -> (health, message, when that pair was first seen), for
         #: last_updated_time: the time the driver determined the status, not the send time.
@@ -338,123 +259,69 @@ class _Service:
 
     # -- prepare / unprepare ----------------------------------------------------------------
 
+    def _checked(self, claims: Any, refused: Callable[[Any, ClaimRefused], None]) -> list[ClaimRef]:
+        """The claims of a request whose references are Kubernetes ones; ``refused`` is
+        called for each of the others."""
+        refs = []
+        for claim in claims:
+            try:
+                check_reference(claim.namespace, claim.name, claim.uid)
+            except ClaimRefused as exc:
+                refused(claim, exc)
+                continue
+            refs.append(ClaimRef(claim.namespace, claim.name, claim.uid))
+        return refs
+
     def _prepare_handler(self, pb: ModuleType) -> Callable[[Any, grpc.ServicerContext], Any]:
         share_ids = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
         def handler(request: Any, context: grpc.ServicerContext) -> Any:
-            plugin = self.plugin
             response = pb.NodePrepareResourcesResponse()
-            # Everything answerable without the API server first, so that it never waits
-            # behind a read.
-            unread = [
-                claim
-                for claim in request.claims
-                if not self._answer(
-                    claim,
-                    response.claims[claim.uid],
-                    share_ids,
-                    partial(plugin.prepared, claim.namespace, claim.name, claim.uid),
-                )
-            ]
-            if not unread:
+
+            def refused(claim: Any, exc: ClaimRefused) -> None:
+                result = PrepareResult(error=str(exc), reason=str(exc.reason))
+                self._answer(claim, response.claims[claim.uid], result, share_ids)
+
+            refs = self._checked(request.claims, refused)
+            if not refs:
                 return response
-            for claim, read in zip(unread, self._read(unread, context), strict=True):
-                self._answer(
-                    claim,
-                    response.claims[claim.uid],
-                    share_ids,
-                    partial(plugin.prepare, claim.namespace, claim.name, claim.uid, read),
-                )
+            driver = self.plugin.driver
+            try:
+                results = self.plugin.preparer.prepare(refs, work_timeout(context.time_remaining()))
+                if len(results) != len(refs):
+                    raise RuntimeError(f"the preparer answered {len(results)} of {len(refs)}")
+            except Exception as exc:
+                log.exception("preparing %d claims of driver %s failed", len(refs), driver)
+                results = [
+                    PrepareResult(
+                        error=f"{claim_label(r.namespace, r.name, r.uid)}: internal error of "
+                        f"driver {driver}: {exc}",
+                        reason="internal",
+                    )
+                    for r in refs
+                ]
+            for ref, result in zip(refs, results, strict=True):
+                self._answer(ref, response.claims[ref.uid], result, share_ids)
             return response
 
         return handler
 
-    def _read(
-        self, claims: Sequence[Any], context: grpc.ServicerContext
-    ) -> list[ClaimView | Exception]:
-        """Each claim as the API server has it, or why not, within the caller's deadline."""
-        refs = [(c.namespace, c.name) for c in claims]
-        left = context.time_remaining()
-        timeout = READ_TIMEOUT_SECONDS
-        if left is not None:
-            timeout = min(timeout, left - min(ANSWER_MARGIN_SECONDS, left / 10))
-        if timeout <= 0:
-            return [
-                ClaimError(f"ResourceClaim {ns}/{name}: not read, the caller's deadline has passed")
-                for ns, name in refs
-            ]
-        if not self._reading.acquire(blocking=False):
-            log.warning(
-                "%d claims not read: %d NodePrepareResources calls already wait for the API server",
-                len(refs),
-                MAX_READING_CALLS,
-            )
-            return [
-                ClaimError(
-                    f"ResourceClaim {ns}/{name}: not read, {MAX_READING_CALLS} calls of driver "
-                    f"{self.plugin.driver} already wait for the API server; try again"
-                )
-                for ns, name in refs
-            ]
-        try:
-            reads: list[ClaimView | Exception] = list(self.plugin.read_claims(refs, timeout))
-            if len(reads) != len(refs):
-                raise RuntimeError(f"the claim reader answered {len(reads)} of {len(refs)} claims")
-        except Exception as exc:
-            # Answered per claim below as an internal error, with its traceback logged.
-            reads = [exc] * len(refs)
-        finally:
-            self._reading.release()
-        return reads
-
-    def _answer(
-        self,
-        claim: Any,
-        answer: Any,
-        share_ids: bool,
-        work: Callable[[], tuple[PreparedDevice, ...] | None],
-    ) -> bool:
-        """Fill ``answer`` for one claim from ``work``; False when it has no answer yet."""
-        error = self._prepare_one(claim, answer, share_ids, work)
-        if error is None:
-            return False
-        if error:
-            del answer.devices[:]
-            answer.error = clip(error)
-        return True
-
-    def _prepare_one(
-        self,
-        claim: Any,
-        answer: Any,
-        share_ids: bool,
-        work: Callable[[], tuple[PreparedDevice, ...] | None],
-    ) -> str | None:
-        """Fill ``answer`` for one claim; return the error text ("" when prepared, None
-        when ``work`` had no answer)."""
+    def _answer(self, claim: Any, answer: Any, result: PrepareResult, share_ids: bool) -> None:
+        """Fill ``answer`` for one claim from ``result``, count it, log a refusal."""
         plugin = self.plugin
-        label = claim_label(claim.namespace, claim.name, claim.uid)
-        try:
-            devices = work()
-            if devices is None:
-                return None
-        except ClaimRefused as refused:
-            plugin.call_prepare_hook("error", str(refused.reason))
-            log.info("prepare refused: %s", clip(str(refused)))
-            return str(refused)
-        except ClaimError as exc:
-            plugin.call_prepare_hook("error", "claim-read")
-            log.info("prepare of %s failed: %s", label, clip(str(exc)))
-            return str(exc)
-        except CheckpointError as exc:
-            plugin.call_prepare_hook("error", "checkpoint")
-            log.error("prepare of %s failed: %s", label, exc)
-            return f"{label}: {exc}"
-        except Exception as exc:
-            plugin.call_prepare_hook("error", "internal")
-            log.exception("prepare of %s failed", label)
-            return f"{label}: internal error of driver {plugin.driver}: {exc}"
-        for device in devices:
+        if result.error:
+            plugin.call_prepare_hook("error", result.reason or "internal")
+            # A claim's own failure (refused, not read) is logged here, clipped as it is
+            # answered; the preparer logs its own (the checkpoint, a bug) with their cause.
+            if result.reason in _REFUSALS:
+                log.info("prepare refused: %s", clip(result.error))
+            elif result.reason == "claim-read":
+                label = claim_label(claim.namespace, claim.name, claim.uid)
+                log.info("prepare of %s failed: %s", label, clip(result.error))
+            del answer.devices[:]
+            answer.error = clip(result.error)
+            return
+        for device in result.devices:
             wire = answer.devices.add(
                 request_names=device.request_names,
                 pool_name=device.pool,
@@ -464,22 +331,32 @@ class _Service:
             if share_ids and device.share_id is not None:
                 wire.share_id = device.share_id
         plugin.call_prepare_hook("ok", "")
-        return ""
 
     def _unprepare_handler(self, pb: ModuleType) -> Callable[[Any, grpc.ServicerContext], Any]:
         def handler(request: Any, context: grpc.ServicerContext) -> Any:
             response = pb.NodeUnprepareResourcesResponse()
-            for claim in request.claims:
-                answer = response.claims[claim.uid]
-                try:
-                    self.plugin.unprepare(claim.namespace, claim.name, claim.uid)
-                except Exception as exc:
-                    label = claim_label(claim.namespace, claim.name, claim.uid)
-                    if not isinstance(exc, CheckpointError):
-                        log.exception("unprepare of %s failed", label)
-                    else:
-                        log.error("unprepare of %s failed: %s", label, exc)
-                    answer.error = clip(f"{label}: {exc}")
+
+            def refused(claim: Any, exc: ClaimRefused) -> None:
+                # Never prepared, since a prepare refuses it: already unprepared.
+                response.claims[claim.uid].error = ""
+                log.info("unprepared %s: not a claim reference (nothing to do)", clip(str(exc)))
+
+            refs = self._checked(request.claims, refused)
+            if not refs:
+                return response
+            try:
+                errors = self.plugin.preparer.unprepare(
+                    refs, work_timeout(context.time_remaining())
+                )
+                if len(errors) != len(refs):
+                    raise RuntimeError(f"the preparer answered {len(errors)} of {len(refs)}")
+            except Exception as exc:
+                log.exception("unpreparing %d claims failed", len(refs))
+                errors = [f"{claim_label(r.namespace, r.name, r.uid)}: {exc}" for r in refs]
+            for ref, error in zip(refs, errors, strict=True):
+                answer = response.claims[ref.uid]
+                if error:
+                    answer.error = clip(error)
             return response
 
         return handler

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ class RegistrationService:
         self.notified = 0
         self.notices: list[Notice] = []
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        #: Called (on the server's thread) after each GetInfo: the kubelet's identity moved.
+        self.on_info: Callable[[], None] | None = None
 
     def services(self) -> dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]]:
         methods = {
@@ -115,6 +118,8 @@ class RegistrationService:
             self.info_calls += 1
             call = self.info_calls
         log.debug("kubelet asked for the registration of %s (call %d)", self.driver, call)
+        if self.on_info is not None:
+            self.on_info()
         return self.info()
 
     def notify(self, request: api_pb2.RegistrationStatus, context: grpc.ServicerContext) -> Any:
@@ -167,6 +172,11 @@ class PluginWatcherRegistrar:
         docstring); None until a kubelet has called."""
         calls = self.service.info_calls
         return calls or None
+
+    def follow(self, wake: Callable[[], None]) -> tuple[Path, ...]:
+        """No file tells of a new kubelet here: each GetInfo wakes the supervisor."""
+        self.service.on_info = wake
+        return ()
 
     async def register(self) -> str | None:
         service = self.service

@@ -30,8 +30,10 @@ T = TypeVar("T")
 #: Longest status message sent (and logged): gRPC refuses metadata over 16 KiB, which
 #: the caller would see as RESOURCE_EXHAUSTED instead of our answer.
 MAX_STATUS_CHARS = 1024
-#: How often an idle stream checks that its client is still there.
-STREAM_CHECK_SECONDS = 1.0
+#: How often an idle stream checks that its client is still there. Only a safety net: a
+#: client leaving wakes its stream through grpc's callback, a server stopping through
+#: ``interrupt``; each check wakes the idle agent.
+STREAM_CHECK_SECONDS = 30.0
 
 
 def clip(text: str) -> str:

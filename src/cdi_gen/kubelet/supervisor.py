@@ -16,6 +16,13 @@ Failed attempts wait through one :class:`~cdi_gen.backoff.Backoff` (never less t
 floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
 what must follow it (a DRA driver offers its devices only while it serves).
 
+It sleeps until told: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
+one of its socket files or one of the registrar's kubelet files changes, and the registrar
+wakes it when the kubelet's identity changes without a file (a DRA driver's GetInfo count).
+A look every ``watch_interval`` (5 s) is the safety net for what inotify cannot see (a
+parent folder renamed); while a folder cannot be watched the look comes every
+:data:`UNWATCHED_INTERVAL` instead.
+
 Whether a new kubelet needs fresh sockets depends on the registration: the device plugin's
 kubelet wipes its folder when it starts, so serving anew is required; the plugin watcher keeps
 the registration socket and dials it again by itself, and a socket re-created for it would
@@ -25,13 +32,16 @@ only make it register the plugin once more (``serve_anew_on_restart=False``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from cdi_gen.backoff import Backoff, describe
+from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
 
 __all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
@@ -45,6 +55,11 @@ ServingHook = Callable[[bool, str], None]
 _Outcome = Literal["ok", "failed", "interrupted"]
 #: Shortest interval between two looks at the socket files and the kubelet.
 MIN_WATCH_INTERVAL = 0.01
+#: Between two looks without an inotify event: only what inotify cannot see is left to them.
+WATCH_INTERVAL = 5.0
+#: Between two looks while a followed folder cannot be watched (missing, no inotify): a
+#: kubelet restart must still be noticed within a fraction of a second.
+UNWATCHED_INTERVAL = 0.15
 
 
 class Registrar(Protocol):
@@ -57,6 +72,12 @@ class Registrar(Protocol):
         of the kubelet's calls)."""
         ...
 
+    def follow(self, wake: Callable[[], None]) -> Sequence[Path]:
+        """The files whose change may change :meth:`kubelet_id` (the supervisor follows them
+        through inotify); the registrar calls ``wake()``, from any thread, when the
+        identity may have changed without a file changing."""
+        ...
+
     async def register(self) -> str | None:
         """One attempt, bounded in time; None on success, else why it failed."""
         ...
@@ -65,10 +86,10 @@ class Registrar(Protocol):
 class Supervisor:
     """Serve ``servers``, register through ``registrar``, follow kubelet restarts.
 
-    ``watch_interval`` is how often the socket files are checked (never more often than
-    :data:`MIN_WATCH_INTERVAL`), ``max_backoff`` bounds the wait between failed attempts
-    (a :class:`~cdi_gen.backoff.Backoff` from 0.1 s: never a shorter wait, whatever is
-    asked); a failure that repeats is logged once per doubling of its attempts.
+    ``watch_interval`` is how often the socket files are looked at without an inotify event
+    (never more often than :data:`MIN_WATCH_INTERVAL`), ``max_backoff`` bounds the wait
+    between failed attempts (a :class:`~cdi_gen.backoff.Backoff` from 0.1 s: never a shorter
+    wait, whatever is asked); a failure that repeats is logged once per doubling of its attempts.
     ``on_register`` is called on the loop after each attempt; its exceptions are logged and
     ignored. With ``serve_anew_on_restart`` False, a new kubelet identity means registering
     again on the same sockets (a socket that is gone is still served anew).
@@ -81,7 +102,7 @@ class Supervisor:
         registrar: Registrar,
         *,
         on_register: RegisterHook | None = None,
-        watch_interval: float = 0.15,
+        watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
         serve_anew_on_restart: bool = True,
     ) -> None:
@@ -95,6 +116,9 @@ class Supervisor:
         self._serve_anew = serve_anew_on_restart
         self._task: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
+        #: Set when something the supervisor follows may have changed.
+        self._wake = asyncio.Event()
+        self._watch: tuple[SocketWatch, int] | None = None
         #: Successful registrations so far (a kubelet restart adds one).
         self.registrations = 0
         #: Whether every socket is served (between a start and a stop, unless serving anew
@@ -110,6 +134,7 @@ class Supervisor:
         for server in self.servers:
             server.start()
         self._set_serving(True, "")
+        self._follow()
         self._task = asyncio.create_task(self._run(), name=f"kubelet plugin {self.name}")
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -119,6 +144,10 @@ class Supervisor:
             task.cancel()
             # Not suppress(CancelledError): that would also swallow a cancel of our caller.
             await asyncio.gather(task, return_exceptions=True)
+        if self._watch is not None:
+            watch, handle = self._watch
+            self._watch = None
+            watch.unfollow(handle)
         await self._stop_servers(grace)
         self._registered.clear()
         self._set_serving(False, "stopped")
@@ -126,6 +155,22 @@ class Supervisor:
     async def wait_registered(self) -> None:
         """Wait until the kubelet has accepted the current registration."""
         await self._registered.wait()
+
+    def _follow(self) -> None:
+        """Be woken by inotify when a socket or kubelet file changes, and by the registrar."""
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+
+        def from_any_thread() -> None:
+            # The registrar calls from gRPC threads, maybe as the loop closes: then nobody
+            # waits, and the kubelet's call must not fail for it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+        files = [s.path for s in self.servers]
+        files += self.registrar.follow(from_any_thread)
+        watch = SocketWatch.of(loop)
+        self._watch = watch, watch.follow(files, wake.set)
 
     async def _stop_servers(self, grace: float) -> None:
         await asyncio.gather(*(s.stop(grace) for s in self.servers))
@@ -260,14 +305,24 @@ class Supervisor:
         return current is not None and current != registered_with
 
     async def _poll(self, done: Callable[[], bool], limit: float | None = None) -> None:
-        """Return when ``done()`` holds (checked every watch interval) or ``limit`` s pass."""
+        """Return when ``done()`` holds or ``limit`` s pass. ``done()`` is checked when woken
+        (inotify, the registrar) and at least every watch interval."""
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit
-        while not done():
-            left = self._watch_interval if deadline is None else deadline - loop.time()
+        while True:
+            # Cleared before the look: a change after it sets the event again.
+            self._wake.clear()
+            interval = self._watch_interval
+            if self._watch is None or not self._watch[0].arm():
+                interval = min(interval, UNWATCHED_INTERVAL)
+            if done():
+                return
+            left = interval if deadline is None else min(deadline - loop.time(), interval)
             if left <= 0:
                 return
-            await asyncio.sleep(min(left, self._watch_interval))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
 
     def _call_hook(self, ok: bool, error: str) -> None:
         if self._on_register is None:

@@ -1,7 +1,9 @@
 """The published device list of one class: a versioned value that many readers can await.
 
-The agent publishes here after the spec file is on disk; every ListAndWatch stream of the
-class's plugin waits on it independently, so each open stream sees every change (a shared
+Every class has one, whichever kubelet API serves it: the agent's class runner publishes
+here at its two points (the withdrawal before the spec write, the new list after it), and a
+device plugin serves it. Every ListAndWatch stream of the class's plugin waits on it
+independently, so each open stream sees every change (a shared
 queue would hand each change to one stream only). ``publish`` is a plain call from the
 agent's asyncio loop; readers await :meth:`DeviceBoard.wait_newer` on that loop, or block in
 :meth:`DeviceBoard.wait_newer_blocking` on another thread (the gRPC server's), woken by a

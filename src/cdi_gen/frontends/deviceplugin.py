@@ -1,0 +1,157 @@
+"""A class served as a kubelet device plugin (:class:`~cdi_gen.kubelet.deviceplugin.DevicePlugin`).
+
+The plugin advertises the class's :class:`~cdi_gen.discovery.board.DeviceBoard`, which the
+class runner publishes itself, so :meth:`DevicePluginFrontend.publish` has nothing to do
+and nothing is waited for: ListAndWatch sends a withdrawal as soon as the board has it.
+grpc loads when the plugin is built, at the first start, and only when a kubelet is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from cdi_gen.backoff import Backoff, describe
+from cdi_gen.config.models import ClassConfig
+from cdi_gen.config.settings import Settings
+from cdi_gen.discovery.board import DeviceBoard
+from cdi_gen.errors import CdiGenError
+from cdi_gen.frontends import Failures, Tools, keep_starting
+from cdi_gen.logs import fields
+from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
+from cdi_gen.modes import make_folder
+
+if TYPE_CHECKING:
+    from cdi_gen.kubelet.deviceplugin import DevicePlugin
+    from cdi_gen.kubelet.resolution import SpecResolver
+
+__all__ = ["DevicePluginFrontend"]
+
+log = logging.getLogger("cdi_gen.agent")
+
+
+class DevicePluginFrontend:
+    """The device plugin of ``vendor/<config.name>``, serving ``board``.
+
+    ``resolver`` (the runtime's view of the spec folders) checks every name Allocate
+    answers. A plugin that cannot be built (a socket path too long) is not ready for good;
+    one that cannot serve is retried with backoff, each failure counted and logged through
+    ``failures``.
+    """
+
+    def __init__(
+        self,
+        vendor: str,
+        config: ClassConfig,
+        board: DeviceBoard,
+        *,
+        resolver: SpecResolver,
+        settings: Settings,
+        tools: Tools,
+        failures: Failures,
+    ) -> None:
+        self.vendor = vendor
+        self.config = config
+        self.board = board
+        self.resolver = resolver
+        self.settings = settings
+        self.tools = tools
+        self.fail = failures
+        self.resource = failures.resource
+        self.plugin: DevicePlugin | None = None
+        #: Why the plugin is not serving, or None.
+        self.error: str | None = None
+
+    def publish(
+        self, devices: Sequence[AdvertisedDevice], discovered: Mapping[str, DiscoveredDevice]
+    ) -> bool:
+        return False  # the plugin serves the board, which the runner has just published
+
+    async def withdrawn(self) -> None:
+        return
+
+    async def start(self) -> None:
+        try:
+            self.plugin = self._make_plugin()
+        except CdiGenError as exc:
+            # Nothing a retry could change (a socket path too long): not ready for good.
+            self.error = describe(exc)
+            self.fail("plugin-start", "device plugin cannot be created: %s", self.error)
+            return
+        backoff = self.tools.backoff()
+        if not await self._attempt(backoff):
+            self.tools.spawn(keep_starting(self._attempt, backoff), f"start {self.resource}")
+
+    def _make_plugin(self) -> DevicePlugin:
+        # grpc loads here, with the device plugin, and only when a kubelet is used.
+        from cdi_gen.kubelet.allocation import Refusal
+        from cdi_gen.kubelet.deviceplugin import DevicePlugin
+
+        metrics, settings, resource = self.tools.metrics, self.settings, self.resource
+        registered = {
+            ok: metrics.registrations.labels(resource, "ok" if ok else "error")
+            for ok in (True, False)
+        }
+
+        def on_register(ok: bool, error: str) -> None:
+            registered[ok].inc()
+
+        return DevicePlugin(
+            self.vendor,
+            self.config.name,
+            self.board,
+            self.resolver,
+            plugin_dir=settings.device_plugin_dir,
+            kubelet_socket=settings.kubelet_socket,
+            cdi_annotations=settings.cdi_annotations,
+            physical_policy=self.config.sharing.policy,
+            one_slot_per_device=self.config.sharing.fail_requests_greater_than_one,
+            on_allocate=metrics.allocate_hook(resource, [*Refusal, "internal"]),
+            on_register=on_register,
+        )
+
+    async def _attempt(self, backoff: Backoff) -> bool:
+        """One attempt to serve the plugin; False (counted, and logged as ``backoff`` says)
+        if it failed."""
+        plugin = self.plugin
+        assert plugin is not None
+        try:
+            make_folder(self.settings.device_plugin_dir)
+            await plugin.start()
+        except Exception as exc:
+            # One class failing to serve must not stop the others; /readyz names it.
+            why = self.error = describe(exc)
+            logged = backoff.failed(why)
+            self.fail(
+                "plugin-start",
+                "device plugin failed to start (attempt %d, next in %gs): %s",
+                backoff.attempts,
+                backoff.delay,
+                why,
+                logged=logged,
+            )
+            with contextlib.suppress(Exception):
+                await plugin.stop(grace=0)
+            return False
+        if self.error is not None:
+            log.info("device plugin started", extra=fields(resource=self.resource))
+        self.error = None
+        backoff.succeeded()
+        return True
+
+    async def stop(self) -> None:
+        if self.plugin is None:
+            return
+        try:
+            await self.plugin.stop(grace=1.0)
+        except Exception:
+            log.exception("stopping the device plugin of %s failed", self.resource)
+
+    def waiting(self) -> str | None:
+        if self.error is not None:
+            return f"{self.resource} (device plugin not serving: {self.error})"
+        if self.plugin is not None and self.plugin.registrations == 0:
+            return f"{self.resource} (not registered with the kubelet)"
+        return None

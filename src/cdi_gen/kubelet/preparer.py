@@ -1,0 +1,392 @@
+"""The DRA driver's state: which claims are prepared, with which devices, kept in the checkpoint.
+
+:class:`PoolPreparer` is the node's :class:`~cdi_gen.kubelet.claims.ClaimPreparer`: the
+kubelet's gRPC side (:mod:`~cdi_gen.kubelet.draplugin`) hands it claim references and answers
+what it returns. It imports no grpc.
+
+Preparing a claim: a claim already in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint`
+under its UID is answered from it (the kubelet may ask again, also after our restart, and
+the claim may be gone from the API server by then); otherwise it is read through the
+:class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
+:class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
+refused (``in-use``) when a device it would hold exclusively is held so by another claim
+prepared here (the API server's view may be stale; admin access and shared devices hold
+nothing), its CDI names checked by the same resolver as Allocate's
+(:func:`~cdi_gen.kubelet.resolution.unresolved`), recorded, and answered with the devices'
+CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
+configuration for this driver (:mod:`~cdi_gen.kubelet.claimspecs`) gets its configured
+devices from a spec of its own, written before the record (a spec without a record, after a
+crash between the two, is removed at the next start) and removed at unprepare.
+
+One lock per claim UID spans "already prepared?", the claim's read and its record, and an
+unprepare of that UID takes the same lock: an unprepare arriving while the claim is read waits
+for the record and then removes it, instead of finding nothing and leaving the record to land
+after it (a claim the kubelet believes unprepared, kept for ever). The claims of one call are
+locked together (all or none, so two calls never deadlock) and read together, within the
+call's timeout; a claim whose lock stays taken that long gets an error the kubelet retries.
+
+A slow API server must not take every server thread: at most ``max_reading_calls`` calls
+wait for it at once (a call beyond that gets an error for the claims it would read), so the
+claims answered from the checkpoint are answered at once whatever the API server does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.errors import ClaimError, SpecWriteError
+from cdi_gen.kubelet.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ClaimSpec,
+    PreparedClaim,
+    checkpoint_path,
+)
+from cdi_gen.kubelet.claims import (
+    ClaimReader,
+    ClaimRef,
+    ClaimRefused,
+    PreparedDevice,
+    PrepareResult,
+    Refusal,
+    claim_label,
+    prepare_claim,
+)
+from cdi_gen.kubelet.claimspecs import ClaimSpecs, device_configs
+from cdi_gen.kubelet.resolution import SpecResolver, unresolved
+from cdi_gen.model import ClaimView
+
+__all__ = ["ClaimLocks", "PoolPreparer"]
+
+log = logging.getLogger(__name__)
+
+
+def _describe(devices: tuple[PreparedDevice, ...]) -> str:
+    return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
+
+
+class ClaimLocks:
+    """A lock per claim UID, taken for a set of UIDs at once (all or none)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._held: set[str] = set()
+        #: Times a caller found a UID held and waited (the event a test waits for).
+        self.waits = 0
+
+    @contextmanager
+    def holding(
+        self, uids: Collection[str], timeout: float, on_wait: Callable[[], None] | None = None
+    ) -> Iterator[bool]:
+        """Hold every UID of ``uids`` for the block; yields False (holding none) when
+        another call still held one after ``timeout`` seconds. ``on_wait`` is called once
+        when the block has to wait."""
+        wanted = frozenset(uids)
+        with self._changed:
+            if not wanted.isdisjoint(self._held):
+                self.waits += 1
+                if on_wait is not None:
+                    on_wait()
+            got = self._changed.wait_for(lambda: wanted.isdisjoint(self._held), max(timeout, 0))
+            if got:
+                self._held |= wanted
+        try:
+            yield got
+        finally:
+            if got:
+                with self._changed:
+                    self._held -= wanted
+                    self._changed.notify_all()
+
+
+class PoolPreparer:
+    """The prepared claims of the DRA driver ``driver``, for the pool ``pool_name``.
+
+    ``pool`` holds the node's DRA devices; ``claims`` reads ResourceClaims (on the calling
+    thread); ``cdi_kinds`` are the CDI kinds (``vendor/class``) of the pool's devices, the
+    only ones a recorded claim may name. The prepared claims live in
+    ``<state_dir>/dra-<driver>.json``. With a ``resolver``, a claim is prepared only when
+    every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
+    ``max_reading_calls`` bounds the calls waiting for the API server at once. With
+    ``claim_specs``, a claim configured for this driver gets its own spec there; without, such
+    a claim is refused.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        pool: DevicePool,
+        claims: ClaimReader,
+        *,
+        pool_name: str,
+        cdi_kinds: Collection[str],
+        state_dir: Path,
+        max_reading_calls: int,
+        resolver: SpecResolver | None = None,
+        claim_specs: ClaimSpecs | None = None,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.claims = claims
+        self.pool_name = pool_name
+        self.resolver = resolver
+        self.max_reading_calls = max_reading_calls
+        self.checkpoint = Checkpoint(
+            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
+        )
+        self.locks = ClaimLocks()
+        self.claim_specs = claim_specs
+        #: Spans "is a device held by another claim?" and the record that holds it: two
+        #: claims of one device, prepared at once, must not both pass.
+        self._holding = threading.Lock()
+        #: Calls waiting for the API server (see max_reading_calls); never waited on.
+        self._reading = threading.BoundedSemaphore(max_reading_calls)
+
+    def load(self) -> None:
+        """Read the checkpoint, then bring the claims' specs in line with it: a claim whose
+        spec or device metadata is gone or unreadable (a node restart empties
+        ``/var/run/cdi``; a power loss may empty a file written without fsync) is forgotten,
+        to be read and prepared anew; a claim spec no claim names is removed. Raises
+        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be read
+        as ours (it is left as it is) or changed."""
+        self.checkpoint.load()
+        specs = self.claim_specs
+        if specs is None:
+            return
+        for uid, claim in self.checkpoint.claims.items():
+            if claim.specs and not specs.intact(claim.namespace, claim.name, claim.specs):
+                log.warning(
+                    "%s: its own CDI spec or device metadata is gone or unreadable; "
+                    "forgotten, prepared anew when asked",
+                    claim_label(claim.namespace, claim.name, uid),
+                )
+                self.checkpoint.remove(uid)
+        claims = self.checkpoint.claims.values()
+        specs.remove_orphans(
+            [s for c in claims for s in c.specs], [(c.namespace, c.name) for c in claims if c.specs]
+        )
+
+    @property
+    def count(self) -> int:
+        return len(self.checkpoint.claims)
+
+    # -- prepare ----------------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[PrepareResult]:
+        """Each claim's devices or why not, in order; see the module docstring."""
+        results: list[PrepareResult | None] = [self._recorded(ref) for ref in claims]
+        # Everything answerable without the API server first (above, without a lock: a
+        # record is only ever added whole), so that it never waits behind a read.
+        unread = [i for i, result in enumerate(results) if result is None]
+        if unread:
+            found = self._prepare_unread([claims[i] for i in unread], timeout)
+            for i, result in zip(unread, found, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    def _recorded(self, ref: ClaimRef) -> PrepareResult | None:
+        known = self.checkpoint.get(ref.uid)
+        if known is None:
+            return None
+        label = claim_label(ref.namespace, ref.name, ref.uid)
+        log.info("prepared %s again from the checkpoint: %s", label, _describe(known.devices))
+        return PrepareResult(known.devices)
+
+    def _prepare_unread(self, refs: list[ClaimRef], timeout: float) -> list[PrepareResult]:
+        if timeout <= 0:
+            return [self._unread(ref, "not read, the caller's deadline has passed") for ref in refs]
+        if not self._reading.acquire(blocking=False):
+            log.warning(
+                "%d claims not read: %d NodePrepareResources calls already wait for the API server",
+                len(refs),
+                self.max_reading_calls,
+            )
+            return [
+                self._unread(
+                    ref,
+                    f"not read, {self.max_reading_calls} calls of driver {self.driver} already "
+                    "wait for the API server; try again",
+                )
+                for ref in refs
+            ]
+        try:
+            return self._prepare_locked(refs, timeout)
+        finally:
+            self._reading.release()
+
+    def _prepare_locked(self, refs: list[ClaimRef], timeout: float) -> list[PrepareResult]:
+        started = time.monotonic()
+        with self.locks.holding(
+            [r.uid for r in refs], timeout, lambda: self._log_wait("prepare", refs)
+        ) as held:
+            if not held:
+                return [
+                    self._unread(ref, "not read, another call prepares or unprepares it; try again")
+                    for ref in refs
+                ]
+            # Asked again under the lock: the call that held it may have recorded it.
+            results: list[PrepareResult | None] = [self._recorded(ref) for ref in refs]
+            unread = [i for i, result in enumerate(results) if result is None]
+            reads = self._read([refs[i] for i in unread], timeout - (time.monotonic() - started))
+            for i, read in zip(unread, reads, strict=True):
+                results[i] = self._prepare_read(refs[i], read)
+            return [r for r in results if r is not None]
+
+    def _read(self, refs: list[ClaimRef], timeout: float) -> list[ClaimView | Exception]:
+        """Each claim as the API server has it, or why not, within ``timeout``."""
+        if not refs:
+            return []
+        pairs = [(r.namespace, r.name) for r in refs]
+        if timeout <= 0:
+            return [
+                ClaimError(f"ResourceClaim {ns}/{name}: not read, the caller's deadline has passed")
+                for ns, name in pairs
+            ]
+        try:
+            reads: list[ClaimView | Exception] = list(self.claims.read_claims(pairs, timeout))
+            if len(reads) != len(refs):
+                raise RuntimeError(f"the claim reader answered {len(reads)} of {len(refs)} claims")
+        except Exception as exc:
+            # Answered per claim as an internal error, with its traceback logged.
+            reads = [exc] * len(refs)
+        return reads
+
+    def _prepare_read(self, ref: ClaimRef, claim: ClaimView | Exception) -> PrepareResult:
+        """Prepare a claim from what reading it gave: check it, record it; never raises.
+        Refusals and read errors are logged by the caller, which clips them as it answers
+        them; a checkpoint error or an internal one is logged here."""
+        label = claim_label(ref.namespace, ref.name, ref.uid)
+        try:
+            if isinstance(claim, Exception):
+                raise claim
+            devices = self._prepare_checked(ref, label, claim)
+        except ClaimRefused as refused:
+            return PrepareResult(error=str(refused), reason=str(refused.reason))
+        except ClaimError as exc:
+            return PrepareResult(error=str(exc), reason="claim-read")
+        except CheckpointError as exc:
+            log.error("prepare of %s failed: %s", label, exc)
+            return PrepareResult(error=f"{label}: {exc}", reason="checkpoint")
+        except Exception as exc:
+            log.exception("prepare of %s failed", label)
+            return PrepareResult(
+                error=f"{label}: internal error of driver {self.driver}: {exc}", reason="internal"
+            )
+        log.info("prepared %s: %s", label, _describe(devices))
+        return PrepareResult(devices)
+
+    def _prepare_checked(
+        self, ref: ClaimRef, label: str, claim: ClaimView
+    ) -> tuple[PreparedDevice, ...]:
+        pool = self.pool.devices
+        devices = tuple(
+            prepare_claim(
+                ref.uid, claim, driver=self.driver, pool_name=self.pool_name, devices=pool
+            )
+        )
+        configs = device_configs(label, claim, self.driver, [d.request_names[0] for d in devices])
+        with self._holding:
+            self._check_exclusive(ref.uid, label, devices)
+            specs: tuple[ClaimSpec, ...] = ()
+            if any(c is not None for c in configs):
+                if self.claim_specs is None:
+                    raise ClaimRefused(
+                        Refusal.CLAIM_SPEC,
+                        f"{label}: has configuration for driver {self.driver}, which writes no "
+                        "per-claim specs here",
+                    )
+                devices, specs = self.claim_specs.write(
+                    ref.uid, label, claim=claim, devices=devices, configs=configs, pool=pool
+                )
+            try:
+                self._check_resolved(label, devices)
+                self.checkpoint.add(ref.uid, PreparedClaim(ref.namespace, ref.name, devices, specs))
+            except BaseException:
+                if specs and self.claim_specs is not None:
+                    try:
+                        self.claim_specs.remove(label, ref.namespace, ref.name, specs)
+                    except SpecWriteError as exc:  # removed at the next start
+                        log.warning("%s: its spec stays until the agent restarts: %s", label, exc)
+                raise
+        return devices
+
+    def _check_exclusive(self, uid: str, label: str, devices: tuple[PreparedDevice, ...]) -> None:
+        """Refuse a device another claim prepared here holds: the scheduler allocated it from
+        a view of the API server that may be stale."""
+        for device in devices:
+            found = self.checkpoint.holder(device, uid)
+            if found is not None:
+                other, holder = found
+                raise ClaimRefused(
+                    Refusal.IN_USE,
+                    f"{label}: device {device.device} (pool {device.pool}) of request "
+                    f"{', '.join(device.request_names)} is in use by "
+                    f"{claim_label(holder.namespace, holder.name, other)}, prepared on this node",
+                )
+
+    @staticmethod
+    def _unread(ref: ClaimRef, why: str) -> PrepareResult:
+        return PrepareResult(
+            error=f"ResourceClaim {ref.namespace}/{ref.name}: {why}", reason="claim-read"
+        )
+
+    def _check_resolved(self, label: str, devices: tuple[PreparedDevice, ...]) -> None:
+        """Refuse a claim whose CDI names the runtime could not resolve: the kubelet would
+        hand them on, and the pod fail later, far from the cause."""
+        if self.resolver is None:
+            return
+        names = [n for device in devices for n in device.cdi_device_ids]
+        try:
+            problems = unresolved(self.resolver, names)
+        except TimeoutError as exc:
+            raise ClaimRefused(
+                Refusal.UNRESOLVED, f"{label}: its CDI devices cannot be checked: {exc}"
+            ) from None
+        if problems:
+            raise ClaimRefused(
+                Refusal.UNRESOLVED, f"{label}: CDI devices do not resolve: " + "; ".join(problems)
+            )
+
+    # -- unprepare --------------------------------------------------------------------------
+
+    def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[str]:
+        """Forget each claim; per claim ``""`` or the error. An unknown claim is already
+        unprepared; one being prepared is forgotten once its prepare has recorded it."""
+        started = time.monotonic()
+        return [self._unprepare_one(ref, timeout - (time.monotonic() - started)) for ref in claims]
+
+    def _unprepare_one(self, ref: ClaimRef, timeout: float) -> str:
+        label = claim_label(ref.namespace, ref.name, ref.uid)
+        try:
+            with self.locks.holding(
+                [ref.uid], timeout, lambda: self._log_wait("unprepare", [ref])
+            ) as held:
+                if not held:
+                    return f"{label}: another call still prepares it; try again"
+                known = self.checkpoint.get(ref.uid)
+                if known is not None and known.specs and self.claim_specs is not None:
+                    # The specs first: a record left by a crash after this names a spec that
+                    # is gone, which the next start forgets; a spec left would be injected.
+                    self.claim_specs.remove(label, known.namespace, known.name, known.specs)
+                if self.checkpoint.remove(ref.uid):
+                    log.info("unprepared %s", label)
+                else:
+                    log.info("unprepared %s: it was not prepared here (nothing to do)", label)
+                return ""
+        except (CheckpointError, SpecWriteError) as exc:
+            log.error("unprepare of %s failed: %s", label, exc)
+            return f"{label}: {exc}"
+        except Exception as exc:
+            log.exception("unprepare of %s failed", label)
+            return f"{label}: {exc}"
+
+    @staticmethod
+    def _log_wait(what: str, refs: Sequence[ClaimRef]) -> None:
+        labels = ", ".join(claim_label(r.namespace, r.name, r.uid) for r in refs)
+        log.info("%s of %s waits for the call holding it", what, labels)

@@ -1,0 +1,263 @@
+"""One class of the node agent: its changes, in order, to its spec file and its frontend.
+
+A :class:`ClassRunner` applies its class's changes (from
+:class:`~cdi_gen.discovery.inventory.Discovery`) on a task of its own, so a class that waits
+(for the API server, a slow folder) never delays another, in the order that keeps the runtime
+and the kubelet consistent:
+
+1. withdraw from its :class:`~cdi_gen.discovery.board.DeviceBoard` and its
+   :class:`~cdi_gen.frontends.Frontend` every device that is gone or became unhealthy (and
+   wait, bounded, for a frontend that publishes asynchronously),
+2. write the class's spec file (or remove it when no device is left),
+3. publish the new list to both.
+
+A spec write that fails is retried with backoff and leaves step 3 undone. The runner is given
+what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.frontends.Tools`,
+its frontend); it never holds the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdi_gen.backoff import Backoff, describe
+from cdi_gen.cdi import writer
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.config.models import ClassConfig
+from cdi_gen.discovery.board import DeviceBoard
+from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.discovery.spec import Verdicts, class_spec
+from cdi_gen.errors import CdiGenError
+from cdi_gen.frontends import Failures, Frontend, Tools
+from cdi_gen.logs import fields
+from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
+
+__all__ = ["ClassRunner"]
+
+log = logging.getLogger("cdi_gen.agent")
+
+
+@dataclass(slots=True)
+class ClassRunner:
+    """One class: its board, its frontend, its devices' verdicts and its pending spec write.
+
+    ``vendor`` and ``config`` name the class; its spec goes to ``spec_dir`` (written for
+    ``instance``, see :func:`~cdi_gen.cdi.writer.sync_spec`). ``frontend`` serves it to the
+    kubelet (None when no kubelet is used: host mode).
+    """
+
+    config: ClassConfig
+    vendor: str
+    spec_dir: Path
+    instance: str | None
+    tools: Tools
+    board: DeviceBoard = field(default_factory=DeviceBoard)
+    frontend: Frontend | None = None
+    #: Each device's entry, or why it is left out, judged once per edits (see class_spec).
+    verdicts: Verdicts = field(default_factory=dict)
+    devices: tuple[DiscoveredDevice, ...] = ()
+    target: tuple[AdvertisedDevice, ...] = ()
+    spec_ok: bool = False
+    retry: asyncio.TimerHandle | None = None
+    #: The waits between failed spec writes (made by ``tools`` on the first failure).
+    backoff: Backoff | None = None
+    #: The devices the last spec left out: kept out of the list too.
+    left_out: frozenset[str] = frozenset()
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The class's changes waiting for :meth:`follow`, in the order discovery made them.
+    changes: asyncio.Queue[tuple[ClassChange, float | None]] = field(default_factory=asyncio.Queue)
+
+    #: Counts and logs this class's failures (made from ``tools`` and the resource).
+    fail: Failures = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fail = Failures(self.tools.metrics, self.resource)
+
+    @property
+    def resource(self) -> str:
+        return f"{self.vendor}/{self.config.name}"
+
+    async def follow(self) -> None:
+        """Apply this class's changes in order, on a task of its own: a class that waits (a
+        DRA withdrawal waiting for the API server, a slow spec folder) never delays
+        another class's hotplug."""
+        while True:
+            change, received = await self.changes.get()
+            await self.apply(change, received)
+
+    async def apply(self, change: ClassChange, received: float | None) -> None:
+        """Bring the board and the spec file to ``change``; never raises."""
+        try:
+            await self._apply(change, received)
+        except Exception as exc:
+            self.fail("internal", "applying a change failed: %s", describe(exc))
+
+    async def _apply(self, change: ClassChange, received: float | None) -> None:
+        # Logged per physical device: a shared device is one event, not one line per slot.
+        self._log_transitions(change)
+        change = expand_change(change, self.config.sharing.replicas)
+        for name in change.removed:
+            self.verdicts.pop(name, None)  # judged, and logged, afresh if it comes back
+        for warning in change.warnings:
+            self.fail(
+                "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
+            )
+        # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
+        before = change.before_write(self.board.devices.values())
+        self.board.publish(before)
+        self.devices = change.devices
+        self.target = change.after_write
+        frontend = self.frontend
+        if frontend is not None and frontend.publish(before, self._by_name()):
+            await frontend.withdrawn()
+        await self.sync(received)
+
+    async def sync(self, received: float | None = None) -> None:
+        """Write the spec of ``self.devices``; on success publish ``self.target``.
+
+        One sync of a class at a time (a retry waits for a running one); the write itself
+        (and its fsync) runs in a thread, so other classes and the plugins go on meanwhile.
+        """
+        self._cancel_retry()
+        async with self.lock:
+            await self._sync(received)
+
+    async def _sync(self, received: float | None) -> None:
+        try:
+            changed = await self._write_spec()
+        except Exception as exc:
+            # Not published: the kubelet never sees a device the runtime cannot resolve.
+            self.spec_ok = False
+            backoff = self.backoff = self.backoff or self.tools.backoff()
+            why = describe(exc)
+            logged = backoff.failed(why)
+            reason = "spec-write" if isinstance(exc, CdiGenError) else "internal"
+            self.fail(
+                reason,
+                "spec write failed (attempt %d), retrying in %.1fs: %s",
+                backoff.attempts,
+                backoff.delay,
+                why,
+                logged=logged,
+            )
+            self.tools.metrics.spec_writes.labels(self.resource, "error").inc()
+            self.retry = asyncio.get_running_loop().call_later(backoff.delay, self._retry)
+            return
+        if self.backoff is not None:
+            self.backoff.succeeded()
+        self.spec_ok = True
+        if changed:
+            self.tools.metrics.spec_writes.labels(self.resource, "written").inc()
+        published = (
+            [d for d in self.target if d.id not in self.left_out] if self.left_out else self.target
+        )
+        self.board.publish(published)
+        if self.frontend is not None:
+            self.frontend.publish(published, self._by_name())
+        if received is not None:
+            self.tools.metrics.hotplug_latency.observe(time.monotonic() - received)
+        self._export_gauges()
+
+    def _by_name(self) -> dict[str, DiscoveredDevice]:
+        return {d.name: d for d in self.devices}
+
+    def _retry(self) -> None:
+        self.retry = None
+        self.tools.spawn(self.sync(), f"retry {self.resource}")
+
+    async def _write_spec(self) -> bool:
+        """Write (or, without devices, remove) the class's spec; True if the file changed.
+
+        Built on the loop from cached verdicts (cheap), written in a thread (the fsyncs).
+        """
+        spec_dir = self.spec_dir
+        vendor, cls = self.vendor, self.config.name
+        spec = class_spec(vendor, self.config, self.devices, cache=self.verdicts)
+        self.left_out = frozenset(d.device for d in spec.left_out)
+        for left in spec.fresh:  # each logged and counted once, when it is judged
+            self.fail(left.reason, "%s", left, device=left.physical)
+        doc = spec.document
+        data = None if doc is None else dump_document(doc)
+        instance = self.instance
+        outcome = await asyncio.to_thread(
+            functools.partial(writer.sync_spec, instance=instance), spec_dir, vendor, cls, data
+        )
+        if outcome == "removed":
+            log.info(
+                "spec removed: no devices left",
+                extra=fields(resource=self.resource, dir=str(spec_dir)),
+            )
+        elif outcome == "written" and doc is not None:
+            log.info(
+                "spec written",
+                extra=fields(
+                    resource=self.resource,
+                    devices=len(doc["devices"]),
+                    cdiVersion=doc["cdiVersion"],
+                    file=str(spec_dir / writer.spec_filename(vendor, cls)),
+                ),
+            )
+        return outcome in ("written", "removed")
+
+    def _log_transitions(self, change: ClassChange) -> None:
+        by_name = {d.name: d for d in change.devices}
+        replicas = self.config.sharing.replicas
+        slots = {"slots": replicas} if replicas > 1 else {}
+        for name in change.added:
+            d = by_name[name]
+            log.info(
+                "device added",
+                extra=fields(
+                    resource=self.resource,
+                    device=name,
+                    nodes=",".join(n.host_path for n in d.nodes),
+                    healthy=d.healthy,
+                    **slots,
+                ),
+            )
+        for name in change.removed:
+            log.info("device removed", extra=fields(resource=self.resource, device=name))
+        for name in change.changed:
+            d = by_name[name]
+            log.info(
+                "device " + ("changed" if d.healthy else "unhealthy"),
+                extra=fields(resource=self.resource, device=name, healthy=d.healthy),
+            )
+
+    def _export_gauges(self) -> None:
+        m = self.tools.metrics
+        healthy = sum(1 for d in self.target if d.healthy)
+        m.devices.labels(self.resource, "Healthy").set(healthy)
+        m.devices.labels(self.resource, "Unhealthy").set(len(self.target) - healthy)
+        m.physical_devices.labels(self.resource).set(len({d.physical for d in self.target}))
+
+    def _cancel_retry(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+
+    def waiting(self) -> list[str]:
+        """For ``/readyz``: what this class still waits for (empty when ready)."""
+        waiting = [] if self.spec_ok else [f"{self.resource} (spec not written)"]
+        why = self.frontend.waiting() if self.frontend is not None else None
+        return waiting if why is None else [why, *waiting]
+
+    async def start(self) -> None:
+        """Start the class's frontend (retried on the agent's group); never raises."""
+        if self.frontend is not None:
+            await self.frontend.start()
+
+    def close(self) -> None:
+        """Stopping: end ListAndWatch's waits on the board and any pending retry."""
+        self.board.close()
+        self._cancel_retry()
+
+    async def stop(self) -> None:
+        """Stop the class's frontend; never raises."""
+        if self.frontend is not None:
+            await self.frontend.stop()

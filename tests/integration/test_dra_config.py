@@ -1,0 +1,403 @@
+"""Per-claim configuration through the DRA driver's kubelet side, against the kubelet stand-in
+over real gRPC: a configured claim gets a spec of its own (the class's edits with its owner,
+mode and env) that resolves as the runtime resolves it, removed at unprepare; a bad config is
+that claim's error naming the entry and the field, with nothing written; devices are held
+exclusively unless given with admin access; and the claims' specs follow the checkpoint
+across restarts (orphans removed, a claim whose spec vanished prepared anew)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.cdi.writer import write_bytes
+from cdi_gen.config.claimconfig import parse_device_config
+from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.errors import ClaimError
+from cdi_gen.kubelet import draplugin
+from cdi_gen.kubelet.checkpoint import checkpoint_path
+from cdi_gen.kubelet.claims import prepare_claim
+from cdi_gen.kubelet.claimspecs import ClaimSpecs
+from cdi_gen.kubelet.draplugin import DraPlugin
+from cdi_gen.kubelet.preparer import PoolPreparer
+from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry, PoolDevice
+from tests.fakes.drakubelet import FakeDraKubelet
+
+pytestmark = pytest.mark.timeout(60)
+
+DRIVER = "cdi-gen.example.com"
+POOL = "node-a"
+UID = "5d1c7c2e-9a43-4a57-8d1e-0c0a6f1f2b3c"
+CLAIM_SPEC = f"example.com-fpga_{UID}.json"
+ROOT_ONLY = {"uid": 0, "gid": 0, "fileMode": 0o660}
+NON_ROOT = {"uid": 1000, "gid": 1000, "fileMode": 0o600}
+
+
+def params(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": "cdi-gen.io/v1alpha1", "kind": "DeviceConfig", **fields}
+
+
+def entry(
+    index: int, parameters: object, *, source: str = "FromClaim", requests: Sequence[str] = ()
+) -> ConfigEntry:
+    return ConfigEntry(source, DRIVER, tuple(requests), parameters, index)
+
+
+def result(dev: str, request: str = "fpga", *, admin: bool = False) -> AllocatedDevice:
+    return AllocatedDevice(request, DRIVER, POOL, dev, admin_access=admin)
+
+
+class Claims:
+    """An in-memory ClaimReader (server threads call it)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, ClaimView] = {}
+        self._lock = threading.Lock()
+
+    def add(
+        self,
+        name: str,
+        uid: str,
+        *results: AllocatedDevice,
+        config: Sequence[ConfigEntry] = (),
+        pod_claim_name: str | None = None,
+    ) -> tuple[str, str, str]:
+        with self._lock:
+            self.claims[name] = ClaimView(
+                "default", name, uid, results, tuple(config), pod_claim_name
+            )
+        return ("default", name, uid)
+
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
+        with self._lock:
+            return [
+                self.claims.get(name) or ClaimError(f"claim {ns}/{name}: not found")
+                for ns, name in refs
+            ]
+
+
+class Node:
+    """The class spec on disk (root-owned 0660 nodes, as the issue's class), the pool, the
+    claims, and a driver whose claims' specs go beside the class's."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.spec_dir = root / "cdi"
+        edits = {"deviceNodes": [{"path": "/dev/null", **ROOT_ONLY}], "env": ["MODE=class"]}
+        doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
+        write_bytes(self.spec_dir, "example.com", "fpga", dump_document(doc))
+        self.pool = DevicePool()
+        self.pool.publish(
+            "fpga",
+            [
+                PoolDevice(
+                    f"fpga-{n}",
+                    f"example.com/fpga={n}",
+                    "fpga",
+                    f"/sys/devices/{n}",
+                    attributes={"class": "fpga", "numaNode": 0, "shared": False},
+                )
+                for n in ("0", "1")
+            ],
+        )
+        self.claims = Claims()
+        self.resolver = SpecCache([self.spec_dir])
+        self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
+
+    def plugin(self) -> DraPlugin:
+        preparer = PoolPreparer(
+            DRIVER,
+            self.pool,
+            self.claims,
+            pool_name=POOL,
+            cdi_kinds=["example.com/fpga"],
+            state_dir=self.root / "state",
+            max_reading_calls=draplugin.MAX_READING_CALLS,
+            resolver=self.resolver,
+            claim_specs=ClaimSpecs(
+                self.spec_dir, "example.com", driver=DRIVER, metadata_dir=self.metadata_dir
+            ),
+        )
+        return DraPlugin(
+            DRIVER,
+            self.pool,
+            preparer,
+            pool_name=POOL,
+            registry_dir=self.root / "registry",
+            plugins_dir=self.root / "plugins",
+            watch_interval=0.02,
+            max_backoff=0.2,
+            register_timeout=2.0,
+        )
+
+    def spec_files(self) -> list[str]:
+        return sorted(p.name for p in self.spec_dir.iterdir() if not p.name.startswith("."))
+
+    def claim_spec(self) -> dict[str, Any]:
+        doc: dict[str, Any] = orjson.loads((self.spec_dir / CLAIM_SPEC).read_bytes())
+        return doc
+
+
+@pytest.fixture
+async def node(short_dir: Path) -> AsyncIterator[Node]:
+    (short_dir / "registry").mkdir()
+    node = Node(short_dir)
+    try:
+        yield node
+    finally:
+        node.resolver.close()
+
+
+async def test_a_configured_claim_gets_its_own_spec_until_unprepared(node: Node) -> None:
+    claim = node.claims.add(
+        "c1",
+        UID,
+        result("fpga-0"),
+        config=[
+            entry(0, params(env={"FROM": "class", "MODE": "class-config"}), source="FromClass"),
+            entry(1, params(deviceNodes=NON_ROOT, env={"MODE": "claim"}), requests=["fpga"]),
+        ],
+    )
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert answer.error == ""
+        [dev] = answer.devices
+        assert list(dev.cdi_device_ids) == [f"example.com/fpga=claim-{UID}-0"]
+        assert (dev.pool_name, dev.device_name) == (POOL, "fpga-0")
+        spec = node.claim_spec()
+        [device] = spec["devices"]
+        assert device["name"] == f"claim-{UID}-0"
+        edits = {k: v for k, v in device["containerEdits"].items() if k != "mounts"}
+        assert edits == {  # mounts: the device metadata, see the KEP-5304 test
+            "deviceNodes": [{"path": "/dev/null", **NON_ROOT}],
+            "env": ["FROM=class", "MODE=claim"],
+        }
+        # As the runtime resolves it, and the class's own device is as it was.
+        assert node.resolver.unresolved([f"example.com/fpga=claim-{UID}-0"]) == []
+        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        # The kubelet asks again: the same answer, nothing written anew.
+        again = (await connection.prepare([claim])).claims[UID]
+        assert list(again.devices[0].cdi_device_ids) == [f"example.com/fpga=claim-{UID}-0"]
+        assert (await connection.unprepare([claim])).claims[UID].error == ""
+        assert node.spec_files() == ["example.com-fpga.json"]
+
+
+async def test_a_claim_without_config_keeps_the_class_spec(node: Node) -> None:
+    other = ConfigEntry("FromClaim", "gpu.other.com", (), {"anything": "goes"}, 0)
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[other])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert answer.error == ""
+        assert list(answer.devices[0].cdi_device_ids) == ["example.com/fpga=0"]
+        assert node.spec_files() == ["example.com-fpga.json"]
+
+
+async def test_config_limited_to_one_request_configures_only_its_device(node: Node) -> None:
+    claim = node.claims.add(
+        "c1",
+        UID,
+        result("fpga-0", "plain"),
+        result("fpga-1", "owned"),
+        config=[entry(0, params(deviceNodes={"uid": 7}), requests=["owned"])],
+    )
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert answer.error == ""
+        ids = [list(d.cdi_device_ids) for d in answer.devices]
+        assert ids == [["example.com/fpga=0"], [f"example.com/fpga=claim-{UID}-1"]]
+        [device] = node.claim_spec()["devices"]
+        assert device["containerEdits"]["deviceNodes"][0]["uid"] == 7
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field"),
+    [
+        (params(deviceNodes={"fileMod": 384}), "parameters.deviceNodes.fileMod: unknown field"),
+        (params(deviceNodes={"fileMode": 4095}), "parameters.deviceNodes.fileMode: input should"),
+        ({"apiVersion": "cdi-gen.io/v1alpha1", "kind": "GpuConfig"}, "parameters.kind: "),
+    ],
+)
+async def test_a_bad_config_is_that_claims_error_and_writes_nothing(
+    node: Node, parameters: dict[str, Any], field: str
+) -> None:
+    bad = node.claims.add("bad", UID, result("fpga-0"), config=[entry(3, parameters)])
+    good = node.claims.add("good", "uid-2", result("fpga-1"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answers = (await connection.prepare([bad, good])).claims
+        error = answers[UID].error
+        assert error.startswith(f"claim default/bad (uid '{UID}'): config entry ")
+        assert "status.allocation.devices.config[3] (FromClaim, all requests)" in error
+        assert f"of driver {DRIVER}: {field}" in error
+        assert answers["uid-2"].error == ""
+        assert node.spec_files() == ["example.com-fpga.json"]
+        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+        assert list(state["claims"]) == ["uid-2"]
+
+
+async def test_a_device_held_by_another_claim_is_refused_unless_admin_access(
+    node: Node,
+) -> None:
+    worker = node.claims.add("worker", "uid-w", result("fpga-0"))
+    second = node.claims.add("second", "uid-2", result("fpga-0"))
+    monitor = node.claims.add("monitor", "uid-m", result("fpga-0", admin=True))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([worker])).claims["uid-w"].error == ""
+        refused = (await connection.prepare([second])).claims["uid-2"].error
+        assert refused == (
+            "claim default/second (uid 'uid-2'): device fpga-0 (pool node-a) of request fpga "
+            "is in use by claim default/worker (uid 'uid-w'), prepared on this node"
+        )
+        admitted = (await connection.prepare([monitor])).claims["uid-m"]
+        assert admitted.error == ""
+        assert list(admitted.devices[0].cdi_device_ids) == ["example.com/fpga=0"]
+        # Once the worker is unprepared, the device is free again.
+        assert (await connection.unprepare([worker])).claims["uid-w"].error == ""
+        assert (await connection.prepare([second])).claims["uid-2"].error == ""
+
+
+async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> None:
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params(env={"A": "1"}))])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+    # A spec no checkpoint names: what an agent killed between the spec and the record leaves.
+    view = ClaimView("default", "x", "uid-orphan", (result("fpga-1"),))
+    devices = prepare_claim(
+        "uid-orphan", view, driver=DRIVER, pool_name=POOL, devices=node.pool.devices
+    )
+    ClaimSpecs(node.spec_dir, "example.com", driver=DRIVER, metadata_dir=node.metadata_dir).write(
+        "uid-orphan",
+        "claim default/x",
+        claim=view,
+        devices=devices,
+        configs=[parse_device_config(params())],
+        pool=node.pool.devices,
+    )
+    assert "example.com-fpga_uid-orphan.json" in node.spec_files()
+    assert (node.metadata_dir / "default_x_fpga.json").exists()
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        await kubelet.next_registration()
+        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
+    # A node restart empties /var/run/cdi: the claim is forgotten and prepared anew.
+    (node.spec_dir / CLAIM_SPEC).unlink()
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+        assert state["claims"] == {}
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+
+
+async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: Node) -> None:
+    claim = node.claims.add(
+        "c1",
+        UID,
+        result("fpga-0", "fpga/small"),
+        config=[entry(0, params())],
+        pod_claim_name="accel",
+    )
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        host = node.metadata_dir / "default_c1_fpga.json"
+        [device] = node.claim_spec()["devices"]
+        assert device["containerEdits"]["mounts"] == [
+            {
+                "hostPath": str(host),
+                "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+                f"resourceclaimtemplates/accel/fpga/{DRIVER}-metadata.json",
+                "options": ["ro", "bind"],
+            }
+        ]
+        beta, alpha = (orjson.loads(line) for line in host.read_bytes().splitlines())
+        assert beta == {
+            "kind": "DeviceMetadata",
+            "apiVersion": "metadata.resource.k8s.io/v1beta1",
+            "metadata": {"name": "c1", "namespace": "default", "uid": UID, "generation": 1},
+            "podClaimName": "accel",
+            "requests": [
+                {
+                    "name": "fpga/small",
+                    "devices": [
+                        {
+                            "driver": DRIVER,
+                            "pool": POOL,
+                            "name": "fpga-0",
+                            "attributes": {
+                                "class": {"string": "fpga"},
+                                "numaNode": {"int": 0},
+                                "shared": {"bool": False},
+                            },
+                        }
+                    ],
+                }
+            ],
+        }
+        assert alpha == {**beta, "apiVersion": "metadata.resource.k8s.io/v1alpha1"}
+        assert (await connection.unprepare([claim])).claims[UID].error == ""
+        assert list(node.metadata_dir.iterdir()) == []
+
+
+async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node) -> None:
+    # Written without fsync: a power loss on a node whose /var/run is on disk may empty it.
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+    metadata = node.metadata_dir / "default_c1_fpga.json"
+    metadata.write_bytes(b"")
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+        assert state["claims"] == {}
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        assert orjson.loads(metadata.read_bytes().splitlines()[0])["kind"] == "DeviceMetadata"
+
+
+async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Node) -> None:
+    first = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    second = node.claims.add("c2", "uid-2", result("fpga-1"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([first])).claims[UID].error == ""
+        # The agent rewrites the class's spec (a udev change, a new config).
+        edits = {"deviceNodes": [{"path": "/dev/zero"}], "env": ["MODE=changed"]}
+        doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
+        write_bytes(node.spec_dir, "example.com", "fpga", dump_document(doc))
+        assert (await connection.prepare([second])).claims["uid-2"].error == ""
+        spec = orjson.loads((node.spec_dir / "example.com-fpga_uid-2.json").read_bytes())
+        [device] = spec["devices"]
+        assert device["containerEdits"]["env"] == ["MODE=changed"]
+        assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]
+
+
+async def test_a_claim_whose_record_fails_leaves_no_spec_behind(node: Node) -> None:
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        # The checkpoint cannot be written: a file where its folder should be.
+        state = node.root / "state"
+        if state.exists():
+            state.rmdir()
+        state.write_bytes(b"")
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert "cannot write the DRA checkpoint" in answer.error
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert list(node.metadata_dir.iterdir()) == []

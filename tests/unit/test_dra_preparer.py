@@ -1,0 +1,125 @@
+"""The DRA driver's state without its gRPC side: one lock per claim spans "already
+prepared?", the claim's read and its record, so calls on the same claim from several server
+threads never read it twice, record it twice, or leave a record behind an unprepare."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.errors import ClaimError
+from cdi_gen.kubelet.claims import ClaimRef, PrepareResult
+from cdi_gen.kubelet.preparer import ClaimLocks, PoolPreparer
+from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from tests.waiting import until_sync
+
+DRIVER, POOL = "cdi-gen.example.com", "node-a"
+REF = ClaimRef("default", "c1", "uid-1")
+
+
+class BlockedReader:
+    """A ClaimReader whose reads wait for ``release``; counts them as they start."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
+        with self._lock:
+            self.started += 1
+        self.release.wait(timeout)
+        result = AllocatedDevice("fpga", DRIVER, POOL, "fpga-0")
+        return [ClaimView(ns, name, "uid-1", (result,)) for ns, name in refs]
+
+
+@pytest.fixture
+def reader() -> Iterator[BlockedReader]:
+    reader = BlockedReader()
+    yield reader
+    reader.release.set()
+
+
+@pytest.fixture
+def preparer(tmp_path: Path, reader: BlockedReader) -> PoolPreparer:
+    pool = DevicePool()
+    pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
+    preparer = PoolPreparer(
+        DRIVER,
+        pool,
+        reader,
+        pool_name=POOL,
+        cdi_kinds=["example.com/fpga"],
+        state_dir=tmp_path,
+        max_reading_calls=4,
+    )
+    preparer.load()
+    return preparer
+
+
+def test_a_second_prepare_of_a_claim_being_read_waits_and_reads_nothing(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: reader.started == 1, "the first read")
+        second = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: preparer.locks.waits == 1, "the second prepare waiting")
+        reader.release.set()
+        answers = first.result(), second.result()
+    assert answers[0] == answers[1]
+    [result] = answers[0]
+    assert result.error == ""
+    assert [d.device for d in result.devices] == ["fpga-0"]
+    assert reader.started == 1
+
+
+def test_an_unprepare_during_a_prepare_removes_its_record(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    with ThreadPoolExecutor(2) as threads:
+        prepare: Future[list[PrepareResult]] = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: reader.started == 1, "the read")
+        unprepare = threads.submit(preparer.unprepare, [REF], 20)
+        until_sync(lambda: preparer.locks.waits == 1, "the unprepare waiting")
+        reader.release.set()
+        assert prepare.result()[0].error == ""
+        assert unprepare.result() == [""]
+    assert preparer.count == 0
+    assert b"uid-1" not in preparer.checkpoint.path.read_bytes()
+
+
+def test_a_claim_held_longer_than_the_timeout_gets_an_error_to_retry(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    with ThreadPoolExecutor(1) as threads:
+        prepare = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: reader.started == 1, "the read")
+        [error] = preparer.unprepare([REF], 0)
+        [refused] = preparer.prepare([REF], 0.01)
+        reader.release.set()
+        prepare.result()
+    assert error == "claim default/c1 (uid 'uid-1'): another call still prepares it; try again"
+    assert refused.reason == "claim-read"
+    assert "another call prepares or unprepares it; try again" in refused.error
+    assert preparer.count == 1  # the unprepare that gave up changed nothing
+
+
+def test_locks_are_taken_all_or_none() -> None:
+    locks = ClaimLocks()
+    with locks.holding(["a", "b"], 1) as held:
+        assert held
+        with locks.holding(["b", "c"], 0) as other:
+            assert not other
+        with locks.holding(["c"], 0) as free:
+            assert free
+    with locks.holding(["a", "b", "c"], 0) as again:
+        assert again
+    assert locks.waits == 1

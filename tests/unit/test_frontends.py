@@ -1,0 +1,81 @@
+"""Each class is served to the kubelet through one Frontend, built in its own module: a
+device plugin of its own, or the node's DRA driver shared by every DRA class. The runners
+and frontends are given what they need and never reach back into the agent (the layers of
+`.importlinter` forbid the import; this shows no object of theirs leads to the agent)."""
+
+from __future__ import annotations
+
+import gc
+import types
+
+from cdi_gen.agent import Agent
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.settings import load_settings
+from cdi_gen.frontends.deviceplugin import DevicePluginFrontend
+from cdi_gen.frontends.dra import DraFrontend
+
+CONFIG = parse_config(
+    {
+        "vendor": "example.com",
+        "classes": [
+            {"name": "plain", "match": {"subsystem": "block", "kernel": "loop[0-1]"}},
+            {"name": "fpga", "match": {"subsystem": "block", "kernel": "loop[2-3]"}, "api": "dra"},
+            {"name": "gpu", "match": {"subsystem": "block", "kernel": "loop[4-5]"}, "api": "dra"},
+        ],
+    },
+    "test.yaml",
+)
+
+
+def _agent() -> Agent:
+    return Agent(CONFIG, load_settings({"node_name": "node-1"}))
+
+
+def _reaches(start: object, target: object) -> bool:
+    """Whether ``target`` is reachable from ``start`` through object references, not
+    counting functions (their globals lead to every module) or modules and classes."""
+    seen = {id(start)}
+    todo = [start]
+    while todo:
+        for ref in gc.get_referents(todo.pop()):
+            if ref is target:
+                return True
+            if id(ref) in seen or isinstance(
+                ref, types.ModuleType | type | types.FunctionType | types.CodeType
+            ):
+                continue
+            seen.add(id(ref))
+            todo.append(ref)
+    return False
+
+
+def test_each_class_has_the_frontend_of_its_api() -> None:
+    agent = _agent()
+    plain, fpga, gpu = (agent.runners[n].frontend for n in ("plain", "fpga", "gpu"))
+    assert isinstance(plain, DevicePluginFrontend)
+    assert plain.board is agent.runners["plain"].board
+    assert isinstance(fpga, DraFrontend) and isinstance(gpu, DraFrontend)
+    assert fpga.shared is gpu.shared
+    assert fpga.shared.driver is agent.dra
+
+
+def test_no_runner_or_frontend_leads_back_to_the_agent() -> None:
+    agent = _agent()
+    for name, runner in agent.runners.items():
+        assert not _reaches(runner, agent), f"the runner of {name} reaches the agent"
+
+
+def test_host_mode_has_no_frontend() -> None:
+    agent = Agent(CONFIG, load_settings({"node_name": "node-1", "no_kubelet": True}))
+    assert all(r.frontend is None for r in agent.runners.values())
+    assert agent.dra is None
+
+
+def test_readiness_names_the_shared_driver_once() -> None:
+    agent = _agent()
+    agent.started.set()
+    for runner in agent.runners.values():
+        runner.spec_ok = True
+    ready, why = agent.ready()
+    assert not ready
+    assert why.count("DRA driver example.com") == 1, why
