@@ -118,7 +118,8 @@ def test_the_installed_command_renders_and_validates(venv: Path, tmp_path: Path)
 
 
 def test_the_installed_schemas_are_the_committed_ones(venv: Path) -> None:
-    for kind, committed in (("spec", "cdi-spec"), ("config", "config")):
+    kinds = (("spec", "cdi-spec"), ("config", "config"), ("deviceconfig", "deviceconfig"))
+    for kind, committed in kinds:
         proc = _run([venv / "bin/cdi-gen", "schema", kind], venv)
         assert proc.returncode == 0, proc.stderr
         expected = json.loads((REPO / "schemas" / f"{committed}.schema.json").read_text())
