@@ -177,6 +177,9 @@ case "$mode" in
         ensure_packages "${run_packages[@]}" "${test_packages[@]}"
         check_test_machine
         ensure_venv dev
+        # The wheel test installs offline from these (tests/wheelhouse.py); helm comes with
+        # the cluster's parts (tests/cluster/setup.py).
+        "$VENV/bin/python" tests/wheelhouse.py >&2 || fail "the run-time dependencies' wheels could not be downloaded (output above)"
         ensure_containerd
         ensure_cluster
         ;;

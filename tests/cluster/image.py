@@ -9,9 +9,13 @@ archive, but saving and importing one gzips and gunzips 360 MB: 26 s against 10 
 
 Everything lives under /var/cache/cdi-gen-test/image, outside the checkout, named by a hash of
 its inputs: the base by the Debian release, mirror, package list and the machine's CA bundle;
-the agent image by the base and every file the Containerfile copies. A warm run rebuilds
-nothing. Several sessions (worktrees) may share the cache: a file lock serialises builds, and
-the few most recently used agent images are kept, older ones removed.
+the agent image by the base, every file the Containerfile copies and the build arguments it
+stamps into its labels: the package version, the source and the revision. The revision is the
+last commit that changed those files (``-dirty`` when the checkout changes them further), so a
+commit elsewhere in the repository does not rebuild the image, and the image never names a
+commit whose files it does not hold. A warm run rebuilds nothing. Several sessions (worktrees)
+may share the cache: a file lock serialises builds, and the few most recently used agent images
+are kept, older ones removed.
 
 Run it as a setup step (idempotent): ``python3 tests/cluster/image.py``; it prints the image
 name and archive. A missing tool or a failed step raises :class:`ImageError` naming it; nothing
@@ -29,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,12 +87,25 @@ class ImageError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Stamp:
+    """What the image says about itself: build arguments of deploy/Containerfile."""
+
+    version: str
+    revision: str
+    source: str
+
+    def build_args(self) -> list[str]:
+        return [f"--build-arg={k.upper()}={v}" for k, v in vars(self).items()]
+
+
+@dataclass(frozen=True)
 class AgentImage:
     """The built agent image: its name, the archive for containerd, the podman store holding it."""
 
     name: str
     archive: Path
     podman: PodmanStore
+    stamp: Stamp
 
     @property
     def tag(self) -> str:
@@ -127,14 +145,35 @@ def base_key(ca_bundle: Path = CA_BUNDLE) -> str:
     )
 
 
-def agent_key(base: str, root: Path = REPO) -> str:
+def _git(root: Path, *args: str) -> str | None:
+    """``git``'s output in ``root``; None where it fails (a copy of the checkout without .git)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def stamp(root: Path = REPO) -> Stamp:
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    revision = _git(root, "log", "-1", "--format=%H", "--", *AGENT_INPUTS) or "unknown"
+    if revision != "unknown" and _git(root, "status", "--porcelain", "--", *AGENT_INPUTS):
+        revision += "-dirty"
+    source = _git(root, "config", "--get", "remote.origin.url") or "unknown"
+    return Stamp(version, revision, source)
+
+
+def agent_key(base: str, root: Path = REPO, labels: Stamp | None = None) -> str:
     files = {}
     for rel in AGENT_INPUTS:
         if not (root / rel).exists():
             raise ImageError(f"agent image input {root / rel} missing")
         for path in _context_files(root, rel):
             files[str(path.relative_to(root))] = _file_digest(path)
-    return _hash_json({"recipe": RECIPE, "base": base, "files": files})
+    labels = labels or stamp(root)
+    return _hash_json({"recipe": RECIPE, "base": base, "files": files, "stamp": vars(labels)})
 
 
 def _require_tools() -> None:
@@ -271,7 +310,8 @@ def ensure_agent_image(cache: Path = CACHE, log: Log = print) -> AgentImage:
     with _locked(cache):
         podman.write_conf()
         base = _ensure_base(cache, podman, log)
-        key = agent_key(base.rsplit(":", 1)[1])
+        labels = stamp()
+        key = agent_key(base.rsplit(":", 1)[1], labels=labels)
         name = f"{AGENT_NAME}:{key}"
         archive = cache / f"agent-{key}.tar"
         in_store = _image_exists(podman, name)
@@ -292,6 +332,7 @@ def ensure_agent_image(cache: Path = CACHE, log: Log = print) -> AgentImage:
                         CONTAINERFILE,
                         "--build-arg",
                         f"BASE={base}",
+                        *labels.build_args(),
                         "-t",
                         name,
                         REPO,
@@ -315,7 +356,7 @@ def ensure_agent_image(cache: Path = CACHE, log: Log = print) -> AgentImage:
             log(f"agent image saved in {time.monotonic() - start:.1f} s: {archive}")
         archive.touch()  # most recently used: kept by _prune
         _prune(cache, podman, archive.name)
-    return AgentImage(name, archive, podman)
+    return AgentImage(name, archive, podman, labels)
 
 
 def image_size(image: AgentImage) -> int:

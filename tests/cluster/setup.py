@@ -8,8 +8,10 @@ tests/cluster/lanes/<lane>/kubernetes/go.mod, containerd 2.3 (current lane) from
 tests/cluster/lanes/current/containerd/go.mod and CRI-O 1.36 with its pinns (crio lane) from
 tests/cluster/lanes/crio/crio/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing when
 already built); unpacks Debian 13's etcd (every lane) and containerd 1.7 (oldest lane);
-checks the host tools the nodes need. Exits 1 naming the lane and what is missing or failed
-(after trying the other lanes); a second run does nothing but check.
+checks the host tools the nodes need. Helm 3 and Helm 4, for the chart's tests, are built from
+tests/cluster/tools/helm{,4}/go.mod into /var/cache/cdi-gen-test/helm/ (tests/cluster/helm.py).
+Exits 1 naming the lane and what is missing or failed (after trying the other lanes); a second
+run does nothing but check.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.build import Binaries
+from cluster.build import Binaries, BuildError
 from cluster.cluster import CNI_BIN, CNI_PLUGINS
 from cluster.dist import FetchError, etcd_version, fetch_etcd
+from cluster.helm import PROGRAMS, helm_build
 from cluster.lane import LANES, Lane, LaneError
 
 HOST_TOOLS = {
@@ -68,6 +71,20 @@ def prepare(lane: Lane) -> None:
     print(f"  feature gates: {gates}", flush=True)
 
 
+def prepare_helm() -> bool:
+    """Build Helm 3 and 4 unless built; print what they are (False, saying why, on failure)."""
+    for major in PROGRAMS:
+        try:
+            # The chart's tests (unit and cluster) run them; built here, never by a test.
+            helm = helm_build(major, allow_build=True)
+        except BuildError as exc:
+            print(f"cluster setup: {major}: {exc}", file=sys.stderr)
+            return False
+        helm_version = _version([str(helm.path("helm")), "version", "--short"])
+        print(f"helm {helm_version} in {helm.bin} ({_state(helm)})", flush=True)
+    return True
+
+
 def main(argv: list[str]) -> int:
     unknown = [name for name in argv if name not in LANES]
     if unknown:
@@ -89,6 +106,8 @@ def main(argv: list[str]) -> int:
         print(f"cluster setup: etcd: {exc}", file=sys.stderr)
         return 1
     print(f"etcd {etcd_version(etcd)} ({etcd})")
+    if not prepare_helm():
+        return 1
     failed = []
     for name in argv or list(LANES):
         try:

@@ -1,4 +1,6 @@
-"""The agent image from deploy/Containerfile runs cdi-gen, before any cluster exists.
+"""The agent image from deploy/Containerfile runs cdi-gen, before any cluster exists, and says
+what it is: the OCI labels and ``cdi-gen --version`` name the package version and the revision
+image.py stamped; the package is the wheel's, not the source tree.
 
 The container runs under the DaemonSet's restrictions (read-only root, no capabilities, no
 privilege escalation, root user), so a failure here is one the DaemonSet would meet too.
@@ -11,11 +13,12 @@ import subprocess
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from .image import REPO, AgentImage
+from .image import AGENT_INPUTS, REPO, AgentImage
 
 # A cold image build (base from Debian, pip from PyPI) takes minutes; the checks themselves
 # take under a second each.
@@ -47,11 +50,56 @@ def shipped_config(dest: Path) -> Path:
     return dest
 
 
-def test_image_reports_the_checkout_version(agent_image: AgentImage) -> None:
+def _inspect(image: AgentImage, template: str) -> Any:
+    proc = subprocess.run(
+        image.podman.argv(["image", "inspect", "--format", template, image.name]),
+        env=image.podman.env(), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+def test_image_reports_the_checkout_version_and_revision(agent_image: AgentImage) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    # The last commit that changed what the image is built from (image.py's stamp).
+    revision = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%H", "--", *AGENT_INPUTS],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert agent_image.stamp.revision.removesuffix("-dirty") == revision
     proc = podman_run(agent_image, ["--version"])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"cdi-gen, version {version}"
+    assert proc.stdout == f"cdi-gen, version {version} (revision {agent_image.stamp.revision})\n"
+
+
+def test_image_says_what_it_is_in_its_labels(agent_image: AgentImage) -> None:
+    labels = _inspect(agent_image, "{{json .Labels}}")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert {k: v for k, v in labels.items() if k.startswith("org.opencontainers.")} == {
+        "org.opencontainers.image.title": project["name"],
+        "org.opencontainers.image.description": labels["org.opencontainers.image.description"],
+        "org.opencontainers.image.licenses": project["license"],
+        "org.opencontainers.image.version": project["version"],
+        "org.opencontainers.image.revision": agent_image.stamp.revision,
+        "org.opencontainers.image.source": agent_image.stamp.source,
+    }
+    assert labels["org.opencontainers.image.description"].startswith("Node agent")
+
+
+def test_image_holds_the_wheel_not_the_source_tree(agent_image: AgentImage) -> None:
+    """The package comes from the wheel: installed into the venv's site-packages (not an
+    editable link to /src), and no source tree or wheel file is left in the image."""
+    code = (
+        "import cdi_gen, importlib.metadata as m, os; "
+        "d = m.distribution('cdi-gen'); "
+        "print(cdi_gen.__file__); print(d.read_text('direct_url.json') or ''); "
+        "print(os.path.exists('/src'), os.path.exists('/dist'))"
+    )
+    proc = podman_run(agent_image, ["-c", code], ["--entrypoint=/opt/cdi-gen/bin/python"])
+    assert proc.returncode == 0, proc.stderr
+    where, direct_url, leftovers = proc.stdout.splitlines()
+    assert where.startswith("/opt/cdi-gen/lib/python3.11/site-packages/cdi_gen/"), where
+    assert json.loads(direct_url)["url"].endswith(".whl"), direct_url
+    assert leftovers == "False False"
 
 
 def test_image_accepts_the_shipped_configmap_config(

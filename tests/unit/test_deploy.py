@@ -114,12 +114,15 @@ def test_containerfile_base_is_a_build_argument_defaulting_to_public_python() ->
     assert lines[0].startswith("ARG BASE=")
     default = lines[0].removeprefix("ARG BASE=")
     assert default.startswith("docker.io/library/python:3.11-slim")
-    assert lines[1] == "FROM ${BASE}"
-    assert sum(line.startswith("FROM ") for line in lines) == 1
+    # Both stages, the wheel's build and the agent's, stand on the one base.
+    assert [line for line in lines if line.startswith("FROM ")] == [
+        "FROM ${BASE} AS wheel",
+        "FROM ${BASE}",
+    ]
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'requires-python = ">=3.11"' in pyproject
     readme = (REPO / "README.md").read_text()
-    assert "podman build -f deploy/Containerfile -t cdi-gen:0.1.0 ." in readme
+    assert "podman build -f deploy/Containerfile -t registry.example.com/cdi-gen:0.1.0" in readme
 
 
 def test_runtime_pin_component_mounts_the_cri_sockets_the_agent_asks_read_only() -> None:

@@ -13,8 +13,14 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import click
+
+#: Where an image records the git revision it was built from (deploy/Containerfile writes it
+#: from its REVISION build argument into the agent's virtual environment): the wheel it
+#: installs is the same for every commit, so the revision cannot live in the package.
+REVISION_FILE = Path("share", "cdi-gen", "revision")
 
 #: Every command: its name -> the module (one per command) and the click command in it.
 COMMANDS = {
@@ -36,6 +42,40 @@ class _State:
     debug = False
 
 
+def _revision() -> str:
+    """The image's recorded revision, else the source checkout's HEAD when the package runs
+    from one (an editable install), else ``unknown``."""
+    try:
+        recorded = (Path(sys.prefix) / REVISION_FILE).read_text().strip()
+    except OSError:
+        recorded = ""
+    if recorded:
+        return recorded
+    checkout = Path(__file__).resolve().parents[3]
+    if (checkout / ".git").exists() and (checkout / "pyproject.toml").is_file():
+        import subprocess
+
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(checkout), "rev-parse", "HEAD"],
+                capture_output=True, text=True, timeout=10, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    return "unknown"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    click.echo(f"cdi-gen, version {version('cdi-gen')} (revision {_revision()})")
+    ctx.exit()
+
+
 class _Commands(click.Group):
     """The group of :data:`COMMANDS`, each imported when first asked for."""
 
@@ -54,7 +94,14 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.version_option(package_name="cdi-gen")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the git revision built from, then exit.",
+)
 def cli(debug: bool) -> None:
     """Make Linux devices schedulable in Kubernetes and injectable through CDI."""
     _State.debug = debug

@@ -1,0 +1,54 @@
+"""``cdi-gen --version``: the package version and the git revision it was built from: the one
+an image recorded (deploy/Containerfile), else the source checkout's HEAD, else "unknown"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cdi_gen.cli import main
+from tests.conftest import REPO
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _version() -> str:
+    result = CliRunner().invoke(main.cli, ["--version"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_checkout_shows_its_head() -> None:
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "--version"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"cdi-gen, version {VERSION} (revision {head})\n"
+
+
+def test_an_image_shows_the_revision_it_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file the Containerfile writes under the environment's prefix wins over anything."""
+    recorded = tmp_path / main.REVISION_FILE
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text(f"{REVISION}\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert _version() == f"cdi-gen, version {VERSION} (revision {REVISION})\n"
+
+
+def test_no_record_and_no_checkout_says_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(main, "__file__", str(tmp_path / "a" / "b" / "c" / "main.py"))
+    assert _version() == f"cdi-gen, version {VERSION} (revision unknown)\n"

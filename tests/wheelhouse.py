@@ -1,0 +1,100 @@
+"""Wheels of the package's run-time dependencies, for installing the built wheel offline.
+
+tests/integration/test_wheel.py installs the project's wheel into an empty virtual environment,
+as a user's ``pip install`` would, but the suite reaches no package index while it runs: the
+network is for setup only (``scripts/setup.sh test``). So setup downloads, once, the wheels of
+every run-time dependency at exactly the versions ``.venv`` holds (the closure of the package's
+``Requires-Dist`` without extras) into ``/var/cache/cdi-gen-test/wheelhouse/<hash of that
+list>/``, and the test installs with ``pip install --no-index --find-links`` from there: the
+new environment gets the versions the rest of the suite tested, and nothing from ``.venv``
+(no ``--system-site-packages``, no shared ``sys.path``).
+
+    .venv/bin/python tests/wheelhouse.py      (idempotent; prints the folder)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+CACHE = Path("/var/cache/cdi-gen-test/wheelhouse")
+PACKAGE = "cdi-gen"
+SETUP_COMMAND = ".venv/bin/python tests/wheelhouse.py"
+
+
+class WheelhouseError(RuntimeError):
+    """The wheels are not there (or could not be downloaded); the message says what to run."""
+
+
+def pins(package: str = PACKAGE) -> list[str]:
+    """``name==version`` of every distribution ``package`` needs at run time, as installed."""
+    found: dict[str, str] = {}
+    done: set[tuple[str, str]] = set()
+    # (distribution, extra): our package without extras, a dependency with the extras its
+    # dependents ask for (lightkube asks for httpx2[http2]).
+    todo = [(package, "")]
+    while todo:
+        name, extra = todo.pop()
+        if (name, extra) in done:
+            continue
+        done.add((name, extra))
+        for text in metadata.distribution(name).requires or ():
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+                continue
+            if req.marker is None and extra:
+                continue  # listed already under the distribution's own (extra "") entry
+            dep = canonicalize_name(req.name)
+            found.setdefault(dep, metadata.version(req.name))
+            todo += [(dep, e) for e in ("", *sorted(req.extras))]
+    return sorted(f"{name}=={version}" for name, version in found.items())
+
+
+def folder(requirements: list[str]) -> Path:
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
+    return CACHE / key
+
+
+def wheelhouse(*, allow_download: bool = False) -> Path:
+    """The folder holding a wheel of every pin; downloaded only with ``allow_download``."""
+    requirements = pins()
+    dest = folder(requirements)
+    if (dest / "complete").exists():
+        return dest
+    if not allow_download:
+        raise WheelhouseError(
+            f"no wheels of the run-time dependencies in {dest} (.venv's versions changed, "
+            f"or setup never ran): run `{SETUP_COMMAND}` first"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    # --no-deps: the list is already the whole closure, pinned; --only-binary: the test must
+    # build nothing but our own wheel.
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+         "--no-deps", "--only-binary=:all:", "--dest", str(dest), *requirements],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise WheelhouseError(f"pip download into {dest} failed:\n{proc.stdout}{proc.stderr}")
+    (dest / "complete").write_text("\n".join(requirements) + "\n")
+    return dest
+
+
+def main() -> int:
+    try:
+        dest = wheelhouse(allow_download=True)
+    except WheelhouseError as exc:
+        print(f"tests/wheelhouse.py: {exc}", file=sys.stderr)
+        return 1
+    print(f"wheels of {len(pins())} run-time dependencies in {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
