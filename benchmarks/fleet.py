@@ -290,16 +290,36 @@ class Figures:
     churn_alloc: list[float] = field(default_factory=list)
     churn_sched: list[float] = field(default_factory=list)
     churn_rate: list[float] = field(default_factory=list)
+    #: CPU seconds per fill pod of each control-plane component: unlike the wall-clock
+    #: figures, hardly moved by other load on a shared machine.
+    cpu_per_pod: dict[str, list[float]] = field(default_factory=dict)
 
 
-def workload(api: Api, shape: str, nodes: int, churn_seconds: float, figures: Figures) -> None:
+#: The components whose CPU the fill is charged.
+CPU_COMPONENTS = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def _cpu(cluster: Cluster) -> dict[str, float]:
+    out = {}
+    for name in CPU_COMPONENTS:
+        process = cluster.components[name].process
+        assert process is not None
+        out[name] = cpu_seconds(process.pid)
+    return out
+
+
+def workload(
+    cluster: Cluster, shape: str, nodes: int, churn_seconds: float, figures: Figures
+) -> None:
     """Fill to 90 %, churn, then delete every pod of ``shape`` and wait for its claims to go."""
+    api = cluster.api
+    assert api is not None
     selector = f"fleet={shape}"
     pods = Stamps(api, PODS, scheduled, selector)
     claims = Stamps(api, CLAIMS, allocated, selector)
     try:
         _run_workload(
-            api,
+            cluster,
             shape,
             nodes=nodes,
             churn_seconds=churn_seconds,
@@ -308,7 +328,11 @@ def workload(api: Api, shape: str, nodes: int, churn_seconds: float, figures: Fi
             claims=claims,
         )
     finally:
-        api.request("DELETE", f"{PODS}?labelSelector=fleet%3D{shape}")
+        # One call per pod from a pool of threads: a deletecollection of hundreds of pods
+        # with claims outlasts any sensible client timeout on a loaded machine.
+        left = api.get(f"{PODS}?labelSelector=fleet%3D{shape}")["items"]
+        with concurrent.futures.ThreadPoolExecutor(CREATORS) as pool:
+            list(pool.map(lambda p: api.delete(f"{PODS}/{p['metadata']['name']}"), left))
         _wait(
             f"pods and claims of {shape} gone",
             lambda: (
@@ -321,7 +345,7 @@ def workload(api: Api, shape: str, nodes: int, churn_seconds: float, figures: Fi
 
 
 def _run_workload(
-    api: Api,
+    cluster: Cluster,
     shape: str,
     *,
     nodes: int,
@@ -330,8 +354,11 @@ def _run_workload(
     pods: Stamps,
     claims: Stamps,
 ) -> None:
+    api = cluster.api
+    assert api is not None
     fill = int(nodes * GPUS * FILL)
     names = [f"{shape}-fill-{i}" for i in range(fill)]
+    cpu = _cpu(cluster)
     with concurrent.futures.ThreadPoolExecutor(CREATORS) as pool:
         list(pool.map(lambda n: api.create(PODS, _pod(shape, n)), names))
     fill_set = set(names)
@@ -339,6 +366,8 @@ def _run_workload(
     first = min(pods.seen[n] for n in names)
     last = max(pods.finished[n] for n in names)
     figures.throughput.append(fill / (last - first))
+    for name, seconds in _cpu(cluster).items():
+        figures.cpu_per_pod.setdefault(name, []).append((seconds - cpu[name]) / fill)
     figures.fill_sched += pods.latencies(fill_set)
     figures.fill_alloc += claims.latencies({n for n in claims.finished if "-fill-" in n})
     _check(pods, claims)
@@ -454,6 +483,23 @@ def hotplug(
         ("  etcd CPU, quiet fleet → hotplug churn",
          f"{100 * quiet.etcd_cpu / quiet.seconds:.1f} % → "
          f"{100 * busy.etcd_cpu / busy.seconds:.1f} % of a core", "—"),
+    ]  # fmt: skip
+
+
+def hotplug_split(
+    cluster: Cluster, proc: subprocess.Popen[str], seconds: float, compress: float
+) -> list[Row]:
+    """The same hotplug churn once each node's first GPU is unhealthy: its taint puts it in a
+    slice of its own, so every pool spans two slices while the events touch one of them."""
+    answer(proc, "unhealthy")
+    count = slice_sizes(cluster, DRIVERS[OURS])[0]
+    result = answer(proc, f"hotplug {60.0 / compress} {seconds}")
+    events = result["events"]
+    per = {verb: n / events for verb, n in sorted(result["requests"].items())}
+    return [
+        (f"hotplug with one unhealthy GPU a node ({count} slices): requests per event",
+         ", ".join(f"{v} {n:.2f}" for v, n in per.items()), "1 write of 1 slice"),
+        ("  body bytes sent per event", f"{result['body_bytes'] / events:,.0f} B", "one slice"),
     ]  # fmt: skip
 
 
@@ -593,14 +639,15 @@ def run(args: argparse.Namespace) -> list[Row]:
                 if shape == OURS:
                     with ours_published(cluster, args.nodes) as (proc, start_requests):
                         sizes[OURS] = slice_sizes(cluster, DRIVERS[OURS])
-                        workload(api, OURS, args.nodes, args.churn, figures[OURS])
+                        workload(cluster, OURS, args.nodes, args.churn, figures[OURS])
                         if not hot:
                             hot_figures, hot = hotplug(cluster, proc, args.hotplug, args.compress)
                             hot_figures["start_requests"] = start_requests / args.nodes
+                            hot += hotplug_split(cluster, proc, args.hotplug, args.compress)
                 else:
                     with example_published(cluster, args.nodes):
                         sizes[EXAMPLE] = slice_sizes(cluster, DRIVERS[EXAMPLE])
-                        workload(api, EXAMPLE, args.nodes, args.churn, figures[EXAMPLE])
+                        workload(cluster, EXAMPLE, args.nodes, args.churn, figures[EXAMPLE])
         wide = wide_slice_bytes(cluster, PAPER_DEVICES)
         rows += _workload_rows(figures, sizes)
         rows += hot
@@ -636,6 +683,15 @@ def _workload_rows(
             (f"{shape}: churn pod created → scheduled, p50 / p99", _ms(f.churn_sched), "—"),
         ]  # fmt: skip
     ours, example = figures[OURS], figures[EXAMPLE]
+    for name in CPU_COMPONENTS:
+        mine, theirs = ours.cpu_per_pod[name], example.cpu_per_pod[name]
+        rows.append((
+            f"{name} CPU per fill pod, ours / example (each round)",
+            " / ".join(f"{1e3 * a:.1f}" for a in mine) + " ms vs "
+            + " / ".join(f"{1e3 * b:.1f}" for b in theirs) + " ms"
+            + f" ({statistics.median(mine) / statistics.median(theirs):.2f}x)",
+            "informative",
+        ))  # fmt: skip
     through = statistics.median(ours.throughput) / statistics.median(example.throughput)
     p99 = percentile(ours.fill_alloc + ours.churn_alloc, 99) / percentile(
         example.fill_alloc + example.churn_alloc, 99

@@ -17,6 +17,8 @@ commands on stdin, answering each with one JSON line:
 - ``hotplug CYCLE SECONDS``: for SECONDS, each node adds a ninth GPU and removes it again once
   per CYCLE seconds (the nodes spread evenly over the cycle); answers with the events, the
   requests and bytes sent meanwhile, and each event's hotplug → published latency;
+- ``unhealthy``: each node's first GPU turns unhealthy (tainted, so its pool spans two
+  slices); answers once all pools are in the API;
 - ``quit`` (or end of input): the pools close and the process ends.
 """
 
@@ -28,7 +30,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +116,31 @@ class NodePool:
     publisher: SlicePublisher
     client: ApiClient
 
+    #: The first GPU reported unhealthy (as a failed health check advertises it): its taint
+    #: puts it in a slice of its own, so the pool spans two slices.
+    unhealthy: bool = False
+
     def feed(self, records: list[DeviceRecord], *, full: bool = False) -> int:
         """Records into discovery, the class's devices into the pool; the pool version."""
         changes = self.discovery.replace(records) if full else self.discovery.apply(records)
         if changes:
-            advertised = self.discovery.advertised(CLASS)
-            by_name = {d.name: d for d in self.discovery.devices(CLASS)}
-            devices = pool_devices(
-                self.discovery.config.vendor,
-                self.cls,
-                advertised,
-                by_name,
-                self.cache,
-                classes=self.discovery.config.class_names,
-            )
-            self.pool.publish(CLASS, devices)
+            self.publish()
+        return self.pool.version
+
+    def publish(self) -> int:
+        advertised = list(self.discovery.advertised(CLASS))
+        if self.unhealthy and advertised:
+            advertised[0] = replace(advertised[0], healthy=False)
+        by_name = {d.name: d for d in self.discovery.devices(CLASS)}
+        devices = pool_devices(
+            self.discovery.config.vendor,
+            self.cls,
+            advertised,
+            by_name,
+            self.cache,
+            classes=self.discovery.config.class_names,
+        )
+        self.pool.publish(CLASS, devices)
         return self.pool.version
 
 
@@ -238,6 +250,11 @@ async def main(kubeconfig: Path, driver: str, nodes: list[str]) -> None:
                 result["requests"] = dict(now - count)
                 result["body_bytes"] = sent_after - sent
                 _answer(result)
+            elif line[0] == "unhealthy":
+                for p in pools:
+                    p.unhealthy = True
+                await _published(pools, [p.publish() for p in pools])
+                _answer({"unhealthy": len(pools)})
             elif line[0] == "quit":
                 break
     finally:
