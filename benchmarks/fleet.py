@@ -293,10 +293,19 @@ class Figures:
     #: CPU seconds per fill pod of each control-plane component: unlike the wall-clock
     #: figures, hardly moved by other load on a shared machine.
     cpu_per_pod: dict[str, list[float]] = field(default_factory=dict)
+    #: The scheduler's attempts per fill pod, by result: a pod tried again shows here.
+    attempts: dict[str, list[float]] = field(default_factory=dict)
 
 
 #: The components whose CPU the fill is charged.
 CPU_COMPONENTS = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def _attempts(cluster: Cluster) -> dict[str, float]:
+    """The scheduler's attempts so far, by result (scheduled, unschedulable, error)."""
+    name = "scheduler_schedule_attempts_total"
+    sums = metric_sums(cluster.metrics("kube-scheduler"), (name,), "")
+    return {k.split(":", 1)[1]: v for k, v in sums.items() if ":" in k}
 
 
 def _cpu(cluster: Cluster) -> dict[str, float]:
@@ -359,6 +368,7 @@ def _run_workload(
     fill = int(nodes * GPUS * FILL)
     names = [f"{shape}-fill-{i}" for i in range(fill)]
     cpu = _cpu(cluster)
+    attempts = _attempts(cluster)
     with concurrent.futures.ThreadPoolExecutor(CREATORS) as pool:
         list(pool.map(lambda n: api.create(PODS, _pod(shape, n)), names))
     fill_set = set(names)
@@ -368,6 +378,8 @@ def _run_workload(
     figures.throughput.append(fill / (last - first))
     for name, seconds in _cpu(cluster).items():
         figures.cpu_per_pod.setdefault(name, []).append((seconds - cpu[name]) / fill)
+    for result, count in _attempts(cluster).items():
+        figures.attempts.setdefault(result, []).append((count - attempts.get(result, 0)) / fill)
     figures.fill_sched += pods.latencies(fill_set)
     figures.fill_alloc += claims.latencies({n for n in claims.finished if "-fill-" in n})
     _check(pods, claims)
@@ -683,6 +695,13 @@ def _workload_rows(
             (f"{shape}: churn pod created → scheduled, p50 / p99", _ms(f.churn_sched), "—"),
         ]  # fmt: skip
     ours, example = figures[OURS], figures[EXAMPLE]
+    for result in sorted(set(ours.attempts) | set(example.attempts)):
+        mine, theirs = ours.attempts.get(result, [0.0]), example.attempts.get(result, [0.0])
+        rows.append((
+            f"scheduler attempts '{result}' per fill pod, ours / example (each round)",
+            " / ".join(f"{a:.2f}" for a in mine) + " vs " + " / ".join(f"{b:.2f}" for b in theirs),
+            "informative",
+        ))  # fmt: skip
     for name in CPU_COMPONENTS:
         mine, theirs = ours.cpu_per_pod[name], example.cpu_per_pod[name]
         rows.append((

@@ -93,13 +93,13 @@ def allocated(claim: Obj) -> bool:
 
 
 def metric_sums(text: str, names: tuple[str, ...], label: str) -> dict[str, float]:
-    """Per metric name (and its ``verb`` when it has one), the sum of its samples whose labels
-    contain ``label`` (e.g. ``resource="resourceslices"``)."""
+    """Per metric name (and its ``verb`` or ``result`` when it has one), the sum of its
+    samples whose labels contain ``label`` (e.g. ``resource="resourceslices"``)."""
     out: dict[str, float] = {}
     for name, labels, value in _SAMPLE.findall(text):
         if name not in names or label not in labels:
             continue
-        verb = re.search(r'verb="(\w+)"', labels)
+        verb = re.search(r'(?:verb|result)="(\w+)"', labels)
         key = f"{name}:{verb.group(1)}" if verb else name
         out[key] = out.get(key, 0.0) + float(value)
     return out
