@@ -711,12 +711,19 @@ def _workload_rows(
             + f" ({statistics.median(mine) / statistics.median(theirs):.2f}x)",
             "informative",
         ))  # fmt: skip
-    through = statistics.median(ours.throughput) / statistics.median(example.throughput)
+    # Paired within each round (the two shapes back to back), then the median: the load of a
+    # shared machine moves between rounds more than between the two halves of one.
+    pairs = [a / b for a, b in zip(ours.throughput, example.throughput, strict=True)]
+    through = statistics.median(pairs)
     p99 = percentile(ours.fill_alloc + ours.churn_alloc, 99) / percentile(
         example.fill_alloc + example.churn_alloc, 99
     )
     rows += [
-        ("ratio ours / example: fill throughput", f"{through:.2f}", "≥ 0.95"),
+        (
+            "ratio ours / example: fill throughput, median of rounds",
+            f"{through:.2f} ({' / '.join(f'{r:.2f}' for r in pairs)})",
+            "≥ 0.95",
+        ),
         ("ratio ours / example: claim allocation p99 (fill + churn)", f"{p99:.2f}", "≤ 1.1"),
     ]
     return rows
