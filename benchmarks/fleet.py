@@ -20,15 +20,20 @@ The workload, per shape in turn (only that shape's slices in the API, a DeviceCl
 with a claim from a ResourceClaimTemplate (one device) fill the fleet to 90 %, as fast as the
 client creates them; then churn at 5 pods/s (the oldest pod deleted, a new one created) for a
 fixed time. Measured through watches stamped on arrival: scheduling throughput (pods scheduled
-÷ first pod created → last pod scheduled), claim created → ``status.allocation`` set, pod
-created → ``spec.nodeName`` set.
+÷ first pod created → last pod scheduled; the ratio of the shapes paired within each round),
+claim created → ``status.allocation`` set, pod created → ``spec.nodeName`` set. Beside them,
+steadier on a shared machine: the control plane's CPU per fill pod (from /proc) and the
+scheduler's attempts per pod.
 
 Then hotplug churn on our pools (pods in place): each node adds a ninth GPU and removes it
 again once per minute, time compressed K times (default 10: a cycle every 6 s per node, the
 nodes spread evenly over it, so 100 nodes make 33 events/s). Counted at our clients' transport:
 requests and body bytes per event; at the API server: its ``apiserver_request_total`` and
 ``apiserver_watch_events_total`` for resourceslices (watch events per write = fan-out), its CPU
-and memory from /proc, against a quiet window of the same length just before.
+and memory from /proc, against a quiet window of the same length just before. Then the same
+churn once each node's first GPU is unhealthy (its taint puts it in a slice of its own).
+Last, the figures of 5,000 nodes x 64 devices on paper, from these and from one 64-GPU pool
+built by our code and written once.
 """
 
 from __future__ import annotations
