@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 unexport PYTHONPATH PYTHONHOME PYTHONUSERBASE
 export PYTHONNOUSERSITE := 1
 
-.PHONY: run test lint fuzz bench proto check-setup setup-run setup-test setup-lint
+.PHONY: run test lint fuzz bench bench-fleet proto check-setup setup-run setup-test setup-lint
 
 setup-run:
 	scripts/setup.sh run
@@ -36,6 +36,12 @@ lint: setup-lint
 
 bench: setup-test
 	$(PY) benchmarks/run.py
+
+# The simulated fleet (benchmarks/fleet.py): kwok nodes with a DRA pool each on the current
+# lane's control plane; minutes, so not part of `make bench`. FLEET_ARGS="--nodes 50".
+FLEET_ARGS ?=
+bench-fleet: setup-test
+	$(PY) benchmarks/fleet.py $(FLEET_ARGS)
 
 # The property-based fuzzing of configs, specs and udev records with many more inputs than
 # the suite runs (FUZZ_EXAMPLES per fuzz test); prints inputs, time and any finding. Memory is

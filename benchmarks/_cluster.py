@@ -37,7 +37,7 @@ def missing() -> str | None:
 
 
 def components(lane: Lane = CURRENT) -> tuple[Binaries, Path, Path]:
-    """The lane's Kubernetes binaries, etcd's and containerd's roots."""
+    """The lane's Kubernetes binaries, etcd's root and its runtime's (containerd's or CRI-O's)."""
     etcd, containerd = fetch_etcd(), lane.runtime_root()
     return lane.binaries(), etcd, containerd
 

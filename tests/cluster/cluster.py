@@ -9,6 +9,7 @@ gates come from the cluster's :class:`~cluster.lane.Lane`. Every port is picked 
 and every file lives in one short work folder under /tmp (the first node's files too; each
 other node has a subfolder), so several sessions can run side by side. ``stop()`` undoes
 everything whatever state the start reached, and reports what it could not undo.
+``node_count=0`` starts the control plane alone (benchmarks/fleet.py has kwok fake its Nodes).
 """
 
 from __future__ import annotations
@@ -171,8 +172,12 @@ class Cluster:
     runtime_root: Path
     lane: Lane
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir="/tmp", prefix="cgk")))
-    #: How many nodes (kubelet + runtime + mount namespace each) join the control plane.
+    #: How many nodes (kubelet + runtime + mount namespace each) join the control plane;
+    #: 0 starts the control plane alone.
     node_count: int = 1
+    #: ``--kube-api-qps`` and ``--kube-api-burst`` of the scheduler and the controller-manager
+    #: (0: their defaults, 50 and 20 QPS); the fleet benchmark sets what scale tests use.
+    client_qps: int = 0
     components: dict[str, Component] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
     api: Api | None = None
@@ -257,7 +262,8 @@ class Cluster:
     # ----- start ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Everything up to a Ready Node; on failure the caller still calls ``stop()``."""
+        """Everything up to a Ready Node (or, without nodes, a control plane that takes pods);
+        on failure the caller still calls ``stop()``."""
         started = time.monotonic()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.node_ip = host_ip()
@@ -272,8 +278,9 @@ class Cluster:
             node = Node(name, work, "" if i == 0 else f"-{i}")
             node.ports = {"kubelet": free_port(), "kubelet-healthz": free_port()}
             self.nodes.append(node)
-        # The first node's ports keep their names for whoever reads them.
-        self.ports.update(self.nodes[0].ports)
+        if self.nodes:
+            # The first node's ports keep their names for whoever reads them.
+            self.ports.update(self.nodes[0].ports)
         step = time.monotonic()
         certs = self._certificates()
         self._timed("certificates", step)
@@ -404,6 +411,11 @@ class Cluster:
             "--bind-address", "127.0.0.1",
             "--leader-elect=false",
             *self._gate_flags(),
+            *(
+                [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={self.client_qps}"]
+                if self.client_qps
+                else []
+            ),
             "--v=1",
         ]  # fmt: skip
         scheduler = self._component(
@@ -444,6 +456,13 @@ class Cluster:
         self._timed("scheduler + controller-manager", step)
 
     def _start_nodes(self, certs: dict[str, Pair]) -> None:
+        if not self.nodes:
+            # A control plane alone (``node_count=0``): Nodes are someone else's, e.g. kwok's
+            # fakes in benchmarks/fleet.py. Pods are still refused until the account exists.
+            step = time.monotonic()
+            self._wait_default_service_account(self.components["kube-controller-manager"])
+            self._timed("default service account", step)
+            return
         # The runtimes one after the other (each imports an image), then every kubelet at
         # once: their registration, the slow part, overlaps.
         for node in self.nodes:
