@@ -13,7 +13,8 @@ against the fakes of the suite in this process, and is read from /proc once it s
 devices:
 
 - device-plugin agent, 5 classes of 200 devices, every plugin registered with a fake kubelet
-  and its ListAndWatch holding its 200 devices: VmRSS against the floor's;
+  and its ListAndWatch holding its 200 devices: VmRSS against the floor's; informative, the
+  same with one device a class (what does not grow with the devices);
 - DRA agent, the same devices, until the fake API server's ResourceSlices list all 1,000:
   VmRSS against the DRA floor's;
 - ``cdi-gen render --vendor example.com --class fpga`` wall time (p50), against
@@ -156,8 +157,8 @@ async def _device_plugins(tmp: Path, classes: int, per: int) -> tuple[Child, obj
     return child, (kubelet, work)
 
 
-async def _memory_device_plugins(tmp: Path) -> float:
-    child, (kubelet, work) = await _device_plugins(tmp, CLASSES, PER_CLASS)  # type: ignore[misc]
+async def _memory_device_plugins(tmp: Path, per: int = PER_CLASS) -> float:
+    child, (kubelet, work) = await _device_plugins(tmp, CLASSES, per)  # type: ignore[misc]
     try:
         await asyncio.sleep(1)  # settle: what it holds while serving, not while building
         return _status(child.pid)
@@ -317,6 +318,8 @@ def measure(quick: bool) -> list[Row]:
         time.sleep(1)
         floor_rss, dra_floor_rss, used_rss, used_dra_rss = (_status(f.pid) for f in floors)
         rss = asyncio.run(_memory_device_plugins(tmp))
+        # One device a class: what the agent costs whatever its devices.
+        few_rss = asyncio.run(_memory_device_plugins(tmp, 1))
         dra_rss, slices = asyncio.run(_memory_dra(tmp))
         idle, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
     finally:
@@ -336,6 +339,11 @@ def measure(quick: bool) -> list[Row]:
             f"device-plugin agent RSS, {CLASSES} classes, {devices} devices",
             f"{rss:.1f} MiB ({_ratio(rss, floor_rss)})",
             f"<= {MEMORY_TARGET:g}x floor",
+        ),
+        (
+            f"  the same agent with {CLASSES} devices, one a class",
+            f"{few_rss:.1f} MiB ({_ratio(few_rss, floor_rss)})",
+            "informative",
         ),
         ("DRA floor: + API server client, DRA protos", f"{dra_floor_rss:.1f} MiB", "floor"),
         (

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
-
-from cdi_gen.cdi.spec import ContainerEdits
+from typing import Any, Literal
 
 __all__ = [
     "AdvertisedDevice",
@@ -65,7 +63,9 @@ class DiscoveredDevice:
     healthy: bool
     #: The rule that matched each member, in udev notation, e.g. ``SUBSYSTEM=="block", ...``.
     rules: tuple[str, ...]
-    edits: ContainerEdits
+    #: Its wire ``containerEdits`` (camelCase, as the spec holds them): the one form kept per
+    #: device, which its spec entry holds by reference. Never mutated once built.
+    edits: Mapping[str, Any]
     records: tuple[DeviceRecord, ...] = field(compare=False, default=())
     #: Its node disappeared and the class keeps it (``whenGone: unhealthy`` or ``taint``).
     gone: bool = False

@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,32 @@ async def test_the_kubeconfig_is_read_off_the_event_loop(
     client = await ApiClient.open(api.kubeconfig(tmp_path))
     await client.close()
     assert readers and threading.get_ident() not in readers
+
+
+async def test_the_client_speaks_http1_without_loading_h2(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """In a process of its own, as in the agent: the client reads the Node over HTTP/1.1 and
+    h2, hpack and hyperframe (1.3 MiB, for HTTP/2 it never speaks) are never imported."""
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from cdi_gen.apiserver.client import ApiClient
+
+async def main() -> None:
+    client = await ApiClient.open(Path({str(api.kubeconfig(tmp_path))!r}))
+    try:
+        print(await client.node_uid({NODE!r}))
+    finally:
+        await client.close()
+
+asyncio.run(main())
+print(sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in
+             ("h2", "hpack", "hyperframe")))
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["node-uid", "[]"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,7 @@ def test_name_from_property_and_parent_attribute(hw_records: list[DeviceRecord])
     discovery.replace(hw_records)
     devices = discovery.devices("serial")
     assert [d.name for d in devices] == ["0403-A10K5ABC", "0403-A10K5XYZ"]
-    assert devices[0].edits.env == ["SERIAL_0=0403-A10K5ABC:/dev/ttyUSB0"]
+    assert devices[0].edits["env"] == ["SERIAL_0=0403-A10K5ABC:/dev/ttyUSB0"]
 
 
 def test_missing_template_value_skips_device_with_warning(hw_records: list[DeviceRecord]) -> None:
@@ -266,6 +267,96 @@ def test_spec_pinned_numbers_and_container_path() -> None:
             "permissions": "rw",
         }
     ]
+
+
+#: A class using every edit the config offers, each optional field both set and unset.
+EVERY_EDIT = {
+    **LOOP,
+    "node": {
+        "pinNumbers": True,
+        "path": "/dev/disk{number}",
+        "permissions": "rw",
+        "fileMode": 0o660,
+        "uid": 0,
+        "gid": 6,
+    },
+    "containerEdits": {
+        "env": ["LOOP={name}", "N={number}"],
+        "deviceNodes": [
+            {"path": "/dev/loop-control"},
+            {
+                "path": "/dev/l{number}",
+                "hostPath": "{devnode}",
+                "type": "b",
+                "major": 7,
+                "minor": 0,
+                "fileMode": 0o600,
+                "permissions": "r",
+                "uid": 1,
+                "gid": 2,
+            },
+        ],
+        "mounts": [
+            {
+                "hostPath": "/srv/{kernel}",
+                "containerPath": "/mnt",
+                "options": ["ro", "{kernel}"],
+                "type": "bind",
+            },
+            {"hostPath": "/srv/x", "containerPath": "/x"},
+        ],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/bin/hook",
+                "args": ["hook", "{name}"],
+                "env": ["A={kernel}"],
+                "timeout": 5,
+            },
+            {"hookName": "poststop", "path": "/bin/done"},
+        ],
+        "additionalGids": [6, 7],
+    },
+}
+
+
+def test_a_device_keeps_its_edits_as_the_spec_holds_them() -> None:
+    """A device holds one wire dict, the very one its spec entry holds, not models and their
+    dumps (1.7 MiB of the agent with 1,000 devices); its bytes are the spec models' own."""
+    from cdi_gen.cdi.codec import dump_document
+    from cdi_gen.cdi.spec import ContainerEdits
+    from cdi_gen.discovery.spec import Verdicts, class_spec
+
+    for cls in (LOOP, EVERY_EDIT):
+        discovery = Discovery(_config(cls))
+        (device,) = discovery.replace([_loop(201)])[0].devices
+        assert type(device.edits) is dict
+        as_models = ContainerEdits.model_validate(device.edits).to_wire()
+        assert dump_document(dict(device.edits)) == dump_document(as_models)
+        verdicts: Verdicts = {}
+        spec = class_spec("example.com", discovery.config_of("loop"), [device], cache=verdicts)
+        assert spec.document is not None
+        assert spec.document["devices"][0]["containerEdits"] is device.edits
+
+
+@pytest.mark.parametrize(
+    ("edits", "field"),
+    [
+        ({"deviceNodes": [{"path": "/dev/x", "major": 2**63}]}, "deviceNodes[0].major"),
+        ({"deviceNodes": [{"path": "/dev/x", "minor": 2**64}]}, "deviceNodes[0].minor"),
+        ({"hooks": [{"hookName": "poststop", "path": "/x", "timeout": 2**64}]}, "hooks[0].timeout"),
+    ],
+)
+def test_a_value_no_runtime_reads_is_refused_with_the_config(
+    edits: dict[str, Any], field: str
+) -> None:
+    """A number beyond int64 (the runtimes' type) fails the config, naming the field,
+    instead of skipping every device of the class (or, beyond 64 bits, failing its spec)."""
+    from cdi_gen.errors import ConfigError
+
+    where = f"classes[0].containerEdits.{field}"
+    with pytest.raises(ConfigError, match=re.escape(where)):
+        _config({**LOOP, "containerEdits": edits})
 
 
 def test_spec_version_pin_too_old_leaves_the_device_out_naming_the_field() -> None:
@@ -374,8 +465,8 @@ def test_numa_from_parents_and_grouping_by_property() -> None:
         ("key-1", 2, 1),
         ("key-2", 1, None),
     ]
-    assert devices[0].edits.env == ["HID_NUMA=1"]
-    assert devices[1].edits.env == ["HID_NUMA="]
+    assert devices[0].edits["env"] == ["HID_NUMA=1"]
+    assert devices[1].edits["env"] == ["HID_NUMA="]
 
 
 def test_selected_classes_and_prefilter() -> None:

@@ -85,5 +85,5 @@ def test_cli_spec_and_agent_agree_on_slot_order() -> None:
     assert doc is not None
     assert [d["name"] for d in doc["devices"]][:3] == ["loop10-0", "loop10-1", "loop10-2"]
     slots = expand_change(change, 12)
-    entries = [build_entry(d.name, d.edits.to_wire()) for d in slots.devices]
+    entries = [build_entry(d.name, d.edits) for d in slots.devices]
     assert dump_document(assemble("example.com/loop", entries)) == dump_document(doc)

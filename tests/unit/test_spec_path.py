@@ -204,7 +204,7 @@ def _serials(cdi_version: str | None = None) -> tuple[Discovery, list[Discovered
 
 
 def _with_edits(device: DiscoveredDevice, **edits: object) -> DiscoveredDevice:
-    return dataclasses.replace(device, edits=ContainerEdits.model_validate(edits))
+    return dataclasses.replace(device, edits=ContainerEdits.model_validate(edits).to_wire())
 
 
 def test_an_invalid_device_is_left_out_with_every_rule_it_breaks() -> None:

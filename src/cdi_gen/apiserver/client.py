@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,17 @@ def _event(line: str, what: str) -> tuple[str, Obj] | None:
     return kind, _slice_shape(obj, what)
 
 
+def _without_http2() -> None:
+    """Keep h2 (and hpack, hyperframe) out of this process: the client speaks HTTP/1.1 only
+    (lightkube's ``http2=False``), yet httpcore2 imports h2 for its HTTP/2 connection class
+    when the transport is made, 1.3 MiB of modules and tables for a class never used.
+
+    ``None`` in ``sys.modules`` makes ``import h2`` fail, which httpcore2 takes as h2 not
+    installed; an h2 already imported (by a test's own client) is left alone.
+    """
+    sys.modules.setdefault("h2", None)  # type: ignore[arg-type]
+
+
 class ApiClient:
     """The API server calls of the DRA driver. Construct it with :meth:`open` on the loop
     that will use it (the constructor reads files)."""
@@ -316,6 +328,7 @@ class ApiClient:
     def __init__(self, kubeconfig: Path | None = None, *, timeout: float = 10.0) -> None:
         config = load_config(kubeconfig).get()
         assert config is not None  # load_config checked it
+        _without_http2()
         try:
             self._http = client_adapter.AsyncClient(
                 config, client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))

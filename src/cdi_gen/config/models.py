@@ -72,6 +72,10 @@ MAX_RESYNC_SECONDS = 7 * 86400.0
 RUNTIME_PIN = "runtime"
 
 
+#: Largest value a runtime reads into a Go int64 (device numbers, hook timeouts).
+INT64_MAX = 2**63 - 1
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -277,8 +281,10 @@ class DeviceNodeConfig(_Strict):
     path: EditTemplate
     host_path: EditTemplate | None = None
     type: Literal["b", "c", "u", "p"] | None = None
-    major: int | None = Field(default=None, ge=0)
-    minor: int | None = Field(default=None, ge=0)
+    # Bounded as the runtimes read them (Go int64): the rendered edits go to the spec as
+    # they are, no model judges them per device.
+    major: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    minor: int | None = Field(default=None, ge=0, le=INT64_MAX)
     file_mode: int | None = Field(default=None, ge=0, le=0o7777)
     permissions: str | None = None
     uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
@@ -304,7 +310,7 @@ class HookConfig(_Strict):
     path: EditTemplate
     args: list[EditTemplate] | None = None
     env: list[EditTemplate] | None = None
-    timeout: int | None = Field(default=None, gt=0)
+    timeout: int | None = Field(default=None, gt=0, le=INT64_MAX)
 
 
 class ContainerEditsConfig(_Strict):

@@ -17,17 +17,22 @@ import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cdi_gen import names
-from cdi_gen.cdi.spec import DeviceNode
 from cdi_gen.cdi.validation import edits_problems
 from cdi_gen.config.models import (
     ClassConfig,
 )
 from cdi_gen.discovery.match import is_healthy
-from cdi_gen.discovery.render import RenderContext, TemplateError, render_edits, render_template
-from cdi_gen.errors import InvalidNameError, quote
+from cdi_gen.discovery.render import (
+    RenderContext,
+    TemplateError,
+    device_node,
+    render_edits,
+    render_template,
+)
+from cdi_gen.errors import InvalidNameError
 from cdi_gen.model import (
     NO_ATTRIBUTES,
     DeviceRecord,
@@ -186,14 +191,7 @@ def _checked_device(
         why = f"containerEdits: {exc}; device skipped"
         warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
         return None
-    except ValueError as exc:
-        # A rendered value the spec models refuse (pydantic errors are ValueErrors):
-        # this device's problem, not its class's.
-        reason = quote(str(exc).replace("\n", " "), 200)
-        why = f"containerEdits: {reason}; device skipped"
-        warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
-        return None
-    problems = edits_problems(device.edits.to_wire(), "containerEdits")
+    problems = edits_problems(device.edits, "containerEdits")
     if problems:
         why = "; ".join(str(p) for p in problems) + "; device skipped"
         warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
@@ -211,7 +209,7 @@ def _state_key(members: list[tuple[DeviceRecord, int]]) -> tuple[tuple[DeviceRec
 def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> DiscoveredDevice:
     opts = cls.node
     nodes: list[NodeInfo] = []
-    own: list[DeviceNode] = []
+    own: list[dict[str, Any]] = []
     for record, _ in cand.members:
         assert record.devnode is not None
         member_ctx = RenderContext(
@@ -229,8 +227,8 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         nodes.append(info)
         pin = opts.pin_numbers and record.major is not None and record.minor is not None
         own.append(
-            DeviceNode(
-                path=path,
+            device_node(
+                path,
                 host_path=record.devnode if path != record.devnode else None,
                 type=info.type if pin else None,
                 major=record.major if pin else None,
@@ -241,8 +239,7 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
                 gid=opts.gid,
             )
         )
-    extra = render_edits(cls, ctx)
-    edits = extra.model_copy(update={"device_nodes": own + list(extra.device_nodes or ())})
+    edits = render_edits(cls, ctx, own)
     # DRA attributes are descriptive: one that cannot be rendered is left out (the pool
     # says which), it does not cost the device its place in the spec.
     attributes: dict[str, str] = {}

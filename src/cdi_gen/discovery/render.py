@@ -9,10 +9,10 @@ names the field and quotes the value, truncated.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cdi_gen.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.config.templates import Field_, Template
 from cdi_gen.discovery.match import sysfs_value
@@ -143,52 +143,98 @@ def render_template(template: Template, ctx: RenderContext) -> str:
     return "".join(out)
 
 
-def render_edits(cls: ClassConfig, ctx: RenderContext) -> ContainerEdits:
+def render_edits(
+    cls: ClassConfig, ctx: RenderContext, nodes: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """The ``containerEdits`` of one device in wire form: its own device ``nodes`` first,
+    then the class's edits rendered for it.
+
+    camelCase keys in the spec models' field order, unset fields left out: the dict the spec
+    holds (and its bytes are those the models would dump), so a device keeps this one dict
+    rather than models and their dumps.
+    """
     e = cls.container_edits
 
     def r(t: Template) -> str:
         return render_template(t, ctx)
 
-    def rl(ts: Iterable[Template] | None) -> list[str] | None:
-        return None if ts is None else [r(t) for t in ts]
+    edits: dict[str, Any] = {}
+    if e.env:
+        edits["env"] = [r(t) for t in e.env]
+    if nodes or e.device_nodes:
+        edits["deviceNodes"] = [
+            *nodes,
+            *(
+                device_node(
+                    r(n.path),
+                    host_path=r(n.host_path) if n.host_path is not None else None,
+                    type=n.type,
+                    major=n.major,
+                    minor=n.minor,
+                    file_mode=n.file_mode,
+                    permissions=n.permissions,
+                    uid=n.uid,
+                    gid=n.gid,
+                )
+                for n in e.device_nodes
+            ),
+        ]
+    # Rendered in the order the fields were always rendered (mounts before hooks), so the
+    # same field is named when several fail; stored in the spec's order.
+    mounts = [
+        _present(
+            hostPath=r(m.host_path),
+            containerPath=r(m.container_path),
+            options=None if m.options is None else [r(t) for t in m.options],
+            type=m.type,
+        )
+        for m in e.mounts
+    ]
+    hooks = [
+        _present(
+            hookName=h.hook_name,
+            path=r(h.path),
+            args=None if h.args is None else [r(t) for t in h.args],
+            env=None if h.env is None else [r(t) for t in h.env],
+            timeout=h.timeout,
+        )
+        for h in e.hooks
+    ]
+    if hooks:
+        edits["hooks"] = hooks
+    if mounts:
+        edits["mounts"] = mounts
+    if e.additional_gids:
+        edits["additionalGids"] = list(e.additional_gids)
+    return edits
 
-    return ContainerEdits(
-        env=[r(t) for t in e.env] or None,
-        device_nodes=[
-            DeviceNode(
-                path=r(n.path),
-                host_path=r(n.host_path) if n.host_path is not None else None,
-                type=n.type,
-                major=n.major,
-                minor=n.minor,
-                file_mode=n.file_mode,
-                permissions=n.permissions,
-                uid=n.uid,
-                gid=n.gid,
-            )
-            for n in e.device_nodes
-        ]
-        or None,
-        mounts=[
-            Mount(
-                host_path=r(m.host_path),
-                container_path=r(m.container_path),
-                options=rl(m.options),
-                type=m.type,
-            )
-            for m in e.mounts
-        ]
-        or None,
-        hooks=[
-            Hook(
-                hook_name=h.hook_name,
-                path=r(h.path),
-                args=rl(h.args),
-                env=rl(h.env),
-                timeout=h.timeout,
-            )
-            for h in e.hooks
-        ]
-        or None,
-        additional_gids=list(e.additional_gids) or None,
+
+def _present(**fields: Any) -> dict[str, Any]:
+    """``fields`` without the unset (None) ones, in the order given (the spec's)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def device_node(
+    path: str,
+    *,
+    host_path: str | None = None,
+    type: str | None = None,
+    major: int | None = None,
+    minor: int | None = None,
+    file_mode: int | None = None,
+    permissions: str | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> dict[str, Any]:
+    """One wire ``deviceNodes`` entry, its keys in the spec's order, unset ones left out."""
+    return _present(
+        path=path,
+        hostPath=host_path,
+        type=type,
+        major=major,
+        minor=minor,
+        fileMode=file_mode,
+        permissions=permissions,
+        uid=uid,
+        gid=gid,
     )

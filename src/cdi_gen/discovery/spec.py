@@ -18,12 +18,11 @@ assembly (:mod:`cdi_gen.cdi.builder`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
-from cdi_gen.cdi.spec import ContainerEdits
 from cdi_gen.cdi.version import Requirement, choose_version, spec_requirements
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.discovery.sharing import expand_devices
@@ -72,7 +71,7 @@ class ClassSpec:
 
 #: A class's verdicts by device name: the edits and the cdiVersion target judged, and the
 #: device's entry or why it is left out. Kept by the caller, one per class.
-Verdicts = dict[str, tuple[ContainerEdits, str | None, DeviceEntry | LeftOut]]
+Verdicts = dict[str, tuple[Mapping[str, Any], str | None, DeviceEntry | LeftOut]]
 
 
 def spec_devices(cls: ClassConfig, devices: Iterable[DiscoveredDevice]) -> list[DiscoveredDevice]:
@@ -141,7 +140,7 @@ def _judge(
 ) -> DeviceEntry | LeftOut:
     """The device's validated entry, or why it cannot be in a spec stated as ``target``."""
     try:
-        entry = build_entry(device.name, device.edits.to_wire())
+        entry = build_entry(device.name, device.edits)
         # Also without a target: a device asking for fields of versions that exclude each
         # other (a 1.1.0 field beside one removed in 1.1.0) fits no document.
         choose_version([*entry.requirements, *own], target, device.name)
