@@ -1,8 +1,11 @@
 """The node's ResourceSlices kept equal to the DRA device pool.
 
 :class:`SlicePublisher` follows :class:`~cdi_gen.discovery.pool.DevicePool`: on every pool
-version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and, when they
-differ from what it last wrote, bumps the pool generation and creates, replaces and deletes
+version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and writes
+what differs from what it last wrote. A change within one existing slice (a device's health or
+attributes, a device added to or removed from it) is one write of that slice, generation
+unchanged; any other change (slices to create or delete, two or more slices to write, so a
+device may move between them) bumps the pool generation and creates, replaces and deletes
 slices to match. At start (and after any failure or foreign change) it lists this driver's
 slices on this node: slices with our names are adopted, others deleted, and the generation
 continues above the highest one found, so the scheduler never prefers a stale slice. A
@@ -205,7 +208,7 @@ class SlicePublisher:
         self._published_changed = asyncio.Event()
         #: Gated fields the API server dropped ("taints", "counters"), each logged once.
         self.dropped: set[str] = set()
-        #: How many times the slices were written (a generation published).
+        #: How many times the pool was written (a new generation, or one slice within one).
         self.publications = 0
 
     @property
@@ -318,9 +321,19 @@ class SlicePublisher:
         if self._need_list:
             await self._list()
         desired = self._build(devices, self._generation)
-        if {s["metadata"]["name"] for s in desired} == set(self._current) and all(
-            self._sent.get(s["metadata"]["name"]) == _digest(s) for s in desired
-        ):
+        changed = [s for s in desired if self._sent.get(s["metadata"]["name"]) != _digest(s)]
+        same_slices = {s["metadata"]["name"] for s in desired} == set(self._current)
+        # At the int64 end a write starts a new generation line (below) even when one would do.
+        one_write = len(changed) == 1 and self._generation < MAX_GENERATION
+        if same_slices and (not changed or one_write):
+            # The slices stay those there are: no slice to create or delete, at most one to
+            # write. A reader sees that slice before or after the write, either way every
+            # device exactly once at one generation, so the generation stays (the rule of
+            # Kubernetes' own resourceslice controller). Two writes could be seen half done
+            # (a device moved between them twice or nowhere): those take a new generation.
+            if changed:
+                await self._write(changed[0])
+                self._published_log(devices, desired)
             return
         if self._generation >= MAX_GENERATION:
             await self._new_generation_line()
@@ -331,6 +344,9 @@ class SlicePublisher:
         extra = set(self._current) - {s["metadata"]["name"] for s in desired}
         for name in sorted(extra):
             await self._delete(name)
+        self._published_log(devices, desired)
+
+    def _published_log(self, devices: tuple[Any, ...], desired: list[Slice]) -> None:
         self.publications += 1
         log.info(
             "published %d devices in %d ResourceSlices of %s, generation %d",
