@@ -64,6 +64,17 @@ def _status(code: int, reason: str, message: str) -> tuple[int, Obj]:
     }
 
 
+def _selector(query: dict[str, list[str]]) -> dict[str, str]:
+    """A request's ``fieldSelector`` as {field: value}."""
+    items = query.get("fieldSelector", [""])[0].split(",")
+    return dict(item.split("=", 1) for item in items if item)
+
+
+def _selected(obj: Obj, wanted: dict[str, str]) -> bool:
+    spec = obj.get("spec") or {}
+    return all(str(spec.get(k.removeprefix("spec."))) == v for k, v in wanted.items())
+
+
 class FakeApiServer:
     """One fake API server; state is plain dicts the test may read."""
 
@@ -89,10 +100,11 @@ class FakeApiServer:
         #: A watch from a resourceVersion below this gets 410 Gone.
         self.oldest_version = 0
         self._version = 0
-        #: Every slice event as (resourceVersion, line): a watch from a version replays them.
-        self._history: list[tuple[int, bytes]] = []
-        #: Open watches, each with whether it asked for bookmarks.
-        self._watchers: dict[asyncio.Queue[bytes | None], bool] = {}
+        #: Every slice event as (resourceVersion, slice, line): a watch from a version
+        #: replays them.
+        self._history: list[tuple[int, Obj, bytes]] = []
+        #: Open watches, each with whether it asked for bookmarks and its field selector.
+        self._watchers: dict[asyncio.Queue[bytes | None], tuple[bool, dict[str, str]]] = {}
         self._changed = asyncio.Condition()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -203,9 +215,12 @@ class FakeApiServer:
         self._event("DELETED", obj)
 
     def _event(self, kind: str, obj: Obj) -> None:
-        line = json.dumps({"type": kind, "object": obj}).encode()
-        self._history.append((int(obj["metadata"]["resourceVersion"]), line + b"\n"))
-        self.send_raw(line)
+        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        self._history.append((int(obj["metadata"]["resourceVersion"]), obj, line))
+        # As the real one, a watch sees only the slices its field selector selects.
+        for queue, (_, wanted) in self._watchers.items():
+            if _selected(obj, wanted):
+                queue.put_nowait(line)
         self._spawn(self._notify())
 
     # -- HTTP ------------------------------------------------------------------------
@@ -342,14 +357,8 @@ class FakeApiServer:
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
     def _list(self, query: dict[str, list[str]]) -> tuple[int, Obj]:
-        wanted = dict(
-            item.split("=", 1) for item in query.get("fieldSelector", [""])[0].split(",") if item
-        )
-        items = [
-            s
-            for _, s in sorted(self.slices.items())
-            if all(str(s["spec"].get(k.removeprefix("spec."))) == v for k, v in wanted.items())
-        ]
+        wanted = _selector(query)
+        items = [s for _, s in sorted(self.slices.items()) if _selected(s, wanted)]
         start = int(query.get("continue", ["0"])[0])
         limit = int(query.get("limit", [str(len(items) or 1)])[0])
         page = items[start : start + limit]
@@ -401,10 +410,11 @@ class FakeApiServer:
         elif since:
             # What happened after that version, first; no await before the watch is
             # registered, so nothing falls between.
-            for version, line in self._history:
-                if version > int(since):
+            for version, obj, line in self._history:
+                if version > int(since) and _selected(obj, _selector(query)):
                     queue.put_nowait(line)
-        self._watchers[queue] = query.get("allowWatchBookmarks", [""])[0] == "true"
+        bookmarks = query.get("allowWatchBookmarks", [""])[0] == "true"
+        self._watchers[queue] = (bookmarks, _selector(query))
         self.watches_opened += 1
         await self._notify()
         writer.write(
@@ -440,7 +450,7 @@ class FakeApiServer:
         bookmark of the newest resourceVersion just before, to those that asked)."""
         bookmark = {"kind": "ResourceSlice", "metadata": {"resourceVersion": str(self._version)}}
         line = json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n"
-        for queue, bookmarks in self._watchers.items():
+        for queue, (bookmarks, _) in self._watchers.items():
             if bookmarks:
                 queue.put_nowait(line)
             queue.put_nowait(None)
