@@ -245,7 +245,8 @@ def test_unplug_withdraws_the_device_from_the_slice(node: Node) -> None:
         lambda found: set(published(found)) == {cdi_name(kept)},
         f"{cdi_name(unused)} withdrawn from the slice",
     )
-    assert claims.slices(DRIVER)[0]["spec"]["pool"]["generation"] > generation
+    # Never lowered; it stays when the withdrawal is one write within one slice.
+    assert claims.slices(DRIVER)[0]["spec"]["pool"]["generation"] >= generation
     assert pods.seen("holder", fresh=True).devices == {held: hex_rdev(kept)}
     assert pods.restarts("holder")[0] == 0
 

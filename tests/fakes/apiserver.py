@@ -1,15 +1,17 @@
 """A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one.
 
 It serves what the agent calls — the Node, ResourceClaims, DaemonSets (the agent's own, asked
-about at exit), and ResourceSlices (list with
-``limit``/``continue``, watch as chunked JSON lines, create, replace with resourceVersion
-conflicts, delete) — and refuses what the real API server refuses where the tests need it (a
-``pool.generation`` outside int64 is a 400, as the real JSON decoder answers).
+about at exit), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
+lines from now or from a resourceVersion, with bookmarks when asked, create, replace with
+resourceVersion conflicts, delete) — and refuses what the real API server refuses where the
+tests need it (a ``pool.generation`` outside int64 is a 400, as the real JSON decoder
+answers).
 
 The test plays "another writer" with :meth:`FakeApiServer.write` and :meth:`FakeApiServer.remove`
 (watchers see the events), and a hostile or broken server with :meth:`FakeApiServer.send_raw`
-(any bytes as one watch line) and :attr:`FakeApiServer.answers` (any status and body for a
-path). Tests wait on :meth:`FakeApiServer.until`, never on time.
+(any bytes as one watch line), :attr:`FakeApiServer.answers` (any status and body for a
+path) and :meth:`FakeApiServer.expire_versions` (a watch from an older resourceVersion gets
+410 Gone, as after etcd's compaction). Tests wait on :meth:`FakeApiServer.until`, never on time.
 
 Use it as ``async with FakeApiServer() as api:``; ``api.kubeconfig(folder)`` writes a
 kubeconfig that points at it.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -63,6 +64,17 @@ def _status(code: int, reason: str, message: str) -> tuple[int, Obj]:
     }
 
 
+def _selector(query: dict[str, list[str]]) -> dict[str, str]:
+    """A request's ``fieldSelector`` as {field: value}."""
+    items = query.get("fieldSelector", [""])[0].split(",")
+    return dict(item.split("=", 1) for item in items if item)
+
+
+def _selected(obj: Obj, wanted: dict[str, str]) -> bool:
+    spec = obj.get("spec") or {}
+    return all(str(spec.get(k.removeprefix("spec."))) == v for k, v in wanted.items())
+
+
 class FakeApiServer:
     """One fake API server; state is plain dicts the test may read."""
 
@@ -85,8 +97,14 @@ class FakeApiServer:
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.watches_opened = 0
         self.watches_closed = 0
-        self._rv = itertools.count(1)
-        self._watchers: list[asyncio.Queue[bytes | None]] = []
+        #: A watch from a resourceVersion below this gets 410 Gone.
+        self.oldest_version = 0
+        self._version = 0
+        #: Every slice event as (resourceVersion, slice, line): a watch from a version
+        #: replays them.
+        self._history: list[tuple[int, Obj, bytes]] = []
+        #: Open watches, each with whether it asked for bookmarks and its field selector.
+        self._watchers: dict[asyncio.Queue[bytes | None], tuple[bool, dict[str, str]]] = {}
         self._changed = asyncio.Condition()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -159,6 +177,19 @@ class FakeApiServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @property
+    def version(self) -> int:
+        """The newest resourceVersion handed out."""
+        return self._version
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def expire_versions(self) -> None:
+        """Every resourceVersion handed out so far becomes too old to watch from."""
+        self.oldest_version = self._version + 1
+
     def send_raw(self, line: bytes) -> None:
         """``line`` (plus a newline) to every open watch, as it is."""
         for queue in self._watchers:
@@ -171,7 +202,7 @@ class FakeApiServer:
         old = self.slices.get(name)
         meta = obj["metadata"]
         meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._next_version()
         self.slices[name] = obj
         self._event("MODIFIED" if old else "ADDED", obj)
         return obj
@@ -179,10 +210,17 @@ class FakeApiServer:
     def remove(self, name: str) -> None:
         """Delete a slice as another writer would (the kubelet at its start)."""
         obj = self.slices.pop(name)
+        # As the real one, the deletion has a resourceVersion of its own.
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": self._next_version()}}
         self._event("DELETED", obj)
 
     def _event(self, kind: str, obj: Obj) -> None:
-        self.send_raw(json.dumps({"type": kind, "object": obj}).encode())
+        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        self._history.append((int(obj["metadata"]["resourceVersion"]), obj, line))
+        # As the real one, a watch sees only the slices its field selector selects.
+        for queue, (_, wanted) in self._watchers.items():
+            if _selected(obj, wanted):
+                queue.put_nowait(line)
         self._spawn(self._notify())
 
     # -- HTTP ------------------------------------------------------------------------
@@ -319,18 +357,12 @@ class FakeApiServer:
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
     def _list(self, query: dict[str, list[str]]) -> tuple[int, Obj]:
-        wanted = dict(
-            item.split("=", 1) for item in query.get("fieldSelector", [""])[0].split(",") if item
-        )
-        items = [
-            s
-            for _, s in sorted(self.slices.items())
-            if all(str(s["spec"].get(k.removeprefix("spec."))) == v for k, v in wanted.items())
-        ]
+        wanted = _selector(query)
+        items = [s for _, s in sorted(self.slices.items()) if _selected(s, wanted)]
         start = int(query.get("continue", ["0"])[0])
         limit = int(query.get("limit", [str(len(items) or 1)])[0])
         page = items[start : start + limit]
-        meta: Obj = {"resourceVersion": str(next(self._rv))}
+        meta: Obj = {"resourceVersion": str(self._version)}
         if start + limit < len(items):
             meta["continue"] = str(start + limit)
         kind = {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1"}
@@ -370,7 +402,19 @@ class FakeApiServer:
         query: dict[str, list[str]],
     ) -> None:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._watchers.append(queue)
+        since = query.get("resourceVersion", [""])[0]
+        if since and int(since) < self.oldest_version:
+            gone = _status(410, "Expired", f"too old resource version: {since}")[1]
+            queue.put_nowait(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            queue.put_nowait(None)
+        elif since:
+            # What happened after that version, first; no await before the watch is
+            # registered, so nothing falls between.
+            for version, obj, line in self._history:
+                if version > int(since) and _selected(obj, _selector(query)):
+                    queue.put_nowait(line)
+        bookmarks = query.get("allowWatchBookmarks", [""])[0] == "true"
+        self._watchers[queue] = (bookmarks, _selector(query))
         self.watches_opened += 1
         await self._notify()
         writer.write(
@@ -397,11 +441,16 @@ class FakeApiServer:
                 await writer.drain()
         finally:
             gone.cancel()
-            self._watchers.remove(queue)
+            del self._watchers[queue]
             self.watches_closed += 1
             await self._notify()
 
     def end_watches(self) -> None:
-        """End every open watch cleanly, as the API server does after its timeout."""
-        for queue in self._watchers:
+        """End every open watch cleanly, as the API server does after its timeout (with a
+        bookmark of the newest resourceVersion just before, to those that asked)."""
+        bookmark = {"kind": "ResourceSlice", "metadata": {"resourceVersion": str(self._version)}}
+        line = json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n"
+        for queue, (bookmarks, _) in self._watchers.items():
+            if bookmarks:
+                queue.put_nowait(line)
             queue.put_nowait(None)

@@ -290,8 +290,9 @@ def _slice_shape(obj: object, what: str) -> Obj:
     return obj
 
 
-def _event(line: str, what: str) -> tuple[str, Obj] | None:
-    """One watch line as (type, slice); None for a bookmark."""
+def _event(line: str, what: str) -> tuple[str, Obj]:
+    """One watch line as (type, slice), or ("BOOKMARK", its object) for a bookmark: a
+    ``metadata.resourceVersion`` string to watch on from."""
     event = _decode(line, what)
     kind, obj = event.get("type"), event.get("object")
     if not isinstance(kind, str) or not isinstance(obj, dict):
@@ -304,7 +305,11 @@ def _event(line: str, what: str) -> tuple[str, Obj] | None:
             code if isinstance(code, int) else None,
         )
     if kind == "BOOKMARK":
-        return None
+        meta = obj.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if not isinstance(version, str) or not version:
+            raise ApiServerError(f"{what}: a bookmark without a resourceVersion: {quote(line)}")
+        return kind, obj
     if kind not in ("ADDED", "MODIFIED", "DELETED"):
         raise ApiServerError(f"{what}: unknown watch event type {quote(kind)}")
     return kind, _slice_shape(obj, what)
@@ -482,16 +487,21 @@ class ApiClient:
         resource_version: str | None = None,
         *,
         on_open: Callable[[], None] | None = None,
+        on_bookmark: Callable[[str], None] | None = None,
     ) -> AsyncGenerator[tuple[str, Obj], None]:
-        """(event type, slice) for every change of ``driver``'s slices on ``node`` until the
-        API server ends the watch (the iteration ends) or it fails (:class:`ApiServerError`,
-        also for a line that is not a well-formed event). ``on_open`` is called once the API
-        server has accepted the watch: from then on no change is missed."""
+        """(event type, slice) for every change of ``driver``'s slices on ``node`` after
+        ``resource_version`` (None: from now) until the API server ends the watch (the
+        iteration ends) or it fails (:class:`ApiServerError`, also for a line that is not a
+        well-formed event; status 410 when ``resource_version`` is too old to watch from).
+        ``on_open`` is called once the API server has accepted the watch: from then on no
+        change is missed. Bookmarks are asked for: ``on_bookmark`` gets each one's
+        resourceVersion, a point to watch on from even when none of our slices changed."""
         what = f"ResourceSlices of {driver} on {node}: watch"
         params = {
             **_selector(driver, node),
             "watch": "true",
             "timeoutSeconds": str(WATCH_SECONDS),
+            "allowWatchBookmarks": "true",
         }
         if resource_version is not None:
             params["resourceVersion"] = resource_version
@@ -506,9 +516,11 @@ class ApiClient:
                     on_open()
                 async for line in response.aiter_lines():
                     if line.strip():
-                        event = _event(line, what)
-                        if event is not None:
-                            yield event
+                        kind, obj = _event(line, what)
+                        if kind != "BOOKMARK":
+                            yield kind, obj
+                        elif on_bookmark is not None:
+                            on_bookmark(obj["metadata"]["resourceVersion"])
         except (httpx2.HTTPError, OSError) as exc:
             raise ApiServerError(f"{what}: {_why(exc)}") from None
 

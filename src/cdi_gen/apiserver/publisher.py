@@ -1,8 +1,11 @@
 """The node's ResourceSlices kept equal to the DRA device pool.
 
 :class:`SlicePublisher` follows :class:`~cdi_gen.discovery.pool.DevicePool`: on every pool
-version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and, when they
-differ from what it last wrote, bumps the pool generation and creates, replaces and deletes
+version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and writes
+what differs from what it last wrote. A change within one existing slice (a device's health or
+attributes, a device added to or removed from it) is one write of that slice, generation
+unchanged; any other change (slices to create or delete, two or more slices to write, so a
+device may move between them) bumps the pool generation and creates, replaces and deletes
 slices to match. At start (and after any failure or foreign change) it lists this driver's
 slices on this node: slices with our names are adopted, others deleted, and the generation
 continues above the highest one found, so the scheduler never prefers a stale slice. A
@@ -15,9 +18,10 @@ step naming the cause, one when it answers again). A watch notices when our slic
 or changed behind our back — the kubelet deletes every slice of the node when it starts, and a
 driver's slices when its socket goes; another writer may edit them — and publishes the pool
 again; the echo of our own writes (the resourceVersion or the content we wrote) is not taken
-for a change. Any failure of the watch, including a line that is not a well-formed event,
-starts it again with backoff; cancellation always ends the publisher, whatever the watch died
-of.
+for a change. When the API server ends the watch it goes on from the last resourceVersion
+seen (a bookmark's), without a list. Any failure of the watch, including a line that is not a
+well-formed event or 410 Gone (a version too old), starts it again with backoff after listing
+again; cancellation always ends the publisher, whatever the watch died of.
 
 :meth:`SlicePublisher.published` lets the agent wait until a pool version is in the API: a
 device leaves the slices before its CDI spec entry is removed.
@@ -200,12 +204,15 @@ class SlicePublisher:
         self._generation = 0
         self._node_uid: str | None = None
         self._need_list = True
+        #: The resourceVersion the watch has seen up to (an event's or a bookmark's): the
+        #: next watch goes on from there. None: unknown, the next watch lists again.
+        self._watch_version: str | None = None
         self._dirty = asyncio.Event()
         self._published = -1
         self._published_changed = asyncio.Event()
         #: Gated fields the API server dropped ("taints", "counters"), each logged once.
         self.dropped: set[str] = set()
-        #: How many times the slices were written (a generation published).
+        #: How many times the pool was written (a new generation, or one slice within one).
         self.publications = 0
 
     @property
@@ -318,9 +325,19 @@ class SlicePublisher:
         if self._need_list:
             await self._list()
         desired = self._build(devices, self._generation)
-        if {s["metadata"]["name"] for s in desired} == set(self._current) and all(
-            self._sent.get(s["metadata"]["name"]) == _digest(s) for s in desired
-        ):
+        changed = [s for s in desired if self._sent.get(s["metadata"]["name"]) != _digest(s)]
+        same_slices = {s["metadata"]["name"] for s in desired} == set(self._current)
+        # At the int64 end a write starts a new generation line (below) even when one would do.
+        one_write = len(changed) == 1 and self._generation < MAX_GENERATION
+        if same_slices and (not changed or one_write):
+            # The slices stay those there are: no slice to create or delete, at most one to
+            # write. A reader sees that slice before or after the write, either way every
+            # device exactly once at one generation, so the generation stays (the rule of
+            # Kubernetes' own resourceslice controller). Two writes could be seen half done
+            # (a device moved between them twice or nowhere): those take a new generation.
+            if changed:
+                await self._write(changed[0])
+                self._published_log(devices, desired)
             return
         if self._generation >= MAX_GENERATION:
             await self._new_generation_line()
@@ -331,6 +348,9 @@ class SlicePublisher:
         extra = set(self._current) - {s["metadata"]["name"] for s in desired}
         for name in sorted(extra):
             await self._delete(name)
+        self._published_log(devices, desired)
+
+    def _published_log(self, devices: tuple[Any, ...], desired: list[Slice]) -> None:
         self.publications += 1
         log.info(
             "published %d devices in %d ResourceSlices of %s, generation %d",
@@ -424,26 +444,51 @@ class SlicePublisher:
             return None
         return "was changed by another writer" if current is not None else "appeared"
 
+    def _follow(self, kind: str, obj: Slice) -> None:
+        """Keep the resourceVersion of a change to our slice that left it as we wrote it
+        (another writer's label, the echo of our write): a resumed watch lists nothing, and
+        a write naming an older version would fail with a conflict."""
+        name = obj["metadata"]["name"]
+        if kind == "DELETED" or name not in self._current or name in self._writing:
+            return
+        if _digest(obj) in (self._sent.get(name), self._returned.get(name)):
+            self._current[name] = _Held.of(obj)
+
     def _relist(self) -> None:
-        """List and publish again: called when the watch (re)opens, since what changed while
-        no watch was open (the kubelet deleting the node's slices at its start) sent no
-        event, and when it breaks, so that such a change is repaired without waiting."""
+        """List and publish again: called when a watch opens with no version to go on from,
+        since what changed while no watch was open (the kubelet deleting the node's slices
+        at its start) sent no event, and when it breaks, so that such a change is repaired
+        without waiting."""
         self._need_list = True
         self._dirty.set()
 
+    def _seen(self, version: Any) -> None:
+        if isinstance(version, str) and version:
+            self._watch_version = version
+
     async def _watch(self) -> None:
         """Publish again when our slices are deleted or changed by someone else, or a slice
-        not ours appears in our pool. Any failure of the watch (no answer, an error, a line
-        that is not an event) starts it again after a backoff; what happened meanwhile is
-        found by listing again."""
+        not ours appears in our pool. A watch the API server ends (every
+        :data:`~cdi_gen.apiserver.client.WATCH_SECONDS`) goes on from the last resourceVersion
+        seen (bookmarks included), which replays what changed meanwhile: no list. Any
+        failure of the watch (no answer, an error, a line that is not an event, 410 Gone for
+        a version too old) starts it again after a backoff from now; what happened meanwhile
+        is found by listing again."""
         from cdi_gen.apiserver.client import ApiServerError
 
         loop = asyncio.get_running_loop()
         backoff = Backoff(self._retry_initial, self._retry_max)
         while True:
             started = loop.time()
+            since = self._watch_version
             try:
-                events = self._client.watch_slices(self.driver, self.node, on_open=self._relist)
+                events = self._client.watch_slices(
+                    self.driver,
+                    self.node,
+                    since,
+                    on_open=self._relist if since is None else None,
+                    on_bookmark=self._seen,
+                )
                 # Closed at once when cancelled, so the connection does not wait for the GC.
                 async with contextlib.aclosing(events):
                     async for kind, obj in events:
@@ -455,16 +500,29 @@ class SlicePublisher:
                                 why,
                             )
                             self._relist()
+                        else:
+                            self._follow(kind, obj)
+                        self._seen(obj["metadata"].get("resourceVersion"))
                 failed: Exception | None = None
             # Whatever broke, the watch must go on: a watcher that dies silently leaves
             # deleted slices unpublished for good.
             except Exception as exc:
                 failed = exc
-            self._relist()
+            if failed is not None:
+                self._watch_version = None
+            if self._watch_version is None:
+                self._relist()
             if loop.time() - started >= backoff.maximum:
                 backoff.succeeded()  # it ran long enough to count as healthy
             backoff.failed("" if failed is None else describe(failed))
-            if failed is not None:
+            if isinstance(failed, ApiServerError) and failed.status == 410:
+                # Expected after a quiet spell longer than the API server keeps history.
+                log.info(
+                    "watching ResourceSlices of %s: version too old, listing again: %s",
+                    self.driver,
+                    failed,
+                )
+            elif failed is not None:
                 log.warning(
                     "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
                     self.driver,

@@ -1,0 +1,105 @@
+"""The publisher's watch against the fake API server: a watch the API server ends is resumed
+from the last resourceVersion seen (a bookmark's), with no list; a version too old to watch
+from (410 Gone) is listed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from cdi_gen.apiserver.client import ApiClient, ApiServerError
+from cdi_gen.apiserver.publisher import SlicePublisher
+from cdi_gen.apiserver.slices import slice_name
+from cdi_gen.discovery.pool import DevicePool
+from tests.fakes.apiserver import SLICES, FakeApiServer
+from tests.unit.test_publisher_hostile import (
+    DRIVER,
+    NODE,
+    device,
+    devices_on,
+    pool_of,
+    publishing,
+)
+
+
+def lists(api: FakeApiServer) -> int:
+    return sum(
+        method == "GET" and path == SLICES and "watch" not in query
+        for method, path, query in api.requests
+    )
+
+
+async def settled(api: FakeApiServer, publisher: SlicePublisher, pool: DevicePool) -> int:
+    """The lists so far once the first watch's list is done (it is asked for when the
+    watch opens): a watch ended and a pool version published after it are the barrier."""
+    await api.until(lambda: api.watches_opened == 1)
+    api.end_watches()
+    await api.until(lambda: api.watches_opened == 2)
+    pool.publish("c", [device("a"), device("b"), device("c")])
+    assert await publisher.published(pool.version, 10)
+    return lists(api)
+
+
+def watches(api: FakeApiServer) -> list[dict[str, Any]]:
+    return [query for method, path, query in api.requests if path == SLICES and "watch" in query]
+
+
+async def test_a_watch_the_server_ends_goes_on_from_its_bookmark_without_a_list(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    pool = pool_of("a", "b")
+    async with publishing(client, pool) as (publisher, _):
+        assert await publisher.published(pool.version, 10)
+        listed = await settled(api, publisher, pool)
+        assert watches(api)[0]["allowWatchBookmarks"] == ["true"]
+        for opened in (3, 4):
+            api.end_watches()
+            await api.until(lambda opened=opened: api.watches_opened == opened)
+            # From the bookmark sent as the watch ended: the newest version.
+            assert watches(api)[-1]["resourceVersion"] == [str(api.version)]
+        assert lists(api) == listed
+
+
+async def test_a_change_between_two_watches_is_replayed_to_the_resumed_one(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    pool = pool_of("a", "b")
+    async with publishing(client, pool) as (publisher, _):
+        assert await publisher.published(pool.version, 10)
+        await api.until(lambda: api.watches_opened == 1)
+        api.end_watches()
+        # After the end of the watch, before the next one: only a replay tells.
+        api.remove(slice_name(NODE, DRIVER, 0))
+        await api.until(lambda: api.watches_opened == 2 and devices_on(api) == ["a", "b"])
+        assert "resourceVersion" in watches(api)[1]
+
+
+async def test_a_version_too_old_to_watch_from_is_listed_again(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    pool = pool_of("a", "b")
+    async with publishing(client, pool) as (publisher, _):
+        assert await publisher.published(pool.version, 10)
+        listed = await settled(api, publisher, pool)
+        api.expire_versions()
+        api.end_watches()
+        # The resumed watch gets 410 Gone: a list, and a watch from now.
+        await api.until(lambda: api.watches_opened == 4 and lists(api) > listed)
+        assert "resourceVersion" in watches(api)[2]
+        assert "resourceVersion" not in watches(api)[3]
+        assert devices_on(api) == ["a", "b", "c"]
+
+
+async def test_a_bookmark_without_a_resource_version_is_a_bad_line(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    events = client.watch_slices(DRIVER, NODE)
+    first = asyncio.ensure_future(anext(events))
+    await api.until(lambda: api.watches_opened == 1)
+    api.send_raw(b'{"type": "BOOKMARK", "object": {"metadata": {}}}')
+    with pytest.raises(ApiServerError, match="a bookmark without a resourceVersion"):
+        await first
+    await events.aclose()
