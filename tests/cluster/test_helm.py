@@ -44,6 +44,7 @@ from .helm import helm
 from .image import REPO, AgentImage
 from .pods import Pods
 from .test_daemonset import agent_pods, diagnostics, http_status, wait_agent_ready
+from .test_uninstall import AgentLogs
 
 # A cold agent image build takes minutes (see image.py); each scenario well under one.
 pytestmark = pytest.mark.timeout(900)
@@ -151,11 +152,23 @@ def _ours(cluster: Cluster) -> list[str]:
 
 
 def _uninstall(release: Helm, cluster: Cluster) -> None:
-    """``helm uninstall --wait``, then, once the agent pod is gone, nothing of the release in
-    the API server and none of our files on the node (each bounded: the agent removes them
-    within its grace period)."""
-    release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-    until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
+    """``helm uninstall --wait`` with the agent's last lines followed: it logged an uninstall
+    (not "spec files kept"); once its pod is gone, nothing of the release is in the API server
+    and none of our files on the node (bounded: the agent removes them within its grace
+    period)."""
+    names = [p["metadata"]["name"] for p in agent_pods(cluster)]
+    logs = AgentLogs(cluster)
+    try:
+        logs.following(names)
+        release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
+        said = [m for _, m in logs.messages()]
+    finally:
+        logs.stop()
+    # For the report (pytest -rA): which answer the agent got.
+    print("agent at uninstall:", [m for m in said if m.startswith(("uninstall", "spec files"))])
+    assert [m for m in said if m.startswith("uninstall: ")], said[-20:]
+    assert not [m for m in said if m.startswith("spec files kept")], said[-20:]
     assert not _release_objects(cluster)
     until_sync(
         lambda: not _ours(cluster),
