@@ -2,13 +2,22 @@
 image of this checkout serves pods (device plugin) and a claim (DRA); ``helm upgrade`` adding
 a class rolls the agent by itself (the config checksum on the pod template); ``helm
 uninstall`` leaves no object of the release in the API server, and on the node what README
-("Install") says: the spec files, nothing of the agent's sockets. With ``existingConfigMap``
-the chart reads the site's ConfigMap at install and upgrade (DeviceClasses, checksum).
+("Install") says: no spec file or owner record of ours, nothing of the agent's sockets, and
+(DRA) no ResourceSlice of the driver. With ``existingConfigMap`` the chart reads the site's
+ConfigMap at install and upgrade (DeviceClasses, checksum).
+
+``helm uninstall`` deletes the DaemonSet first, then its RBAC and, last, its ServiceAccount
+(Helm's uninstall order by kind); each agent, at SIGTERM, asks about its DaemonSet and hears
+404, or 401/403 once the account or its Role went, and removes its spec files before its pod
+is gone. The slices are deleted by the DRA agent where the API server still lets it, else by
+the kubelet 30 s after the plugin went (test_uninstall.py's docstring): the test waits (up to
+120 s) until none is left, whoever deleted them.
 
 Helm is the pinned build (tests/cluster/helm.py), talking to the cluster as its admin. The
 values change only what a test on this machine must (as daemonset.py's overlays do): the
-image (imported, ``pullPolicy: Never``), a config of loop devices, a free metrics port, and,
-for DRA, the API server's address (no kube-proxy routes the ``kubernetes`` Service here).
+image (imported, ``pullPolicy: Never``), a config of loop devices, a free metrics port, and
+the API server's address (no kube-proxy routes the ``kubernetes`` Service here; the agent
+asks the API server about its DaemonSet at exit, and through DRA all along).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from ports import free_port
 
 from tests.waiting import until_sync
 
-from .agent import DRIVER
+from .agent import DRIVER, VENDOR
 from .claims import Claims, allocated_devices, device_attribute
 from .cluster import NODE_NAME, Cluster
 from .conftest import _TEST_LOGS, _wait_nothing_allocatable, wait_capacity
@@ -35,6 +44,7 @@ from .helm import helm
 from .image import REPO, AgentImage
 from .pods import Pods
 from .test_daemonset import agent_pods, diagnostics, http_status, wait_agent_ready
+from .test_uninstall import AgentLogs
 
 # A cold agent image build takes minutes (see image.py); each scenario well under one.
 pytestmark = pytest.mark.timeout(900)
@@ -46,6 +56,8 @@ INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 COLLECTIONS = (
     f"/api/v1/namespaces/{NAMESPACE}/configmaps",
     f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
     f"/api/v1/namespaces/{NAMESPACE}/services",
     f"/api/v1/namespaces/{NAMESPACE}/pods",
     f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets",
@@ -86,12 +98,19 @@ class Helm:
         return str(path)
 
 
-def chart_values(image: AgentImage, config: dict[str, Any], port: int) -> dict[str, Any]:
+def chart_values(
+    cluster: Cluster, image: AgentImage, config: dict[str, Any], port: int
+) -> dict[str, Any]:
+    assert cluster.api is not None
     repository, tag = image.name.rsplit(":", 1)
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "config": yaml.safe_dump(config, sort_keys=False),
         "metrics": {"port": port},
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.api.port)},
+        ],
     }
 
 
@@ -125,10 +144,45 @@ def _specs(cluster: Cluster) -> set[str]:
     return {p.name for p in cluster.cdi_run.glob("*.json")}
 
 
+def _ours(cluster: Cluster) -> list[str]:
+    """Our spec files and their owner records (``.<spec><OWNER_SUFFIX>``) in /var/run/cdi."""
+    return sorted(
+        p.name for p in cluster.cdi_run.iterdir() if p.name.lstrip(".").startswith(f"{VENDOR}-")
+    )
+
+
+def _uninstall(release: Helm, cluster: Cluster) -> None:
+    """``helm uninstall --wait`` with the agent's last lines followed: it logged an uninstall
+    (not "spec files kept"); once its pod is gone, nothing of the release is in the API server
+    and none of our files on the node (bounded: the agent removes them within its grace
+    period)."""
+    names = [p["metadata"]["name"] for p in agent_pods(cluster)]
+    logs = AgentLogs(cluster)
+    try:
+        logs.following(names)
+        release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
+        said = [m for _, m in logs.messages()]
+    finally:
+        logs.stop()
+    # For the report (pytest -rA): which answer the agent got.
+    print("agent at uninstall:", [m for m in said if m.startswith(("uninstall", "spec files"))])
+    assert [m for m in said if m.startswith("uninstall: ")], said[-20:]
+    assert not [m for m in said if m.startswith("spec files kept")], said[-20:]
+    assert not _release_objects(cluster)
+    until_sync(
+        lambda: not _ours(cluster),
+        "no spec file or owner record of ours left after helm uninstall",
+        30,
+        observe=lambda: _ours(cluster),
+    )
+    assert not _agent_sockets(cluster)
+
+
 @pytest.fixture
 def release(cluster: Cluster, agent_image: AgentImage, tmp_path: Path) -> Iterator[Helm]:
     """Helm for one release, ``cdi-gen`` in kube-system; uninstalled at the end if a test
-    left it installed, and the specs the agent leaves (README) removed for the next test."""
+    left it installed, and whatever a failed test left in /var/run/cdi removed for the next."""
     cluster.import_image(agent_image.archive)
     runner = Helm(cluster, tmp_path / "helm")
     runner.home.mkdir()
@@ -141,6 +195,18 @@ def release(cluster: Cluster, agent_image: AgentImage, tmp_path: Path) -> Iterat
         until_sync(lambda: not agent_pods(cluster), "the release's agent pod gone", 60)
         for spec in cluster.cdi_run.glob("*"):
             spec.unlink()
+
+
+def _wait_no_slices(claims: Claims) -> None:
+    """The node's slices are the Node's (owner reference), not the release's: deleted by the
+    agent at its uninstall, or by the kubelet 30 s after the plugin went for good."""
+    until_sync(
+        lambda: not claims.slices(DRIVER),
+        "no ResourceSlice of the uninstalled driver left",
+        120,
+        every=1,
+        observe=lambda: [s["metadata"]["name"] for s in claims.slices(DRIVER)],
+    )
 
 
 def _rolled(cluster: Cluster, old_uid: str) -> Callable[[], dict[str, Any] | None]:
@@ -162,7 +228,7 @@ def test_helm_install_serves_pods_upgrade_adds_a_class_uninstall_leaves_nothing(
     devices = [loops.add(), loops.add()]
     port = free_port()
     config = loop_fpga_config([devices[0].name], dfl_path=False)
-    values = chart_values(agent_image, config, port)
+    values = chart_values(cluster, agent_image, config, port)
     out = release("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
                   "-f", release.values("install", values))  # fmt: skip
     assert "STATUS: deployed" in out, out
@@ -183,7 +249,7 @@ def test_helm_install_serves_pods_upgrade_adds_a_class_uninstall_leaves_nothing(
          "match": {"subsystem": "block", "kernel": devices[1].name,
                    "properties": {"DEVTYPE": "disk"}}}
     )  # fmt: skip
-    values = chart_values(agent_image, config, port)
+    values = chart_values(cluster, agent_image, config, port)
     out = release("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
                   "-f", release.values("upgrade", values))  # fmt: skip
     assert "REVISION: 2" in out, out
@@ -200,14 +266,11 @@ def test_helm_install_serves_pods_upgrade_adds_a_class_uninstall_leaves_nothing(
     pods.wait_running("scratch-consumer")
     assert list(pods.seen("scratch-consumer").devices) == [str(devices[1].path)]
 
+    assert {f"{VENDOR}-fpga.json", f"{VENDOR}-scratch.json"} <= _specs(cluster)
     pods.delete_all()
-    release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-    until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
-    assert not _release_objects(cluster)
-    # On the node, as README says: the spec files stay (running pods may still use their
-    # devices), the agent's sockets went with it, and no device stays allocatable.
-    assert {"example.com-fpga.json", "example.com-scratch.json"} <= _specs(cluster)
-    assert not _agent_sockets(cluster)
+    # On the node, as README says: the agent saw its DaemonSet gone and took its spec files
+    # with it, its sockets went with it, and no device stays allocatable.
+    _uninstall(release, cluster)
     _wait_nothing_allocatable(cluster)
 
 
@@ -216,14 +279,9 @@ def test_helm_install_with_dra_serves_a_claim_and_uninstall_leaves_nothing(
 ) -> None:
     device = loops.add()
     port = free_port()
-    assert cluster.api is not None
     values = {
-        **chart_values(agent_image, loop_fpga_config([device.name], dfl_path=False), port),
+        **chart_values(cluster, agent_image, loop_fpga_config([device.name], dfl_path=False), port),
         "api": "dra",
-        "extraEnv": [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.api.port)},
-        ],
     }
     out = release("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
                   "-f", release.values("install", values))  # fmt: skip
@@ -251,22 +309,11 @@ def test_helm_install_with_dra_serves_a_claim_and_uninstall_leaves_nothing(
     (result,) = allocated_devices(claim)
     assert (result["driver"], result["pool"]) == (DRIVER, NODE_NAME)
 
+    assert f"{VENDOR}-fpga.json" in _specs(cluster)
     claims.pods.delete_all()
     claims.delete_all()
-    release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-    until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
-    assert not _release_objects(cluster)
-    assert not _agent_sockets(cluster)
-    assert "example.com-fpga.json" in _specs(cluster)
-    # The node's slices are the Node's (owner reference), not the release's: the kubelet
-    # deletes a driver's slices once its plugin is gone for good (README, Install).
-    until_sync(
-        lambda: not claims.slices(DRIVER),
-        "the kubelet deleting the uninstalled driver's ResourceSlices",
-        120,
-        every=1,
-        observe=lambda: [s["metadata"]["name"] for s in claims.slices(DRIVER)],
-    )
+    _uninstall(release, cluster)
+    _wait_no_slices(claims)
 
 
 def test_helm_with_an_existing_configmap_reads_it_at_install_and_at_upgrade(
@@ -292,13 +339,9 @@ def test_helm_with_an_existing_configmap_reads_it_at_install_and_at_upgrade(
     api.create(configmaps, site_configmap())
     try:
         values = {
-            **chart_values(agent_image, config, free_port()),
+            **chart_values(cluster, agent_image, config, free_port()),
             "api": "dra",
             "existingConfigMap": {"name": "site-devices", "key": "agent.yaml"},
-            "extraEnv": [
-                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)},
-            ],
         }
         del values["config"]
         release("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
@@ -334,9 +377,7 @@ def test_helm_with_an_existing_configmap_reads_it_at_install_and_at_upgrade(
             timeout=60,
         )
 
-        release("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
-        until_sync(lambda: not agent_pods(cluster), "the agent pod gone after uninstall", 60)
-        assert not _release_objects(cluster)
-        until_sync(lambda: not claims.slices(DRIVER), "the driver's slices deleted", 120, every=1)
+        _uninstall(release, cluster)
+        _wait_no_slices(claims)
     finally:
         api.delete(f"{configmaps}/site-devices")

@@ -80,17 +80,22 @@ class Chart:
         self.env = env
         self.tmp = tmp
 
-    def run(self, values: Mapping[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, values: Mapping[str, Any], release: str = RELEASE, namespace: str = NAMESPACE
+    ) -> subprocess.CompletedProcess[str]:
         path = self.tmp / f"values-{len(list(self.tmp.iterdir()))}.yaml"
         path.write_text(yaml.safe_dump(dict(values)))
         return _helm(
             self.major,
-            ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(path), *args],
+            ["template", release, str(CHART), "--namespace", namespace, "-f", str(path)],
             self.env,
         )
 
-    def render(self, values: Mapping[str, Any] | None = None) -> list[Obj]:
-        proc = self.run(values or {})
+    def render(
+        self, values: Mapping[str, Any] | None = None, release: str = RELEASE,
+        namespace: str = NAMESPACE,
+    ) -> list[Obj]:  # fmt: skip
+        proc = self.run(values or {}, release, namespace)
         assert proc.returncode == 0, proc.stderr
         return _docs(proc.stdout)
 
@@ -275,13 +280,61 @@ def test_every_object_carries_the_release_labels(chart: Chart) -> None:
     values = {"api": "dra", "metrics": {"port": 9400, "serviceMonitor": {"enabled": True}}}
     objects = chart.render(values)
     assert {o["kind"] for o in objects} == {
-        "ConfigMap", "DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-        "DeviceClass", "Service", "ServiceMonitor",
+        "ConfigMap", "DaemonSet", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+        "ClusterRoleBinding", "DeviceClass", "Service", "ServiceMonitor",
     }  # fmt: skip
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels[NAME_LABEL] == "cdi-gen", obj["metadata"]
         assert labels["app.kubernetes.io/instance"] == RELEASE, obj["metadata"]
+
+
+@pytest.mark.parametrize("api", ["devicePlugin", "dra"])
+@pytest.mark.parametrize(
+    ("release", "values", "name"),
+    [
+        ("devices", {}, "devices-cdi-gen"),
+        ("lab", {"fullnameOverride": "node-agent"}, "node-agent"),
+    ],
+    ids=["release-derived", "fullnameOverride"],
+)
+def test_the_agent_may_read_exactly_the_daemonset_it_names(
+    chart: Chart, api: str, release: str, values: dict[str, str], name: str
+) -> None:
+    """The uninstall check at exit: the DaemonSet the agent asks about (CDI_GEN_DAEMONSET) is
+    the chart's, under whatever name the release gives it, and the Role bound to the pod's
+    ServiceAccount lets it read that one, in the release's namespace (the agent's namespace
+    comes from the downward API)."""
+    objects = chart.render({"api": api, **values}, release, "devices-ns")
+    ds = _daemonset(objects)
+    pod = ds["spec"]["template"]["spec"]
+    env = _env(objects)
+    assert ds["metadata"]["name"] == name
+    assert env["CDI_GEN_DAEMONSET"] == name
+    assert env["CDI_GEN_DAEMONSET_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    (account,) = _of(objects, "ServiceAccount")
+    assert (account["metadata"]["name"], account["metadata"]["namespace"]) == (name, "devices-ns")
+    assert pod["serviceAccountName"] == name
+    (role,) = _of(objects, "Role")
+    assert role["metadata"]["namespace"] == "devices-ns"
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [name],
+         "verbs": ["get"]},
+    ]  # fmt: skip
+    (binding,) = _of(objects, "RoleBinding")
+    assert binding["metadata"]["namespace"] == "devices-ns"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+    }  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": "devices-ns"}
+    ]
+    bindings = _of(objects, "ClusterRoleBinding")
+    assert [b["subjects"] for b in bindings] == (
+        [[{"kind": "ServiceAccount", "name": name, "namespace": "devices-ns"}]]
+        if api == "dra"
+        else []
+    )
 
 
 def test_a_changed_config_changes_the_pod_template(chart: Chart) -> None:
