@@ -1,7 +1,8 @@
 """DRA slices per lane and three nodes, on real clusters (tests/cluster), side by side.
 
 - kernel add → device in the node's ResourceSlice, in each lane (current: Kubernetes 1.37.2 +
-  containerd 2.3.7; oldest: 1.35.4 + containerd 1.7.24 with its DRA gates): ``cdi-gen run
+  containerd 2.3.7; oldest: 1.35.4 + containerd 1.7.24 with its DRA gates; crio: 1.36.3 +
+  CRI-O 1.36.3): ``cdi-gen run
   --api dra`` on a single-node cluster, LOOP_CTL_ADD of a device of its class until the API
   server lists it in the node's slices (polled every 10 ms, as the allocatable figure of the
   ``cluster`` area is). Unlike Node allocatable, which the kubelet publishes on its status
@@ -43,7 +44,7 @@ from cluster.daemonset import (  # noqa: E402
 )
 from cluster.fleet import devices_per_node  # noqa: E402
 from cluster.image import ensure_agent_image  # noqa: E402
-from cluster.lane import CURRENT, OLDEST, Lane  # noqa: E402
+from cluster.lane import CURRENT, LANES, Lane  # noqa: E402
 from cluster.pods import Pods  # noqa: E402
 from loopdev import LoopDevices  # noqa: E402
 
@@ -216,7 +217,7 @@ def run(quick: bool = False) -> list[Row]:
         return [("nodes", why, "—")]
     cycles = 5 if quick else 20
     rows: list[Row] = []
-    for lane in (CURRENT, OLDEST):
+    for lane in LANES.values():
         rows += _slice_path(lane, cycles)
     return rows + _three_nodes()
 
