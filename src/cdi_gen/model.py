@@ -28,6 +28,7 @@ __all__ = [
     "ParentRecord",
     "PoolDevice",
     "RecordWants",
+    "attribute_wire",
 ]
 
 #: One shared empty mapping for the many devices without templated attributes.
@@ -36,6 +37,17 @@ NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 #: A DRA device attribute as the driver publishes it: an int, a bool or a string (ResourceSlices
 #: also know semantic versions, which no attribute of ours is).
 AttributeValue = int | bool | str
+
+
+def attribute_wire(value: AttributeValue) -> dict[str, Any]:
+    """An attribute in the API's form (``{"int": 3}``), as ResourceSlices and the device
+    metadata files (KEP-5304) both spell it."""
+    # bool before int: True is an int to Python, a different attribute type to the API.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    return {"string": value}
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cdi_gen.model import AttributeValue, PoolDevice
+from cdi_gen.model import PoolDevice, attribute_wire
 from cdi_gen.names import hashed_label
 
 __all__ = [
@@ -99,21 +99,12 @@ def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
     return []
 
 
-def _attribute(value: AttributeValue) -> dict[str, Any]:
-    # bool before int: True is an int to Python, a different attribute type to the API.
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    return {"string": value}
-
-
 def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         # Unqualified names: the driver's domain is implied, and a qualified key is limited
         # to a 63-character domain that a driver name may exceed.
-        out["attributes"] = {k: _attribute(v) for k, v in sorted(device.attributes.items())}
+        out["attributes"] = {k: attribute_wire(v) for k, v in sorted(device.attributes.items())}
     taints = device_taints(driver, device)
     if taints:
         out["taints"] = taints

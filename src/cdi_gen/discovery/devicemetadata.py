@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.model import AttributeValue
+from cdi_gen.model import AttributeValue, attribute_wire
 
 __all__ = [
     "CONTAINER_DIR",
@@ -55,15 +55,6 @@ def metadata_mount(host_path: str, target: str) -> dict[str, Any]:
     return {"hostPath": host_path, "containerPath": target, "options": ["ro", "bind"]}
 
 
-def _attribute(value: AttributeValue) -> dict[str, Any]:
-    # bool before int: True is an int to Python, a different attribute type to the API.
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    return {"string": value}
-
-
 def metadata_stream(
     *,
     driver: str,
@@ -91,7 +82,11 @@ def metadata_stream(
                     "pool": pool,
                     "name": name,
                     **(
-                        {"attributes": {k: _attribute(v) for k, v in sorted(attributes.items())}}
+                        {
+                            "attributes": {
+                                k: attribute_wire(v) for k, v in sorted(attributes.items())
+                            }
+                        }
                         if attributes
                         else {}
                     ),
