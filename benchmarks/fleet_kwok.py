@@ -11,13 +11,11 @@ its module source, which the Go module cache holds after the build.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import _cluster  # noqa: F401  (puts tests/ on sys.path)
-from cluster.build import BuildError, GoProgram, build
+from cluster.build import GoProgram, build, module_source
 from cluster.process import Component
 from containerd.fetch import CACHE_ROOT
 
@@ -57,19 +55,8 @@ def binary() -> tuple[Path, float]:
 def stages(out: Path) -> Path:
     """The release's stages in one YAML file at ``out``, read from its module source
     (``go mod download`` of the pinned version: nothing when the cache holds it)."""
-    go = os.environ.get("CDI_GEN_GO") or "/usr/local/go/bin/go"
-    proc = subprocess.run(
-        [go, "mod", "download", "-json", "sigs.k8s.io/kwok"],
-        cwd=PIN,
-        env={**os.environ, "GOFLAGS": "-mod=readonly"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise BuildError(f"go mod download sigs.k8s.io/kwok failed:\n{proc.stdout}{proc.stderr}")
-    source = Path(json.loads(proc.stdout)["Dir"])
+    go = Path(os.environ.get("CDI_GEN_GO") or "/usr/local/go/bin/go")
+    source = module_source(go, "sigs.k8s.io/kwok", PIN, goflags="-mod=readonly")
     out.write_text("\n---\n".join((source / stage).read_text() for stage in STAGES))
     return out
 

@@ -202,18 +202,7 @@ def _fetch_toolchain(old_go: Path, cache: Path) -> Path:
         return dest / "bin/go"
     module = f"golang.org/toolchain@v0.0.1-{TOOLCHAIN}.linux-{arch}"
     cache.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [str(old_go), "mod", "download", "-json", module],
-        cwd=cache,
-        env={**os.environ, "GO111MODULE": "on", "GOFLAGS": ""},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
-    if proc.returncode != 0:
-        raise BuildError(f"{old_go} mod download {module} failed:\n{proc.stdout}{proc.stderr}")
-    source = Path(json.loads(proc.stdout)["Dir"])
+    source = module_source(old_go, module, cache, timeout=1800)
     staging = cache / f"{TOOLCHAIN}.new"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging)
@@ -222,6 +211,26 @@ def _fetch_toolchain(old_go: Path, cache: Path) -> Path:
         tool.chmod(0o755)
     staging.rename(dest)
     return dest / "bin/go"
+
+
+def module_source(
+    go: Path, module: str, cwd: Path, *, goflags: str = "", timeout: float = 600
+) -> Path:
+    """The folder of ``module``'s source in Go's module cache (``go mod download -json``, run
+    in ``cwd``: the version its go.mod pins, or the ``module@version`` given), downloaded
+    when the cache lacks it; raises :class:`BuildError` naming the module."""
+    proc = subprocess.run(
+        [str(go), "mod", "download", "-json", module],
+        cwd=cwd,
+        env={**os.environ, "GO111MODULE": "on", "GOFLAGS": goflags},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"{go} mod download {module} failed:\n{proc.stdout}{proc.stderr}")
+    return Path(json.loads(proc.stdout)["Dir"])
 
 
 def find_go(cache: Path, min_go: tuple[int, int]) -> tuple[Path, str]:
