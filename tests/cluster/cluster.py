@@ -627,6 +627,9 @@ class Cluster:
                 "--hostname-override", node.name,
                 "--node-ip", self.node_ip,
                 "--v=2",
+                # The DRA plugin manager logs its ResourceSlice wipes (and their retries) at
+                # 3: what a test of slices left after an uninstall needs to tell why.
+                "--vmodule=dra_plugin_manager=3",
             ]
         )  # fmt: skip
 

@@ -123,6 +123,17 @@ def _agents(fleet: Cluster) -> dict[str, str]:
     }
 
 
+def _registered_everywhere(fleet: Cluster) -> bool:
+    """Whether the agent on every node logged that its kubelet registered the DRA driver
+    (the fleet's pods have no probes to tell it: their metrics port is off)."""
+    said = f"registered {DRIVER} with the kubelet"
+    for pod in _agents(fleet).values():
+        out = fleet.kubectl("-n", NAMESPACE, "logs", pod, check=False)
+        if not any(said in line for line in out.splitlines()):
+            return False
+    return len(_agents(fleet)) == len(fleet.nodes)
+
+
 def _successor(fleet: Cluster, node: str, old: str) -> str | None:
     """The agent pod on ``node`` that is not ``old``, once there is one."""
     now = _agents(fleet).get(node)
@@ -145,6 +156,22 @@ def _slices_of_driver(fleet: Cluster) -> list[str]:
     selector = urllib.parse.quote(f"spec.driver={DRIVER}")
     items = fleet.api.get(f"{SLICES}?fieldSelector={selector}")["items"]
     return sorted(f"{s['spec'].get('nodeName')}:{s['metadata']['name']}" for s in items)
+
+
+#: What each kubelet logs of the driver's registration and of its slices' wipe.
+_KUBELET_DRA = ("DRA plugin", "Connection changed", "ResourceSlice", "driver-cleanup")
+
+
+def _kubelet_dra_lines(fleet: Cluster) -> dict[str, list[str]]:
+    """The lines each node's kubelet logged about DRA plugins and their slices (the last 30):
+    why a kubelet did not wipe the slices of a driver that went."""
+    found: dict[str, list[str]] = {}
+    for node in fleet.nodes:
+        assert node.kubelet is not None
+        text = node.kubelet.log_path.read_text(errors="replace")
+        lines = [line for line in text.splitlines() if any(k in line for k in _KUBELET_DRA)]
+        found[node.name] = [line[:400] for line in lines[-30:]]
+    return found
 
 
 def _uninstall(fleet: Cluster, overlay: Path) -> list[tuple[str, str]]:
@@ -267,16 +294,29 @@ def test_dra_daemonset_uninstall_leaves_no_spec_and_no_slice(
 
                 claims.wait_devices(DRIVER, published, node.name, timeout=120, node=node.name)
                 assert SPEC in _files(node), _files(node)
+            # Slices are published before the kubelet registers the driver (its plugin watcher
+            # looks every second): an agent gone before that was never registered, so its
+            # kubelet has nothing to unregister and never wipes its slices.
+            until_sync(
+                lambda: _registered_everywhere(fleet),
+                "the driver registered on every node",
+                within=120,
+                every=0.5,  # a kubectl per pod and look
+            )
 
             _assert_uninstalled(fleet, _uninstall(fleet, overlay))
             # Deleted by the agents where the API server still let them, else by each
             # kubelet 30 s after the driver went (see the module docstring).
-            until_sync(
-                lambda: not _slices_of_driver(fleet),
-                f"no ResourceSlice of {DRIVER} left",
-                within=120,
-                observe=lambda: _slices_of_driver(fleet),
-            )
+            try:
+                until_sync(
+                    lambda: not _slices_of_driver(fleet),
+                    f"no ResourceSlice of {DRIVER} left",
+                    within=120,
+                    observe=lambda: _slices_of_driver(fleet),
+                )
+            except AssertionError:
+                print("kubelets on DRA:", json.dumps(_kubelet_dra_lines(fleet), indent=1))
+                raise
         finally:
             fleet.kubectl("delete", "--ignore-not-found", "-k", str(overlay))
             for node in fleet.nodes:
