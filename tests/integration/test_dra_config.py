@@ -93,9 +93,7 @@ class Node:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.spec_dir = root / "cdi"
-        edits = {"deviceNodes": [{"path": "/dev/null", **ROOT_ONLY}], "env": ["MODE=class"]}
-        doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
-        write_bytes(self.spec_dir, "example.com", "fpga", dump_document(doc))
+        self.write_class_spec()
         self.pool = DevicePool()
         self.pool.publish(
             "fpga",
@@ -113,6 +111,11 @@ class Node:
         self.claims = Claims()
         self.resolver = SpecCache([self.spec_dir])
         self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
+
+    def write_class_spec(self) -> None:
+        edits = {"deviceNodes": [{"path": "/dev/null", **ROOT_ONLY}], "env": ["MODE=class"]}
+        doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
+        write_bytes(self.spec_dir, "example.com", "fpga", dump_document(doc))
 
     def plugin(self) -> DraPlugin:
         preparer = PoolPreparer(
@@ -401,3 +404,19 @@ async def test_a_claim_whose_record_fails_leaves_no_spec_behind(node: Node) -> N
         assert "cannot write the DRA checkpoint" in answer.error
         assert node.spec_files() == ["example.com-fpga.json"]
         assert list(node.metadata_dir.iterdir()) == []
+
+
+async def test_a_claim_whose_spec_fails_leaves_no_record_behind(node: Node) -> None:
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        (node.spec_dir / "example.com-fpga.json").unlink()  # what the claim's spec starts from
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert "its own CDI spec cannot be written" in answer.error
+        assert "the class's spec is missing" in answer.error
+        path = checkpoint_path(node.root / "state", DRIVER)
+        assert not path.exists() or orjson.loads(path.read_bytes())["claims"] == {}
+        assert list(node.metadata_dir.iterdir()) == []
+        # Nothing of it is left to get in the way: once the class's spec is back, it prepares.
+        node.write_class_spec()
+        assert (await connection.prepare([claim])).claims[UID].error == ""

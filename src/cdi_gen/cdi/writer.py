@@ -103,9 +103,16 @@ def _digest(data: bytes) -> str:
 def _folder(spec_dir: Path, create: bool = False) -> Iterator[int]:
     """A descriptor of the spec folder (the folder itself may be reached through links, as
     ``/var/run`` is; what is inside it never is)."""
-    if create:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        fd = os.open(spec_dir, flags)
+    except FileNotFoundError:
+        # Created only when missing (the common case, a write into a folder that exists,
+        # costs one open): every prepared claim writes here.
+        if not create:
+            raise
         make_folder(spec_dir, DIR_MODE)  # explicit mode: not 0700 under umask 077
-    fd = os.open(spec_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(spec_dir, flags)
     try:
         yield fd
     finally:
@@ -267,7 +274,11 @@ def write_bytes(
     target = spec_dir / filename
     try:
         with _folder(spec_dir, create=True) as dir_fd:
-            _remove_stale_temps_in(dir_fd)
+            if transient is None:
+                # Not for a claim's spec: listing the folder at every prepared claim would
+                # cost in proportion to the claims prepared; the class's writes (at start and
+                # at every change) and the start-up sweep remove what a killed writer left.
+                _remove_stale_temps_in(dir_fd)
             current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
             record = _read_owner(dir_fd, filename)  # read once: ownership and instance
             current_hash = None if current is None else _digest(current)
