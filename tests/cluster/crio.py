@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 from containerd.config import to_toml
-from containerd.cri import CRIClient
+from containerd.cri import CRIClient, stop_runtime
 from podman_store import PodmanStore
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -260,21 +260,7 @@ class Crio:
 
     def stop(self) -> list[str]:
         """Undo everything, whatever state CRI-O is in; returns what could not be undone."""
-        problems: list[str] = []
-        if self.cri is not None:
-            if self.process is not None and self.process.poll() is None:
-                try:
-                    problems += self.cri.remove_all_pods()
-                except grpc.RpcError as exc:
-                    problems.append(f"removing pods: {exc.code()} {exc.details()}")
-            self.cri.close()
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        problems = stop_runtime(self.cri, self.process)
         # What survived the CRI removal: containers in our runc root, then their monitors.
         runc_root = self.home / "runc"
         for state in runc_root.glob("*/state.json"):

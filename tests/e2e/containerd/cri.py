@@ -5,6 +5,8 @@ devices, over containerd's real gRPC socket.
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -196,3 +198,26 @@ class CRIClient:
             except grpc.RpcError as exc:
                 errors.append(f"{pod.id}: {exc.code()} {exc.details()}")
         return errors
+
+
+def stop_runtime(cri: CRIClient | None, process: subprocess.Popen[bytes] | None) -> list[str]:
+    """End a container runtime a test started: every pod removed through CRI while it still
+    answers, the client closed, then SIGTERM (SIGKILL after 10 s). Returns what could not be
+    removed; the caller then clears what survived in its own runc root."""
+    problems: list[str] = []
+    running = process is not None and process.poll() is None
+    if cri is not None:
+        if running:
+            try:
+                problems += cri.remove_all_pods()
+            except grpc.RpcError as exc:
+                problems.append(f"removing pods: {exc.code()} {exc.details()}")
+        cri.close()
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    return problems

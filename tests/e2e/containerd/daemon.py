@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from .config import daemon_config, daemon_config_v4, to_toml
-from .cri import CRIClient
+from .cri import CRIClient, stop_runtime
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 RUN_CONTAINERD = Path("/run/containerd")
@@ -186,24 +186,9 @@ class Containerd:
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", str(archive))
 
-    # Complexity exception (C901): the shutdown escalation (signal, wait, kill, reap) in order.
-    def stop(self) -> list[str]:  # noqa: C901
+    def stop(self) -> list[str]:
         """Undo everything, whatever state the daemon is in; returns what could not be undone."""
-        problems: list[str] = []
-        if self.cri is not None:
-            if self.process is not None and self.process.poll() is None:
-                try:
-                    problems += self.cri.remove_all_pods()
-                except grpc.RpcError as exc:
-                    problems.append(f"removing pods: {exc.code()} {exc.details()}")
-            self.cri.close()
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        problems = stop_runtime(self.cri, self.process)
         # Whatever survived the CRI removal: containers in our runc root, then their shims.
         runc_root = self.work / "runc"
         for ns_root in [runc_root, *runc_root.glob("*")]:
