@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document, load_spec
 from cdi_gen.errors import SpecWriteError
+from cdi_gen.files import OWNER_MAX_BYTES
 
 STEPS = [
     "owner-temp-created",
@@ -245,6 +247,37 @@ def test_transient_specs_are_named_as_cdi_does_and_kept_apart(tmp_path: Path) ->
         ".example.com-loop.json.cdi-gen-owner",
         "example.com-loop.json",
     ]
+
+
+def test_a_transient_specs_payload_lives_and_goes_with_it(tmp_path: Path) -> None:
+    data = make_spec("claim-loop0")
+    first = {"uid": "3f2a-11", "devices": [1]}
+    write = partial(writer.write_bytes, tmp_path, "example.com", "loop", data, instance="me")
+    assert write(transient="3f2a-11", payload=first)
+    # A transient spec without a payload, and another instance's, are not read back.
+    assert write(transient="no-payload")
+    assert writer.write_bytes(
+        tmp_path, "example.com", "loop", data, transient="x", instance="other", payload={"a": 1}
+    )
+    assert writer.owned_transient_payloads(tmp_path, instance="me") == [
+        ("example.com", "loop", "3f2a-11", first)
+    ]
+    # The same bytes with the same payload are no write; a new payload alone is one.
+    assert not write(transient="3f2a-11", payload=first)
+    second = {"uid": "3f2a-11", "devices": [2]}
+    assert write(transient="3f2a-11", payload=second)
+    assert writer.owned_transient_payloads(tmp_path, instance="me")[0][3] == second
+    assert writer.remove_spec(tmp_path, "example.com", "loop", transient="3f2a-11", instance="me")
+    assert writer.owned_transient_payloads(tmp_path, instance="me") == []
+
+
+def test_a_payload_too_large_to_read_back_is_refused_before_any_write(tmp_path: Path) -> None:
+    payload = {"blob": "x" * OWNER_MAX_BYTES}
+    with pytest.raises(SpecWriteError, match=r"owner record would be \d+ bytes, over the 65536"):
+        writer.write_bytes(
+            tmp_path, "example.com", "loop", make_spec("a"), transient="t", payload=payload
+        )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("transient", ["", "../x", "a/b", ".hidden", "x" * 129, "a\nb"])

@@ -25,7 +25,9 @@ A *transient* spec belongs to something shorter-lived than its class (a DRA clai
 as the CDI library names them, ``<vendor>-<class>_<transient id>.json``, and its record says
 ``transient``. It is written and removed like a class's spec, but :func:`owned_specs` and the
 removal of unconfigured classes never count it: whoever made it (the DRA driver, through its
-checkpoint) removes it, found with :func:`owned_transient_specs`.
+checkpoint) removes it, found with :func:`owned_transient_specs`. Its record may carry a
+*payload*, a JSON object of its writer's (a DRA claim's record), which lives and goes with the
+spec: :func:`owned_transient_payloads` reads them back.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -251,6 +253,31 @@ def _check_names(vendor: str, cls: str, transient: str | None = None) -> str:
         raise SpecWriteError(f"refusing to touch the spec of {exc}") from None
 
 
+def _owner_record(
+    target: Path,
+    names: dict[str, object],
+    hashes: list[str],
+    transient: str | None,
+    payload: Mapping[str, object] | None,
+) -> bytes:
+    """The owner record of ``target`` as written: ``names`` (vendor, class, file, instance),
+    the spec's ``hashes`` and, for a transient spec, its ID and ``payload``. Raises
+    :class:`SpecWriteError` if it would be larger than a reader accepts: what is written is
+    what can be read back, or the spec would be ours to no reader."""
+    record = {**names, "sha256": hashes}
+    if transient is not None:
+        record["transient"] = transient
+        if payload is not None:
+            record["payload"] = dict(payload)
+    encoded = orjson.dumps(record)
+    if len(encoded) > OWNER_MAX_BYTES:
+        raise SpecWriteError(
+            f"{str(target)!r}: its owner record would be {len(encoded)} bytes, over the"
+            f" {OWNER_MAX_BYTES} an owner record may hold (payload too large)"
+        )
+    return encoded
+
+
 def write_bytes(
     spec_dir: Path,
     vendor: str,
@@ -259,15 +286,18 @@ def write_bytes(
     *,
     instance: str | None = None,
     transient: str | None = None,
+    payload: Mapping[str, object] | None = None,
     step_hook: StepHook | None = None,
 ) -> bool:
     """Atomically make ``spec_dir/<vendor>-<class>.json`` hold ``data``; True if it changed.
-    With ``transient``, the transient spec ``<vendor>-<class>_<transient>.json``.
+    With ``transient``, the transient spec ``<vendor>-<class>_<transient>.json``; with
+    ``payload`` as well, its owner record carries that JSON object, for
+    :func:`owned_transient_payloads` (what the spec was written for, kept as long as it is).
 
     Creates the folder if missing. Raises :class:`SpecWriteError` if the target exists but is
     not ours (foreign file, link, content we never wrote, or a spec another ``instance`` wrote;
-    default: the vendor), the vendor or class is not a valid name, or the folder cannot be
-    written.
+    default: the vendor), the vendor or class is not a valid name, the owner record would be
+    larger than a reader accepts, or the folder cannot be written.
     """
     filename = _check_names(vendor, cls, transient)
     instance = instance or vendor
@@ -289,7 +319,7 @@ def write_bytes(
                 )
             if current is not None:
                 _check_instance(record, instance, target)
-            if current == data:
+            if current == data and (payload is None or (record or {}).get("payload") == payload):
                 return False
             # The record names exactly the spec on disk now and the one about to replace it:
             # whichever survives a crash or a full disk between the two renames stays ours.
@@ -299,17 +329,15 @@ def write_bytes(
             new_hash = _digest(data)
             if new_hash not in kept:
                 kept.append(new_hash)
-            new_record: dict[str, object] = {
-                "vendor": vendor,
-                "class": cls,
-                "file": filename,
-                "instance": instance,
-                "sha256": kept,
-            }
-            if transient is not None:
-                new_record["transient"] = transient
+            encoded = _owner_record(
+                target,
+                {"vendor": vendor, "class": cls, "file": filename, "instance": instance},
+                kept,
+                transient,
+                payload,
+            )
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
-            _atomic_replace(dir_fd, _owner_name(filename), orjson.dumps(new_record), owner_hook)
+            _atomic_replace(dir_fd, _owner_name(filename), encoded, owner_hook)
             _atomic_replace(dir_fd, filename, data, step_hook)
     except SpecWriteError:
         raise
@@ -365,11 +393,14 @@ def remove_spec(
     return True
 
 
-def _owned_records(spec_dir: Path, instance: str | None) -> list[tuple[str, str, str | None]]:
-    """``(vendor, class, transient or None)`` of every spec in ``spec_dir`` that is ours (and
-    ``instance``'s, when given). A record whose names are invalid, or which is not stored
-    under the name they give, is not ours: it is logged and ignored."""
-    found: list[tuple[str, str, str | None]] = []
+_Owned = tuple[str, str, str | None, dict[str, object]]
+
+
+def _owned_records(spec_dir: Path, instance: str | None) -> list[_Owned]:
+    """``(vendor, class, transient or None, record)`` of every spec in ``spec_dir`` that is
+    ours (and ``instance``'s, when given). A record whose names are invalid, or which is not
+    stored under the name they give, is not ours: it is logged and ignored."""
+    found: list[_Owned] = []
     try:
         with _folder(spec_dir) as dir_fd:
             for entry in sorted(os.listdir(dir_fd)):
@@ -397,8 +428,8 @@ def _owned_records(spec_dir: Path, instance: str | None) -> list[tuple[str, str,
                     continue
                 if instance is not None and _instance_of(record) != instance:
                     continue
-                if _is_owned_in(dir_fd, filename):
-                    found.append((vendor, cls, transient))
+                if record is not None and _is_owned_in(dir_fd, filename):
+                    found.append((vendor, cls, transient, record))
     except OSError:
         return found
     return found
@@ -411,13 +442,27 @@ def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[st
     A record whose vendor or class is invalid, or which is not stored under the name its
     vendor and class give, is not ours (someone else wrote it): it is logged and ignored.
     """
-    return sorted((v, c) for v, c, t in _owned_records(spec_dir, instance) if t is None)
+    return sorted((v, c) for v, c, t, _ in _owned_records(spec_dir, instance) if t is None)
 
 
 def owned_transient_specs(spec_dir: Path, *, instance: str) -> list[tuple[str, str, str]]:
     """``(vendor, class, transient id)`` of every transient spec ``instance`` wrote in
     ``spec_dir`` and that is still ours, sorted."""
-    return sorted((v, c, t) for v, c, t in _owned_records(spec_dir, instance) if t is not None)
+    return sorted((v, c, t) for v, c, t, _ in _owned_records(spec_dir, instance) if t is not None)
+
+
+def owned_transient_payloads(
+    spec_dir: Path, *, instance: str
+) -> list[tuple[str, str, str, object]]:
+    """``(vendor, class, transient id, payload)`` of every transient spec ``instance`` wrote
+    in ``spec_dir`` with a payload (:func:`write_bytes`) and that is still ours, sorted by
+    names. The payload is as read: the caller checks its shape."""
+    found = [
+        (v, c, t, r["payload"])
+        for v, c, t, r in _owned_records(spec_dir, instance)
+        if t is not None and "payload" in r
+    ]
+    return sorted(found, key=lambda f: f[:3])
 
 
 def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE, *, durable: bool = True) -> None:
