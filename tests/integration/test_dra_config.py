@@ -18,13 +18,11 @@ import pytest
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.cdi.writer import write_bytes
-from cdi_gen.config.claimconfig import parse_device_config
+from cdi_gen.cdi.writer import OWNER_SUFFIX, write_bytes
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.kubelet import draplugin
 from cdi_gen.kubelet.checkpoint import checkpoint_path
-from cdi_gen.kubelet.claims import prepare_claim
 from cdi_gen.kubelet.claimspecs import ClaimSpecs
 from cdi_gen.kubelet.draplugin import DraPlugin
 from cdi_gen.kubelet.preparer import PoolPreparer
@@ -112,10 +110,13 @@ class Node:
         self.resolver = SpecCache([self.spec_dir])
         self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
 
-    def write_class_spec(self) -> None:
+    def spec_bytes(self) -> bytes:
         edits = {"deviceNodes": [{"path": "/dev/null", **ROOT_ONLY}], "env": ["MODE=class"]}
         doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
-        write_bytes(self.spec_dir, "example.com", "fpga", dump_document(doc))
+        return dump_document(doc)
+
+    def write_class_spec(self) -> None:
+        write_bytes(self.spec_dir, "example.com", "fpga", self.spec_bytes())
 
     def plugin(self) -> DraPlugin:
         preparer = PoolPreparer(
@@ -273,36 +274,44 @@ async def test_a_device_held_by_another_claim_is_refused_unless_admin_access(
         assert (await connection.prepare([second])).claims["uid-2"].error == ""
 
 
-async def test_claim_specs_follow_the_checkpoint_across_restarts(node: Node) -> None:
+def checkpoint_claims(node: Node) -> list[str]:
+    """The UIDs in the checkpoint file (none yet: no file)."""
+    path = checkpoint_path(node.root / "state", DRIVER)
+    return list(orjson.loads(path.read_bytes())["claims"]) if path.exists() else []
+
+
+async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node: Node) -> None:
     claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params(env={"A": "1"}))])
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
-        assert (await connection.prepare([claim])).claims[UID].error == ""
-    # A spec no checkpoint names: what an agent killed between the spec and the record leaves.
-    view = ClaimView("default", "x", "uid-orphan", (result("fpga-1"),))
-    devices = prepare_claim(
-        "uid-orphan", view, driver=DRIVER, pool_name=POOL, devices=node.pool.devices
-    )
-    ClaimSpecs(node.spec_dir, "example.com", driver=DRIVER, metadata_dir=node.metadata_dir).write(
-        "uid-orphan",
-        "claim default/x",
-        claim=view,
-        devices=devices,
-        configs=[parse_device_config(params())],
-        pool=node.pool.devices,
-    )
-    assert "example.com-fpga_uid-orphan.json" in node.spec_files()
-    assert (node.metadata_dir / "default_x_fpga.json").exists()
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
-        await kubelet.next_registration()
-        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
-        assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
-    # A node restart empties /var/run/cdi: the claim is forgotten and prepared anew.
-    (node.spec_dir / CLAIM_SPEC).unlink()
+        first = (await connection.prepare([claim])).claims[UID]
+        assert first.error == ""
+    # Its record rides in its spec's owner record, not in the checkpoint file.
+    assert checkpoint_claims(node) == []
+    record = orjson.loads((node.spec_dir / f".{CLAIM_SPEC}{OWNER_SUFFIX}").read_bytes())
+    assert (record["payload"]["uid"], record["payload"]["name"]) == (UID, "c1")
+    # A spec of ours with no claim record (an agent before records rode with specs, killed
+    # between the spec and its checkpoint): no prepared claim names it.
+    write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-orphan")
+    (node.metadata_dir / "default_x_fpga.json").write_bytes(b"{}\n")
+    del node.claims.claims["c1"]  # gone from the API server: answered from the record alone
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
-        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
-        assert state["claims"] == {}
+        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
+        assert (await connection.prepare([claim])).claims[UID] == first
+        assert (await connection.unprepare([claim])).claims[UID].error == ""
+        assert node.spec_files() == ["example.com-fpga.json"]
+    # A node restart empties /var/run/cdi, the claim's record with its spec: prepared anew.
+    node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params(env={"A": "1"}))])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+    for name in (CLAIM_SPEC, f".{CLAIM_SPEC}{OWNER_SUFFIX}"):
+        (node.spec_dir / name).unlink()
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        assert list(node.metadata_dir.iterdir()) == []  # no prepared claim names it
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
 
@@ -367,9 +376,7 @@ async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node
     metadata.write_bytes(b"")
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
-        state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
-        assert state["claims"] == {}
-        assert node.spec_files() == ["example.com-fpga.json"]
+        assert node.spec_files() == ["example.com-fpga.json"]  # forgotten, its spec removed
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert orjson.loads(metadata.read_bytes().splitlines()[0])["kind"] == "DeviceMetadata"
 
@@ -391,8 +398,9 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
         assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]
 
 
-async def test_a_claim_whose_record_fails_leaves_no_spec_behind(node: Node) -> None:
-    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+async def test_a_configured_claim_needs_no_write_of_the_checkpoint(node: Node) -> None:
+    configured = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    plain = node.claims.add("c2", "uid-2", result("fpga-1"))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         # The checkpoint cannot be written: a file where its folder should be.
@@ -400,10 +408,10 @@ async def test_a_claim_whose_record_fails_leaves_no_spec_behind(node: Node) -> N
         if state.exists():
             state.rmdir()
         state.write_bytes(b"")
-        answer = (await connection.prepare([claim])).claims[UID]
-        assert "cannot write the DRA checkpoint" in answer.error
-        assert node.spec_files() == ["example.com-fpga.json"]
-        assert list(node.metadata_dir.iterdir()) == []
+        answers = (await connection.prepare([configured, plain])).claims
+        assert answers[UID].error == ""
+        assert "cannot write the DRA checkpoint" in answers["uid-2"].error
+        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
 
 
 async def test_a_claim_whose_spec_fails_leaves_no_record_behind(node: Node) -> None:

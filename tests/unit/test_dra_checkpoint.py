@@ -4,8 +4,10 @@ what is written can be read back, and atomic replacement."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 
 import orjson
@@ -21,6 +23,8 @@ from cdi_gen.kubelet.checkpoint import (
     ClaimSpec,
     PreparedClaim,
     checkpoint_path,
+    claim_record,
+    read_claim_record,
 )
 from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
 
@@ -71,7 +75,7 @@ def test_round_trip_and_removal(tmp_path: Path) -> None:
     cp.add("u1", CLAIM)
     assert cp.path.stat().st_mode & 0o777 == 0o600
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 2, DRIVER)
+    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 3, DRIVER)
     again = fresh(tmp_path)
     again.load()
     assert again.claims == {"u1": CLAIM}
@@ -111,7 +115,9 @@ def test_any_claims_survive_the_file(
         cp.add(uid, claim)
     again = Checkpoint(cp.path, DRIVER, pool=POOL, kinds=KINDS)
     again.load()
-    assert dict(again.claims) == data
+    # A claim with specs of its own is recorded with them, not in the file.
+    assert dict(again.claims) == {u: c for u, c in data.items() if not c.specs}
+    assert dict(cp.claims) == data
 
 
 @pytest.mark.parametrize(
@@ -121,16 +127,16 @@ def test_any_claims_survive_the_file(
         (b"[]", "not a cdi-gen DRA checkpoint"),
         (b'{"kind": "other"}', "not a cdi-gen DRA checkpoint (kind 'other'"),
         (
-            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 3, "driver": DRIVER, "claims": {}}),
-            "checkpoint format 3 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 2",
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 4, "driver": DRIVER, "claims": {}}),
+            "checkpoint format 4 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 3",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": "2", "driver": DRIVER}),
-            "checkpoint format '2'; this cdi-gen reads formats 1 to 2",
+            "checkpoint format '2'; this cdi-gen reads formats 1 to 3",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": True, "driver": DRIVER}),
-            "checkpoint format True; this cdi-gen reads formats 1 to 2",
+            "checkpoint format True; this cdi-gen reads formats 1 to 3",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": 1, "driver": "x.io", "claims": {}}),
@@ -306,11 +312,11 @@ def test_a_reader_sees_the_old_or_the_new_file(tmp_path: Path) -> None:
     assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u1", "u2"}
 
 
-def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_2(
+def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The file the agent wrote before per-claim specs (format 1), stored as it was written:
-    # an upgraded agent answers its claims as before, then records them in format 2.
+    # an upgraded agent answers its claims as before, then records them in format 3.
     cp = Checkpoint(
         checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
     )
@@ -320,7 +326,7 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_2(
     cp.path.chmod(0o600)
     with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
         cp.load()
-    assert "checkpoint format 1 read as format 2" in caplog.text
+    assert "checkpoint format 1 read as format 3" in caplog.text
     first = cp.claims["0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b"]
     assert first == PreparedClaim(
         "default",
@@ -332,16 +338,13 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_2(
     assert cp.path.read_bytes() == stored  # not rewritten until something changes
     cp.remove("0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b")
     doc = orjson.loads(cp.path.read_bytes())
-    assert doc["version"] == 2
+    assert doc["version"] == 3
     assert list(doc["claims"]) == ["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
 
 
-def test_admin_access_and_claim_specs_survive_the_file(tmp_path: Path) -> None:
+def test_admin_access_survives_the_file(tmp_path: Path) -> None:
     claim = PreparedClaim(
-        "ns",
-        "c",
-        (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=claim-u1-0",), None, True),),
-        (ClaimSpec("example.com/fpga", "u1"),),
+        "ns", "c", (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=0",), None, True),)
     )
     cp = fresh(tmp_path)
     cp.load()
@@ -349,6 +352,89 @@ def test_admin_access_and_claim_specs_survive_the_file(tmp_path: Path) -> None:
     again = fresh(tmp_path)
     again.load()
     assert again.claims == {"u1": claim}
+
+
+SPEC_HELD = PreparedClaim(
+    "ns",
+    "c",
+    (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=claim-u1-0",)),),
+    (ClaimSpec("example.com/fpga", "u1"),),
+)
+
+
+def test_a_claim_with_its_own_specs_never_writes_the_file(tmp_path: Path) -> None:
+    # Its record rides in its specs' owner records; the file is neither made nor changed.
+    cp = fresh(tmp_path)
+    cp.load()
+    cp.add("u1", SPEC_HELD)
+    assert cp.claims == {"u1": SPEC_HELD}
+    assert not cp.path.exists()
+    cp.add("u2", CLAIM)
+    before = cp.path.read_bytes()
+    assert set(orjson.loads(before)["claims"]) == {"u2"}
+    assert cp.remove("u1") is True
+    assert cp.path.read_bytes() == before
+    assert cp.claims == {"u2": CLAIM}
+
+
+def test_adopt_takes_in_our_claims_recorded_with_their_specs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cp = fresh(tmp_path)
+    cp.load()
+    assert cp.adopt("u1", SPEC_HELD) is True
+    assert cp.adopt("u1", SPEC_HELD) is False  # recorded already
+    assert cp.adopt("u2", CLAIM) is False  # no specs: such a claim lives in the file
+    foreign = dataclasses.replace(SPEC_HELD, specs=(ClaimSpec("other.com/x", "u3"),))
+    assert cp.adopt("u3", foreign) is False
+    assert "spec 'other.com/x' is not of this" in caplog.text
+    assert cp.claims == {"u1": SPEC_HELD}
+    assert not cp.path.exists()
+
+
+def test_a_format_2_file_keeps_its_claims_with_specs_until_they_are_unprepared(
+    tmp_path: Path,
+) -> None:
+    # Their owner records (written before format 3) carry no claim: the file stays their record.
+    cp = fresh(tmp_path)
+    cp.path.parent.mkdir()
+    held = {
+        **wire("example.com/fpga=claim-u1-0"),
+        "specs": [{"kind": "example.com/fpga", "transient": "u1"}],
+    }
+    doc = {"kind": CHECKPOINT_KIND, "version": 2, "driver": DRIVER, "claims": {"u1": held}}
+    cp.path.write_bytes(orjson.dumps(doc))
+    cp.path.chmod(0o600)
+    cp.load()
+    cp.add("u2", CLAIM)
+    written = orjson.loads(cp.path.read_bytes())
+    assert (written["version"], set(written["claims"])) == (3, {"u1", "u2"})
+    cp.remove("u1")
+    assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u2"}
+
+
+@pytest.mark.parametrize(
+    "claim", [SPEC_HELD, dataclasses.replace(SPEC_HELD, devices=(), namespace="")]
+)
+def test_a_claim_record_reads_back(claim: PreparedClaim) -> None:
+    assert read_claim_record(orjson.loads(orjson.dumps(claim_record("u1", claim)))) == (
+        "u1",
+        claim,
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "why"),
+    [
+        ([], "want an object"),
+        ({**claim_record("u1", SPEC_HELD), "uid": 3}, "record.uid: want a string, got 3"),
+        (claim_record("u1", CLAIM), "record.specs: a claim recorded with its specs names them"),
+        ({**claim_record("u1", SPEC_HELD), "devices": {}}, "record.devices: want a list"),
+    ],
+)
+def test_an_unreadable_claim_record_is_refused_naming_the_field(doc: object, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        read_claim_record(doc)
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,25 @@ kubelet gets its answer, and removed when it is unprepared. The file is replaced
 (temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
 after the last change, never a mix.
 
+A claim with specs of its own (a configured one, :mod:`cdi_gen.kubelet.claimspecs`) is
+recorded with them instead: each of its specs' owner records in ``/var/run/cdi`` carries the
+claim (:func:`claim_record`), written before the spec, and goes with it. Both live exactly as
+long as the claim's specs do (a node restart empties that tmpfs, and such a claim is then read
+and prepared anew), and the claim costs no write of this file: the preparer hands them in with
+:meth:`Checkpoint.adopt` at start, and :meth:`Checkpoint.add` and :meth:`Checkpoint.remove`
+keep them in memory only.
+
 The file says what it is (``kind``), which format (``version``) and whose it is
-(``driver``). Format 2 adds, per device, ``adminAccess`` and, per claim, the transient specs
-written for it (``specs``: kind and transient ID), so that they are removed at unprepare and
-known after a restart. A format 1 file (cdi-gen before per-claim specs) is read as format 2
-with neither (its claims hold their devices exclusively and have no spec of their own) and
-written as format 2 at the next change; a format newer than this cdi-gen's is refused, naming
-both. A file that is not that (corrupt, foreign, another driver's, a newer format),
-or that someone else could have written (not owned by our effective user, or writable by
-group or others), is refused with one line naming the file and why, and left as it is:
+(``driver``). Format 2 added, per device, ``adminAccess`` and, per claim, the transient specs
+written for it (``specs``: kind and transient ID). Format 3 leaves out the claims recorded with
+their specs; a format-2 file's claims with specs stay in the file until they are unprepared,
+and an older cdi-gen refuses format 3 instead of removing specs it would not know of. A format
+1 file (cdi-gen before per-claim specs) is read with neither (its claims hold their devices
+exclusively and have no spec of their own). Older formats are written as format 3 at the next
+change; a format newer than this cdi-gen's is refused, naming both. A file that is not that
+(corrupt, foreign, another driver's, a newer format), or that someone else could have
+written (not owned by our effective user, or writable by group or others), is refused with
+one line naming the file and why, and left as it is:
 overwriting it would forget claims the kubelet still counts on, and cdi-gen never replaces a
 file it did not write. The operator moves it away to start with no prepared claims. Within a
 file of ours, a claim is answered again only if every recorded device is in our pool and
@@ -56,14 +66,16 @@ __all__ = [
     "ClaimSpec",
     "PreparedClaim",
     "checkpoint_path",
+    "claim_record",
+    "read_claim_record",
 ]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
 #: Formats read and converted to :data:`CHECKPOINT_VERSION` (written at the next change).
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 #: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
 #: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
 #: the largest claims and tens of thousands of common ones, more than a node prepares.
@@ -173,24 +185,39 @@ def _parse_specs(doc: object, where: str) -> tuple[ClaimSpec, ...]:
     return tuple(specs)
 
 
+def _parse_claim(entry: object, where: str) -> PreparedClaim:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: want an object, got {quote(entry)}")
+    devices = entry.get("devices")
+    if not isinstance(devices, list):
+        raise ValueError(f"{where}.devices: want a list, got {quote(devices)}")
+    return PreparedClaim(
+        namespace=_string(entry, "namespace", where),
+        name=_string(entry, "name", where),
+        devices=tuple(_parse_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)),
+        specs=_parse_specs(entry.get("specs"), f"{where}.specs"),
+    )
+
+
 def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
     if not isinstance(doc, dict):
         raise ValueError(f"claims: want an object, got {quote(doc)}")
-    claims = {}
-    for uid, entry in doc.items():
-        where = f"claims[{quote(uid)}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: want an object, got {quote(entry)}")
-        devices = entry.get("devices")
-        if not isinstance(devices, list):
-            raise ValueError(f"{where}.devices: want a list, got {quote(devices)}")
-        claims[uid] = PreparedClaim(
-            namespace=_string(entry, "namespace", where),
-            name=_string(entry, "name", where),
-            devices=tuple(_parse_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)),
-            specs=_parse_specs(entry.get("specs"), f"{where}.specs"),
-        )
-    return claims
+    return {uid: _parse_claim(entry, f"claims[{quote(uid)}]") for uid, entry in doc.items()}
+
+
+def claim_record(uid: str, claim: PreparedClaim) -> dict[str, Any]:
+    """The record of a claim with its own specs, as their owner records carry it."""
+    return {"uid": uid, **_claim_doc(claim)}
+
+
+def read_claim_record(doc: object) -> tuple[str, PreparedClaim]:
+    """The UID and claim of a :func:`claim_record`; raises ValueError naming the field."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"want an object, got {quote(doc)}")
+    claim = _parse_claim(doc, "record")
+    if not claim.specs:
+        raise ValueError("record.specs: a claim recorded with its specs names them")
+    return _string(doc, "uid", "record"), claim
 
 
 class Checkpoint:
@@ -200,7 +227,9 @@ class Checkpoint:
     devices: what a recorded claim may name. ``max_bytes`` caps the file, read and written.
     :meth:`load` reads the file (none yet: no claims); :meth:`add` and :meth:`remove`
     change the file first and memory only once the file holds the change, so a claim is
-    never answered as prepared unless it is on disk. Raises :class:`CheckpointError`.
+    never answered as prepared unless it is on disk, or, for a claim with specs of its own,
+    in their owner records (then the file is not written; see the module docstring). Raises
+    :class:`CheckpointError`.
     """
 
     def __init__(
@@ -219,6 +248,9 @@ class Checkpoint:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._claims: Mapping[str, PreparedClaim] = MappingProxyType({})
+        #: Claims with specs of their own that a format-2 file recorded: kept in the file
+        #: until unprepared (their owner records carry no claim).
+        self._in_file: frozenset[str] = frozenset()
 
     @property
     def claims(self) -> Mapping[str, PreparedClaim]:
@@ -257,6 +289,7 @@ class Checkpoint:
             claims = self._ours(self._parse(raw))
         with self._lock:
             self._claims = MappingProxyType(claims)
+            self._in_file = frozenset(uid for uid, claim in claims.items() if claim.specs)
 
     def _read(self) -> bytes:
         """The file's bytes, if it is ours alone: owned by our effective user and writable
@@ -379,23 +412,43 @@ class Checkpoint:
             )
         return claims
 
+    def _filed(self, uid: str, claim: PreparedClaim) -> bool:
+        """Whether ``claim`` is kept in the file (else with its specs)."""
+        return not claim.specs or uid in self._in_file
+
     def add(self, uid: str, claim: PreparedClaim) -> None:
-        """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
+        """Record ``claim`` under ``uid`` (replacing an older record of that UID). A claim with
+        specs of its own is recorded with them (the caller wrote its :func:`claim_record`
+        into their owner records): it changes memory only."""
         with self._lock:
             if self._claims.get(uid) == claim:
                 return
             claims = {**self._claims, uid: claim}
-            self._write(claims)
+            old = self._claims.get(uid)
+            if self._filed(uid, claim) or (old is not None and self._filed(uid, old)):
+                self._write(claims)
             self._claims = MappingProxyType(claims)
+
+    def adopt(self, uid: str, claim: PreparedClaim) -> bool:
+        """At start, take in a claim recorded with its specs; False (with a line saying why)
+        when it is not one this driver records, or ``uid`` is recorded already."""
+        with self._lock:
+            if not claim.specs or uid in self._claims or not self._ours({uid: claim}):
+                return False
+            self._claims = MappingProxyType({**self._claims, uid: claim})
+            return True
 
     def remove(self, uid: str) -> bool:
         """Forget ``uid``; return whether it was recorded."""
         with self._lock:
-            if uid not in self._claims:
+            old = self._claims.get(uid)
+            if old is None:
                 return False
             claims = {k: v for k, v in self._claims.items() if k != uid}
-            self._write(claims)
+            if self._filed(uid, old):
+                self._write(claims)
             self._claims = MappingProxyType(claims)
+            self._in_file -= {uid}
             return True
 
     def encode(self, claims: Mapping[str, PreparedClaim]) -> bytes:
@@ -403,7 +456,9 @@ class Checkpoint:
             "kind": CHECKPOINT_KIND,
             "version": CHECKPOINT_VERSION,
             "driver": self.driver,
-            "claims": {uid: _claim_doc(claim) for uid, claim in claims.items()},
+            "claims": {
+                uid: _claim_doc(claim) for uid, claim in claims.items() if self._filed(uid, claim)
+            },
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 

@@ -6,10 +6,10 @@ and the field when one is not a valid ``DeviceConfig``, and gives each allocated
 entries that select its request, merged. :class:`ClaimSpecs` writes, per class, the claim's
 transient spec (:mod:`cdi_gen.discovery.claimspec`: the class's spec as written, with the
 configuration applied) through the one writer, with ownership records naming this agent's
-instance; removes them at unprepare; and finds, at start, those whose claim no checkpoint
-names (an agent killed between the spec and the checkpoint) and those a checkpoint names but
-that are gone (a node restart empties ``/var/run/cdi``: such a claim is read and prepared
-anew).
+instance and carrying the claim's record (:func:`~cdi_gen.kubelet.checkpoint.claim_record`,
+read back at start by :meth:`ClaimSpecs.recorded`); removes them at unprepare; and finds, at
+start, those no prepared claim names and the claims whose files are gone (a node restart
+empties ``/var/run/cdi``: such a claim is read and prepared anew).
 
 With a ``metadata_dir``, the claim's spec also mounts, for each request with a configured
 device, the device metadata file (:mod:`cdi_gen.discovery.devicemetadata`, KEP-5304) that
@@ -32,6 +32,7 @@ import orjson
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.writer import (
     TEMP_SUFFIX,
+    owned_transient_payloads,
     owned_transient_specs,
     remove_spec,
     replace_file,
@@ -50,7 +51,7 @@ from cdi_gen.discovery.devicemetadata import (
 )
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.kubelet.checkpoint import ClaimSpec
+from cdi_gen.kubelet.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
 from cdi_gen.kubelet.claims import ClaimRefused, PreparedDevice, Refusal
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
@@ -140,12 +141,15 @@ class ClaimSpecs:
             new_name = claim_device_name(uid, index)
             by_kind.setdefault(f"{vendor}/{cls}", []).append((name, new_name, config))
             out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
+        specs = tuple(ClaimSpec(kind, claim_tag(uid)) for kind in by_kind)
+        # The claim's record rides in each of its specs' owner records (written before the
+        # spec): the claim is prepared exactly as long as a spec of it is there.
+        record = claim_record(uid, PreparedClaim(claim.namespace, claim.name, tuple(out), specs))
         written: list[ClaimSpec] = []
         try:
             mounts = self._write_metadata(uid, claim, out, configs, pool)
-            for kind, entries in by_kind.items():
-                spec = ClaimSpec(kind, claim_tag(uid))
-                vendor, _, cls = kind.partition("/")
+            for spec, entries in zip(specs, by_kind.values(), strict=True):
+                vendor, _, cls = spec.kind.partition("/")
                 class_spec, by_name = self._class_spec(vendor, cls)
                 doc = claim_spec(class_spec, entries, mounts, index=by_name)
                 write_bytes(
@@ -155,6 +159,7 @@ class ClaimSpecs:
                     dump_document(doc),
                     instance=self.instance,
                     transient=spec.transient,
+                    payload=record,
                 )
                 written.append(spec)
         except (SpecError, SpecWriteError, InvalidNameError, OSError) as exc:
@@ -163,7 +168,7 @@ class ClaimSpecs:
             raise ClaimRefused(
                 Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
             ) from None
-        return tuple(out), tuple(written)
+        return tuple(out), specs
 
     @staticmethod
     def _claim_prefix(namespace: str, name: str) -> str:
@@ -273,6 +278,26 @@ class ClaimSpecs:
                 raise SpecWriteError(
                     f"{str(path)!r}: cannot remove the claim's device metadata: {exc}"
                 ) from exc
+
+    def recorded(self) -> dict[str, PreparedClaim]:
+        """The claims recorded with their specs (:meth:`write`), by UID: read from the owner
+        records of this instance's transient specs. A record that cannot be read as a claim,
+        or that names a spec it does not sit beside, is logged and left out (its spec is then
+        no prepared claim's, and goes as an orphan)."""
+        found: dict[str, PreparedClaim] = {}
+        for vendor, cls, transient, payload in owned_transient_payloads(
+            self.spec_dir, instance=self.instance
+        ):
+            name = transient_filename(vendor, cls, transient)
+            try:
+                uid, claim = read_claim_record(payload)
+                if ClaimSpec(f"{vendor}/{cls}", transient) not in claim.specs:
+                    raise ValueError(f"record.specs: does not name {name}")
+            except ValueError as exc:
+                log.warning("spec %s: its claim record is unreadable: %s", quote(name), exc)
+                continue
+            found.setdefault(uid, claim)
+        return found
 
     def intact(self, namespace: str, name: str, specs: Iterable[ClaimSpec]) -> bool:
         """Whether a prepared claim's files are all there: its specs and, with metadata, at

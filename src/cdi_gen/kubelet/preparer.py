@@ -15,8 +15,10 @@ nothing), its CDI names checked by the same resolver as Allocate's
 (:func:`~cdi_gen.kubelet.resolution.unresolved`), recorded, and answered with the devices'
 CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
 configuration for this driver (:mod:`~cdi_gen.kubelet.claimspecs`) gets its configured
-devices from a spec of its own, written before the record (a spec without a record, after a
-crash between the two, is removed at the next start) and removed at unprepare.
+devices from a spec of its own, whose owner record carries the claim's record: such a claim
+costs no write of the checkpoint file, lives as long as its spec (a node restart empties
+``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
+unprepare.
 
 One lock per claim UID spans "already prepared?", the claim's read and its record, and an
 unprepare of that UID takes the same lock: an unprepare arriving while the claim is read waits
@@ -149,16 +151,19 @@ class PoolPreparer:
         self._reading = threading.BoundedSemaphore(max_reading_calls)
 
     def load(self) -> None:
-        """Read the checkpoint, then bring the claims' specs in line with it: a claim whose
-        spec or device metadata is gone or unreadable (a node restart empties
-        ``/var/run/cdi``; a power loss may empty a file written without fsync) is forgotten,
-        to be read and prepared anew; a claim spec no claim names is removed. Raises
+        """Read the checkpoint and the claims recorded with their own specs, then bring the
+        claims' specs in line with them: a claim whose spec or device metadata is gone or
+        unreadable (a node restart empties ``/var/run/cdi``; a power loss may empty a file
+        written without fsync) is forgotten, to be read and prepared anew; a claim spec no
+        claim names is removed. Raises
         :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be read
         as ours (it is left as it is) or changed."""
         self.checkpoint.load()
         specs = self.claim_specs
         if specs is None:
             return
+        for uid, claim in specs.recorded().items():
+            self.checkpoint.adopt(uid, claim)
         for uid, claim in self.checkpoint.claims.items():
             if claim.specs and not specs.intact(claim.namespace, claim.name, claim.specs):
                 log.warning(
