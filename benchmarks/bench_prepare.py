@@ -20,14 +20,15 @@ noise from other processes hits all alike:
   so the checkpoint stays one claim long. Its floor adds the cost of the same durable write
   done bare in this process (temporary file, write, fsync, rename, folder fsync, in the same
   folder): the disk, not Python, sets most of that figure;
-* a new claim with configuration of the driver: besides the above, its own spec (the class's
-  edits with the claim's owner, mode and env, written durably) and its device metadata file
-  (atomically, not fsynced), before the checkpoint. The spec folder is on a tmpfs, as
+* a new claim with configuration of the driver: its own spec (the class's edits with the
+  claim's owner, mode and env, written durably), whose owner record carries the claim's
+  record in place of the checkpoint's, and its device metadata file (atomically, not
+  fsynced); the checkpoint file is not written. The spec folder is on a tmpfs, as
   /var/run/cdi is on a node (here /dev/shm), so the spec's fsyncs cost what they cost there.
-  Same floor: the issue's target counts one durable write. An informative row sets it
-  against the floor plus every write it makes, each done bare in the same folder (the
-  claim's spec and its owner record durably on the tmpfs, the metadata file without fsync
-  and the checkpoint durably on disk): what is left is cdi-gen's own work.
+  Same floor, as the issue's target has it. An informative row sets it against the floor
+  plus every write it makes, each done bare in the same folder (the claim's spec and its
+  owner record durably on the tmpfs, the metadata file without fsync): what is left is
+  cdi-gen's own work.
 
     python benchmarks/bench_prepare.py [--quick]
 """
@@ -107,12 +108,11 @@ def _replace(folder: Path, name: str, data: bytes, durable: bool) -> None:
 
 def _configured_writes(folder: Path, specs: Path, files: dict[str, bytes]) -> None:
     """Every write a configured claim's prepare makes, bare and in its folder: the claim's
-    spec and its owner record durably on the spec folder's tmpfs, the device metadata file
-    (not fsynced) and the checkpoint durably on disk. Undone untimed, as unprepare does."""
+    spec and its owner record (with the claim's record) durably on the spec folder's tmpfs
+    and the device metadata file (not fsynced). Undone untimed, as unprepare does."""
     _replace(specs, "claim.json", files["spec"], durable=True)
     _replace(specs, f".claim.json{OWNER_SUFFIX}", files["owner"], durable=True)
     _replace(folder, "metadata.json", files["metadata"], durable=False)
-    _replace(folder / "state", "floor.json", files["checkpoint"], durable=True)
 
 
 def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[float]]:
@@ -209,7 +209,6 @@ def _configured_files(
         "spec": next(specs.glob(f"*{tag}")).read_bytes(),
         "owner": next(specs.glob(f".*{tag}{OWNER_SUFFIX}")).read_bytes(),
         "metadata": next(metadata.glob("*.json")).read_bytes(),
-        "checkpoint": (folder / "state" / f"dra-{DRIVER}.json").read_bytes(),
     }
     unprepare(request)
     return found
@@ -270,7 +269,7 @@ def _rows(samples: dict[str, list[float]]) -> list[Row]:
         ),
         ("  p99", ms(percentile(samples["configured"], 99)), "-"),
         (
-            "  floor + every write it makes, bare (spec, owner, metadata, checkpoint)",
+            "  floor + every write it makes, bare (spec, owner and claim record, metadata)",
             f"{ms(p50['floor'] + p50['writes'])} "
             f"({p50['configured'] / (p50['floor'] + p50['writes']):.2f}x)",
             "informative",
