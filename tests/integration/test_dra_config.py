@@ -294,10 +294,14 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
     # between the spec and its checkpoint): no prepared claim names it.
     write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-orphan")
     (node.metadata_dir / "default_x_fpga.json").write_bytes(b"{}\n")
+    # An agent killed between a claim's record and its spec: the record alone.
+    write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-lone")
+    (node.spec_dir / "example.com-fpga_uid-lone.json").unlink()
     del node.claims.claims["c1"]  # gone from the API server: answered from the record alone
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        assert [p.name for p in node.spec_dir.iterdir() if "uid-" in p.name] == []
         assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
         assert (await connection.prepare([claim])).claims[UID] == first
         assert (await connection.unprepare([claim])).claims[UID].error == ""

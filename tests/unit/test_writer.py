@@ -271,6 +271,31 @@ def test_a_transient_specs_payload_lives_and_goes_with_it(tmp_path: Path) -> Non
     assert writer.owned_transient_payloads(tmp_path, instance="me") == []
 
 
+def test_a_transient_record_whose_spec_is_gone_is_removed_for_its_instance_only(
+    tmp_path: Path,
+) -> None:
+    data = make_spec("a")
+    for transient, instance in (("kept", "me"), ("lone", "me"), ("theirs", "other")):
+        writer.write_bytes(
+            tmp_path, "example.com", "loop", data, transient=transient, instance=instance
+        )
+    writer.write_bytes(tmp_path, "example.com", "loop", data, instance="me")
+    # A writer killed between the record and the spec leaves the record alone; so does a
+    # class spec removed by hand, which is not transient and is left as it is.
+    for name in ("example.com-loop_lone.json", "example.com-loop_theirs.json"):
+        (tmp_path / name).unlink()
+    (tmp_path / "example.com-loop.json").unlink()
+    assert writer.remove_lone_transient_records(tmp_path, instance="me") == [
+        "example.com-loop_lone.json"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
+        ".example.com-loop.json.cdi-gen-owner",
+        ".example.com-loop_kept.json.cdi-gen-owner",
+        ".example.com-loop_theirs.json.cdi-gen-owner",
+    ]
+    assert writer.remove_lone_transient_records(tmp_path / "absent", instance="me") == []
+
+
 def test_a_payload_too_large_to_read_back_is_refused_before_any_write(tmp_path: Path) -> None:
     payload = {"blob": "x" * OWNER_MAX_BYTES}
     with pytest.raises(SpecWriteError, match=r"owner record would be \d+ bytes, over the 65536"):

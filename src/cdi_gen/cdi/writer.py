@@ -396,43 +396,75 @@ def remove_spec(
 _Owned = tuple[str, str, str | None, dict[str, object]]
 
 
+def _valid_records(dir_fd: int, spec_dir: Path) -> Iterator[tuple[str, _Owned]]:
+    """``(spec file name, (vendor, class, transient or None, record))`` of every owner
+    record in the folder whose names are valid and which is stored under the name they give;
+    any other is not one we wrote: it is logged and ignored. The spec itself is not looked at."""
+    for entry in sorted(os.listdir(dir_fd)):
+        if not (entry.startswith(".") and entry.endswith(OWNER_SUFFIX)):
+            continue
+        record = _read_owner(dir_fd, entry[1 : -len(OWNER_SUFFIX)])
+        vendor = record.get("vendor") if record else None
+        cls = record.get("class") if record else None
+        transient = record.get("transient") if record else None
+        try:
+            if not (isinstance(vendor, str) and isinstance(cls, str)):
+                raise ValueError("no vendor and class")
+            if transient is not None and not isinstance(transient, str):
+                raise ValueError(f"transient {quote(transient)} is not a string")
+            filename = _check_names(vendor, cls, transient)
+            if _owner_name(filename) != entry:
+                raise ValueError(f"it names {filename}")
+        except (ValueError, SpecWriteError) as exc:  # InvalidNameError is a ValueError
+            log.warning(
+                "ignoring owner record %s in %s: not one cdi-gen wrote (%s)",
+                quote(entry),
+                spec_dir,
+                exc,
+            )
+            continue
+        if record is not None:
+            yield filename, (vendor, cls, transient, record)
+
+
 def _owned_records(spec_dir: Path, instance: str | None) -> list[_Owned]:
     """``(vendor, class, transient or None, record)`` of every spec in ``spec_dir`` that is
-    ours (and ``instance``'s, when given). A record whose names are invalid, or which is not
-    stored under the name they give, is not ours: it is logged and ignored."""
+    ours (and ``instance``'s, when given)."""
     found: list[_Owned] = []
     try:
         with _folder(spec_dir) as dir_fd:
-            for entry in sorted(os.listdir(dir_fd)):
-                if not (entry.startswith(".") and entry.endswith(OWNER_SUFFIX)):
+            for filename, owned in _valid_records(dir_fd, spec_dir):
+                if instance is not None and _instance_of(owned[3]) != instance:
                     continue
-                record = _read_owner(dir_fd, entry[1 : -len(OWNER_SUFFIX)])
-                vendor = record.get("vendor") if record else None
-                cls = record.get("class") if record else None
-                transient = record.get("transient") if record else None
-                try:
-                    if not (isinstance(vendor, str) and isinstance(cls, str)):
-                        raise ValueError("no vendor and class")
-                    if transient is not None and not isinstance(transient, str):
-                        raise ValueError(f"transient {quote(transient)} is not a string")
-                    filename = _check_names(vendor, cls, transient)
-                    if _owner_name(filename) != entry:
-                        raise ValueError(f"it names {filename}")
-                except (ValueError, SpecWriteError) as exc:  # InvalidNameError is a ValueError
-                    log.warning(
-                        "ignoring owner record %s in %s: not one cdi-gen wrote (%s)",
-                        quote(entry),
-                        spec_dir,
-                        exc,
-                    )
-                    continue
-                if instance is not None and _instance_of(record) != instance:
-                    continue
-                if record is not None and _is_owned_in(dir_fd, filename):
-                    found.append((vendor, cls, transient, record))
+                if _is_owned_in(dir_fd, filename):
+                    found.append(owned)
     except OSError:
         return found
     return found
+
+
+def remove_lone_transient_records(spec_dir: Path, *, instance: str) -> list[str]:
+    """Remove the owner records of ``instance``'s transient specs whose spec file is not
+    there (a writer killed between the record and the spec, the one step a crash can leave
+    behind: a transient ID, unlike a class, may never be written again); the spec file
+    names whose records went."""
+    removed: list[str] = []
+    try:
+        with _folder(spec_dir) as dir_fd:
+            for filename, (_, _, transient, record) in _valid_records(dir_fd, spec_dir):
+                if transient is None or _instance_of(record) != instance:
+                    continue
+                try:
+                    os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+                    continue
+                except FileNotFoundError:
+                    pass
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_owner_name(filename), dir_fd=dir_fd)
+                    removed.append(filename)
+    except OSError:
+        return removed
+    return removed
 
 
 def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[str, str]]:

@@ -34,6 +34,7 @@ from cdi_gen.cdi.writer import (
     TEMP_SUFFIX,
     owned_transient_payloads,
     owned_transient_specs,
+    remove_lone_transient_records,
     remove_spec,
     replace_file,
     spec_filename,
@@ -324,9 +325,12 @@ class ClaimSpecs:
     def remove_orphans(
         self, recorded: Iterable[ClaimSpec], claims: Iterable[tuple[str, str]] = ()
     ) -> int:
-        """Remove this instance's transient specs that no prepared claim names, and the
-        device metadata of claims not in ``claims`` (namespace, name); how many specs."""
+        """Remove this instance's transient specs that no prepared claim names, the owner
+        records whose spec is gone, and the device metadata of claims not in ``claims``
+        (namespace, name); how many specs."""
         self._remove_orphan_metadata({self._claim_prefix(ns, name) for ns, name in claims})
+        for name in remove_lone_transient_records(self.spec_dir, instance=self.instance):
+            log.info("removed the owner record of spec %s: the spec is not there", quote(name))
         keep = {(s.kind, s.transient) for s in recorded}
         removed = 0
         for vendor, cls, transient in owned_transient_specs(self.spec_dir, instance=self.instance):
