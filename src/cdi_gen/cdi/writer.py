@@ -27,7 +27,8 @@ as the CDI library names them, ``<vendor>-<class>_<transient id>.json``, and its
 removal of unconfigured classes never count it: whoever made it (the DRA driver, through its
 checkpoint) removes it, found with :func:`owned_transient_specs`. Its record may carry a
 *payload*, a JSON object of its writer's (a DRA claim's record), which lives and goes with the
-spec: :func:`owned_transient_payloads` reads them back.
+spec: :func:`owned_transient_payloads` reads them back, and
+:func:`remove_lone_transient_records` removes a record whose spec a killed writer never wrote.
 """
 
 from __future__ import annotations
