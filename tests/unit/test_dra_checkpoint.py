@@ -342,6 +342,40 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
     assert list(doc["claims"]) == ["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
 
 
+def test_a_stored_format_2_checkpoint_is_read_and_keeps_its_configured_claim_until_unprepared(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file the agent wrote before claim records rode with their specs (format 2), stored
+    # as it was written: a plain claim, one with admin access and one with a spec of its own.
+    # That spec's owner record holds no claim, so the file stays the configured claim's record.
+    cp = Checkpoint(
+        checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
+    )
+    stored = (DATA / "v2.json").read_bytes()
+    assert orjson.loads(stored)["version"] == 2
+    cp.path.write_bytes(stored)
+    cp.path.chmod(0o600)
+    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
+        cp.load()
+    assert "checkpoint format 2 read as format 3" in caplog.text
+    plain, admin, configured = (
+        "0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b",
+        "3e8a1c2b-5d4f-4a6e-9b7c-1d2e3f4a5b6c",
+        "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a",
+    )
+    assert cp.claims[admin].devices[0].admin_access
+    assert cp.claims[configured].specs == (ClaimSpec("example.com/fpga", configured),)
+    assert cp.claims[configured].devices[0].cdi_device_ids == (
+        f"example.com/fpga=claim-{configured}-0",
+    )
+    assert cp.path.read_bytes() == stored  # not rewritten until something changes
+    cp.remove(plain)
+    doc = orjson.loads(cp.path.read_bytes())
+    assert (doc["version"], sorted(doc["claims"])) == (3, [admin, configured])
+    cp.remove(configured)
+    assert sorted(orjson.loads(cp.path.read_bytes())["claims"]) == [admin]
+
+
 def test_admin_access_survives_the_file(tmp_path: Path) -> None:
     claim = PreparedClaim(
         "ns", "c", (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=0",), None, True),)
