@@ -312,21 +312,29 @@ def test_a_reader_sees_the_old_or_the_new_file(tmp_path: Path) -> None:
     assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u1", "u2"}
 
 
+def load_stored(
+    tmp_path: Path, version: int, caplog: pytest.LogCaptureFixture
+) -> tuple[Checkpoint, bytes]:
+    """A checkpoint loaded from the stored file of format ``version``, and that file."""
+    cp = Checkpoint(
+        checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
+    )
+    stored = (DATA / f"v{version}.json").read_bytes()
+    assert orjson.loads(stored)["version"] == version
+    cp.path.write_bytes(stored)
+    cp.path.chmod(0o600)
+    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
+        cp.load()
+    assert f"checkpoint format {version} read as format 3" in caplog.text
+    return cp, stored
+
+
 def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The file the agent wrote before per-claim specs (format 1), stored as it was written:
     # an upgraded agent answers its claims as before, then records them in format 3.
-    cp = Checkpoint(
-        checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
-    )
-    stored = (DATA / "v1.json").read_bytes()
-    assert orjson.loads(stored)["version"] == 1
-    cp.path.write_bytes(stored)
-    cp.path.chmod(0o600)
-    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
-        cp.load()
-    assert "checkpoint format 1 read as format 3" in caplog.text
+    cp, stored = load_stored(tmp_path, 1, caplog)
     first = cp.claims["0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b"]
     assert first == PreparedClaim(
         "default",
@@ -348,16 +356,7 @@ def test_a_stored_format_2_checkpoint_is_read_and_keeps_its_configured_claim_unt
     # The file the agent wrote before claim records rode with their specs (format 2), stored
     # as it was written: a plain claim, one with admin access and one with a spec of its own.
     # That spec's owner record holds no claim, so the file stays the configured claim's record.
-    cp = Checkpoint(
-        checkpoint_path(tmp_path, DRIVER), DRIVER, pool=POOL, kinds=["example.com/fpga"]
-    )
-    stored = (DATA / "v2.json").read_bytes()
-    assert orjson.loads(stored)["version"] == 2
-    cp.path.write_bytes(stored)
-    cp.path.chmod(0o600)
-    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
-        cp.load()
-    assert "checkpoint format 2 read as format 3" in caplog.text
+    cp, stored = load_stored(tmp_path, 2, caplog)
     plain, admin, configured = (
         "0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b",
         "3e8a1c2b-5d4f-4a6e-9b7c-1d2e3f4a5b6c",
