@@ -271,6 +271,13 @@ def test_a_transient_specs_payload_lives_and_goes_with_it(tmp_path: Path) -> Non
     assert writer.owned_transient_payloads(tmp_path, instance="me") == []
 
 
+def test_removing_a_spec_already_gone_removes_its_record(tmp_path: Path) -> None:
+    writer.write_bytes(tmp_path, "example.com", "loop", make_spec("a"))
+    (tmp_path / "example.com-loop.json").unlink()
+    assert not writer.remove_spec(tmp_path, "example.com", "loop")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_transient_record_whose_spec_is_gone_is_removed_for_its_instance_only(
     tmp_path: Path,
 ) -> None:

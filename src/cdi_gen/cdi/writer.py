@@ -355,6 +355,21 @@ def _is_owned_in(dir_fd: int, filename: str) -> bool:
     return current is not None and _digest(current) in _owned_hashes(dir_fd, filename)
 
 
+def _remove_record_of_gone_spec(dir_fd: int, filename: str) -> bool:
+    """Remove the owner record of ``filename`` if the spec itself is not there; whether a
+    record went."""
+    try:
+        os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+        return False
+    except FileNotFoundError:
+        pass
+    try:
+        os.unlink(_owner_name(filename), dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def remove_spec(
     spec_dir: Path,
     vendor: str,
@@ -377,11 +392,7 @@ def remove_spec(
             if _instance_of(_read_owner(dir_fd, filename)) not in (None, instance or vendor):
                 return False
             if not _is_owned_in(dir_fd, filename):
-                try:
-                    os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(owner, dir_fd=dir_fd)  # our record of a file already gone
+                _remove_record_of_gone_spec(dir_fd, filename)  # ours, of a file already gone
                 return False
             os.unlink(filename, dir_fd=dir_fd)
             with contextlib.suppress(FileNotFoundError):
@@ -455,13 +466,7 @@ def remove_lone_transient_records(spec_dir: Path, *, instance: str) -> list[str]
             for filename, (_, _, transient, record) in _valid_records(dir_fd, spec_dir):
                 if transient is None or _instance_of(record) != instance:
                     continue
-                try:
-                    os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
-                    continue
-                except FileNotFoundError:
-                    pass
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(_owner_name(filename), dir_fd=dir_fd)
+                if _remove_record_of_gone_spec(dir_fd, filename):
                     removed.append(filename)
     except OSError:
         return removed
