@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import signal
 import socket
 import ssl
 import statistics
@@ -54,6 +53,7 @@ from cluster.api import Api, ApiError, Obj  # noqa: E402
 from cluster.claims import SLICES, slice_devices  # noqa: E402
 from cluster.cluster import NODE_STATUS_SECONDS, Cluster  # noqa: E402
 from loopdev import LoopDevices  # noqa: E402
+from processes import terminate  # noqa: E402
 
 #: One driver name per figure, so that slices a stopped agent leaves behind (the kubelet
 #: removes them only later) never count in the next figure.
@@ -496,12 +496,7 @@ def _recorded_agent(
             raise RuntimeError(dead)
         rss, hwm = _status(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc, 15)
     return Footprint(rss, hwm, seconds, slices)
 
 

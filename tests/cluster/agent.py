@@ -15,13 +15,13 @@ outlives one agent, so that a restarted agent finds the claims its predecessor p
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from containerd.agent import spawn_agent
+from processes import terminate
 
 from .cluster import Cluster
 
@@ -87,17 +87,7 @@ class NodeAgent:
 
     def stop(self) -> int | None:
         """SIGTERM, as the kubelet ends a pod; the exit status (None if it had to be killed)."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-                return None
-        return self.process.returncode
+        return None if self.process is None else terminate(self.process)
 
     def log(self) -> str:
         try:

@@ -7,12 +7,13 @@ same machine run their own etcd, kubelet or containerd.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from processes import terminate
 
 
 class ComponentError(RuntimeError):
@@ -68,14 +69,8 @@ class Component:
             time.sleep(0.05)
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        if self.process is not None:
+            terminate(self.process, grace)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fakes.kubelet import ConnectedPlugin, FakeKubelet
+from processes import terminate
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 
@@ -133,11 +133,6 @@ async def run_agent(
             ) from None
         yield RunningAgent(process, log_path, spec_dirs[-1], kubelet, connection)
     finally:
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(process.wait, 10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                await asyncio.to_thread(process.wait, 5)
+        if process is not None:
+            await asyncio.to_thread(terminate, process)
         await kubelet.stop()

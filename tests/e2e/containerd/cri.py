@@ -5,7 +5,6 @@ devices, over containerd's real gRPC socket.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from processes import terminate
 
 from ._cri import api_pb2 as pb
 from ._cri.api_pb2_grpc import RuntimeServiceStub
@@ -213,11 +213,6 @@ def stop_runtime(cri: CRIClient | None, process: subprocess.Popen[bytes] | None)
             except grpc.RpcError as exc:
                 problems.append(f"removing pods: {exc.code()} {exc.details()}")
         cri.close()
-    if process is not None and process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+    if process is not None:
+        terminate(process)
     return problems
