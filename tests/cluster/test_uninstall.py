@@ -127,11 +127,12 @@ def _registered_everywhere(fleet: Cluster) -> bool:
     """Whether the agent on every node logged that its kubelet registered the DRA driver
     (the fleet's pods have no probes to tell it: their metrics port is off)."""
     said = f"registered {DRIVER} with the kubelet"
-    for pod in _agents(fleet).values():
+    agents = _agents(fleet)
+    for pod in agents.values():
         out = fleet.kubectl("-n", NAMESPACE, "logs", pod, check=False)
         if not any(said in line for line in out.splitlines()):
             return False
-    return len(_agents(fleet)) == len(fleet.nodes)
+    return len(agents) == len(fleet.nodes)
 
 
 def _successor(fleet: Cluster, node: str, old: str) -> str | None:
