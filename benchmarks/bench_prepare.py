@@ -72,38 +72,27 @@ def _request(number: int, configured: bool = False) -> bytes:
 
 def _durable_write(folder: Path, data: bytes) -> None:
     """The bare durable replacement of a small file: the floor of any checkpoint write."""
-    _durable_write_as(folder, "floor.json", data)
-
-
-def _durable_write_as(folder: Path, name: str, data: bytes) -> None:
-    tmp, target = folder / f".{name}.tmp", folder / name
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, target)
-    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _replace(folder, "floor.json", data, durable=True)
 
 
 def _replace(folder: Path, name: str, data: bytes, durable: bool) -> None:
     """A bare replacement of ``folder/name``: temporary file, write, rename; with
-    ``durable``, fsyncs of the file and the folder (what _durable_write does)."""
-    if durable:
-        _durable_write_as(folder, name, data)
-        return
+    ``durable``, fsyncs of the file and the folder, and the checkpoint's mode (0600)."""
     tmp = folder / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if durable else 0o644)
     try:
         os.write(fd, data)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, folder / name)
+    if durable:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _configured_writes(folder: Path, specs: Path, files: dict[str, bytes]) -> None:
