@@ -9,14 +9,17 @@ every problem reported with its path.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import ValidationError
 
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.cdi.validation import check_spec
 from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from cdi_gen.cdi.spec import Spec
 
 Format = Literal["json", "yaml"]
 FORMATS: tuple[Format, ...] = ("json", "yaml")
@@ -252,6 +255,12 @@ def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:
         raise SpecError(
             [Problem("", f"a spec must be an object, got {type(doc).__name__}")], source
         )
+    # Here, not at import: writing specs and reading configs (the CLI, the agent's start)
+    # never build the spec models, about 30 ms of pydantic class creation.
+    from pydantic import ValidationError
+
+    from cdi_gen.cdi.spec import Spec
+
     try:
         spec = Spec.model_validate(doc)
     except ValidationError as exc:

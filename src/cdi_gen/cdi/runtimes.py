@@ -33,10 +33,13 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.cdi.version import KNOWN_VERSIONS, minimum_of, requirements
 from cdi_gen.errors import ConfigError, Problem, quote
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.spec import Spec  # annotations only: the models are built on first use
 
 Version = tuple[int, ...]
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdi_gen import names
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.cdi.version import document_requirements, minimum_of, parse_version, problems_for
 from cdi_gen.errors import InvalidNameError, Problem, quote
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.spec import Spec  # annotations only: the models are built on first use
 
 HOOK_NAMES = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}

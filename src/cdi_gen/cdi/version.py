@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cdi_gen.cdi.spec import Spec
 from cdi_gen.errors import Problem, VersionError, quote
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.spec import Spec  # annotations only: the models are built on first use
 
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0",
