@@ -18,13 +18,18 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdi_gen.cdi.codec import format_of, load_spec
 from cdi_gen.cdi.folderwatch import FolderWatch
-from cdi_gen.cdi.spec import Device, Spec
 from cdi_gen.errors import SpecError
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.paths import RUNTIME_SPEC_DIRS
+
+if TYPE_CHECKING:
+    # Imported by load_spec when the first file is read (the first Allocate or prepare),
+    # so that the agent's start does not wait for models it has no spec to build with yet.
+    from cdi_gen.cdi.spec import Device, Spec
 
 
 @dataclass(frozen=True, slots=True)
