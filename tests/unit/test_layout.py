@@ -4,6 +4,7 @@ contracts of `make lint` state the rule; this shows it holds at run time)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -107,6 +108,33 @@ def test_render_loads_only_what_it_uses(absent: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"kind":"cdi-gen.io/fpga"' in proc.stdout.replace(" ", ""), proc.stdout[:200]
     assert proc.stderr.splitlines()[-1] == "loaded: False", f"render loads {absent}"
+
+
+def test_the_cli_skips_pydantics_plugin_scan() -> None:
+    """pydantic reads every installed distribution's entry points at its first model unless
+    told not to: the CLI tells it, and render reads none (issue 21)."""
+    code = (
+        "import importlib.metadata, sys\n"
+        "calls = []\n"
+        "real = importlib.metadata.entry_points\n"
+        "importlib.metadata.entry_points = lambda **kw: calls.append(kw) or real(**kw)\n"
+        "from cdi_gen.cli.main import main\n"
+        "try:\n"
+        f"    main(['render', '--class', 'fpga', '--records', {str(_HARDWARE)!r}])\n"
+        "finally:\n"
+        "    print('entry point scans:', len(calls), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "entry point scans: 0", proc.stderr[-500:]
 
 
 def test_every_command_module_is_a_command_of_the_group() -> None:
