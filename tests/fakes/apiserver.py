@@ -1,4 +1,5 @@
-"""A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one.
+"""A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one;
+plain, or HTTPS under a CA of its own (``FakeApiServer(tls=folder)``) as a real one serves it.
 
 It serves what the agent calls — the Node, ResourceClaims, DaemonSets (the agent's own, asked
 about at exit), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
@@ -14,7 +15,8 @@ path) and :meth:`FakeApiServer.expire_versions` (a watch from an older resourceV
 410 Gone, as after etcd's compaction). Tests wait on :meth:`FakeApiServer.until`, never on time.
 
 Use it as ``async with FakeApiServer() as api:``; ``api.kubeconfig(folder)`` writes a
-kubeconfig that points at it.
+kubeconfig that points at it (and, with TLS, trusts its CA: what a pod's service account
+gives the agent).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,7 +81,9 @@ def _selected(obj: Obj, wanted: dict[str, str]) -> bool:
 class FakeApiServer:
     """One fake API server; state is plain dicts the test may read."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Path | None = None) -> None:
+        #: A folder for the CA and the serving certificate; None serves plain HTTP.
+        self.tls = tls
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.nodes: dict[str, str] = {}
@@ -112,7 +117,17 @@ class FakeApiServer:
         self.port = 0
 
     async def __aenter__(self) -> FakeApiServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        context = None
+        if self.tls is not None:
+            from tests.cluster.pki import Authority
+
+            authority = Authority(self.tls)
+            serving = authority.issue(
+                "apiserver", "fake-apiserver", ips=("127.0.0.1",), server=True
+            )
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(serving.cert, serving.key)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=context)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -135,17 +150,20 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.port}"
 
     def kubeconfig(self, folder: Path) -> Path:
         """A kubeconfig for this server (a token user: lightkube wants one)."""
         path = folder / "kubeconfig"
+        cluster: Obj = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority"] = str(self.tls / "ca.crt")
         path.write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "clusters": [{"name": "fake", "cluster": cluster}],
                     "users": [{"name": "u", "user": {"token": "t"}}],
                     "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
                     "current-context": "c",

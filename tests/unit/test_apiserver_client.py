@@ -261,3 +261,31 @@ print(sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert out.decode().splitlines() == ["node-uid", "[]"]
+
+
+async def test_the_client_speaks_https_trusting_the_kubeconfigs_ca_only(tmp_path: Path) -> None:
+    """As in a pod (the service account's ca.crt): the client reads the Node over HTTPS from a
+    server the kubeconfig's CA signed, and refuses, in one line, one that another CA signed."""
+    from tests.cluster.pki import Authority
+
+    async with FakeApiServer(tls=tmp_path / "pki") as api:
+        api.nodes[NODE] = "node-uid"
+        client = await ApiClient.open(api.kubeconfig(tmp_path))
+        try:
+            assert api.url.startswith("https://")
+            assert await client.node_uid(NODE) == "node-uid"
+        finally:
+            await client.close()
+        other = Authority(tmp_path / "other")
+        kubeconfig = api.kubeconfig(tmp_path)
+        kubeconfig.write_text(
+            kubeconfig.read_text().replace(str(api.tls / "ca.crt"), str(other.cert))
+        )
+        client = await ApiClient.open(kubeconfig)
+        try:
+            with pytest.raises(ApiServerError) as caught:
+                await client.node_uid(NODE)
+        finally:
+            await client.close()
+    message = str(caught.value)
+    assert "certificate verify failed" in message and "\n" not in message, message
