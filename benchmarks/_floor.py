@@ -14,8 +14,9 @@ GRPC_EXPERIMENTS first, so that grpc runs as it does in the agent.
 With ``used`` it also uses what it loaded, the least any user of it does: one pydantic model
 built and validated (pydantic loads its schema machinery only then, about 3 MiB), and with
 ``dra`` an API server client made (lightkube's, as the agent makes it: httpx2 loads its
-transport, httpcore2, h11, h2 and anyio, only then, about 4 MiB). The benchmark shows the
-agent against both floors.
+transport, httpcore2, h11 and anyio only then), for an HTTPS server whose CA is
+``FOLDER/ca.crt``, as a pod's service account names one (bench_footprint writes it). The
+benchmark shows the agent against both floors.
 
 Prints ``ready`` once it serves, then serves until its standard input ends (or SIGTERM).
 """
@@ -57,7 +58,7 @@ def _load(dra: bool) -> None:
         from cdi_gen._proto.pluginregistration.v1 import api_pb2_grpc as _rg  # noqa: F401
 
 
-def _use(dra: bool) -> object:
+def _use(dra: bool, folder: Path) -> object:
     """What the loaded libraries need to be of use at all (see the module docstring)."""
     from pydantic import BaseModel
 
@@ -71,7 +72,15 @@ def _use(dra: bool) -> object:
 
         config = KubeConfig.from_dict(
             {
-                "clusters": [{"name": "f", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "clusters": [
+                    {
+                        "name": "f",
+                        "cluster": {
+                            "server": "https://127.0.0.1:1",
+                            "certificate-authority": str(folder / "ca.crt"),
+                        },
+                    }
+                ],
                 "users": [{"name": "u", "user": {"token": "t"}}],
                 "contexts": [{"name": "c", "context": {"cluster": "f", "user": "u"}}],
                 "current-context": "c",
@@ -126,7 +135,7 @@ def main(argv: list[str]) -> None:
     apply_grpc_experiments()
     dra = "dra" in argv[1:]
     _load(dra)
-    used = _use(dra) if "used" in argv[1:] else None
+    used = _use(dra, Path(argv[0])) if "used" in argv[1:] else None
     asyncio.run(_serve(Path(argv[0])))
     del used
 

@@ -16,7 +16,8 @@ devices:
   and its ListAndWatch holding its 200 devices: VmRSS against the floor's; informative, the
   same with one device a class (what does not grow with the devices);
 - DRA agent, the same devices, until the fake API server's ResourceSlices list all 1,000:
-  VmRSS against the DRA floor's;
+  VmRSS against the DRA floor's; the fake serves HTTPS under a CA of its own, which the
+  agent's kubeconfig names, as a pod's service account does;
 - ``cdi-gen render --vendor example.com --class fpga`` wall time (p50), against
   ``cdi-gen --help``; the installed script, with bytecode, as an operator runs it;
 - ``cdi-gen run`` spawned → its first RegisterRequest at a fake kubelet (p50), beside the
@@ -176,7 +177,12 @@ async def _memory_dra(tmp: Path) -> tuple[float, int]:
 
     work = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgf"))
     node = "node-1"
-    async with FakeApiServer() as api, FakeDraKubelet(work / "reg", poll_interval=0.2):
+    # HTTPS under a CA of its own, as in a pod: the client loads that one CA, not the
+    # system's bundle (4 MiB) that a plain-HTTP kubeconfig would make it load.
+    async with (
+        FakeApiServer(tls=work / "pki") as api,
+        FakeDraKubelet(work / "reg", poll_interval=0.2),
+    ):
         api.nodes[node] = str(uuid.uuid4())
         settings = {
             "spec_dir": str(work / "cdi"),
@@ -300,6 +306,10 @@ def _floors(tmp: Path, rounds: int) -> tuple[list[Child], list[float]]:
         ("used-dra-floor", ("dra", "used")),
     ):
         (tmp / name).mkdir()
+        if args == ("dra", "used"):
+            from tests.cluster.pki import Authority
+
+            Authority(tmp / name)  # its ca.crt, which the floor's client trusts
         child = Child("_floor.py", str(tmp / name), *args, log=tmp / f"{name}.log")
         child.wait_ready()
         floors.append(child)
