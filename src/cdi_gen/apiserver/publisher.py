@@ -503,6 +503,7 @@ class SlicePublisher:
                         else:
                             self._follow(kind, obj)
                         self._seen(obj["metadata"].get("resourceVersion"))
+                        del obj  # not held while the watch waits (see watch_slices)
                 failed: Exception | None = None
             # Whatever broke, the watch must go on: a watcher that dies silently leaves
             # deleted slices unpublished for good.
