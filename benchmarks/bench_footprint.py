@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -68,9 +67,19 @@ def _status(pid: int) -> float:
 
 
 def _cpu(pid: int) -> float:
-    """CPU seconds ``pid`` used so far, all threads, user + system."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds ``pid`` used so far, its live threads summed.
+
+    From each thread's schedstat (nanoseconds on a CPU), not /proc/PID/stat's utime and
+    stime: those count clock ticks of 10 ms, so a 15 s window could not tell 0.04 CPU-s/min
+    from 0.08 (one tick from two), which is the range the idle target sits in.
+    """
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended between the listing and the read
+    return total / 1e9
 
 
 class Child:
