@@ -75,6 +75,33 @@ def test_importing_a_module_does_not_load_an_adapter_it_does_not_use(
 _HARDWARE = REPO / "tests" / "data" / "udev" / "hardware.json"
 
 
+def _render(prelude: str, report: str) -> str:
+    """Run `cdi-gen render` of the recorded fpga in a fresh interpreter after ``prelude``;
+    the value of the expression ``report`` once it ends. pydantic's plugin switch is left to
+    the CLI, whatever the caller's environment says."""
+    code = (
+        "import sys\n"
+        f"{prelude}"
+        "from cdi_gen.cli.main import main\n"
+        "try:\n"
+        f"    main(['render', '--class', 'fpga', '--records', {str(_HARDWARE)!r}])\n"
+        "finally:\n"
+        f"    print('report:', {report}, file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"kind":"cdi-gen.io/fpga"' in proc.stdout.replace(" ", ""), proc.stdout[:200]
+    return proc.stderr.splitlines()[-1].removeprefix("report: ")
+
+
 @pytest.mark.parametrize(
     "absent",
     [
@@ -94,47 +121,19 @@ def test_render_loads_only_what_it_uses(absent: str) -> None:
     """`cdi-gen render` prints a spec without the run settings, the spec folders' registry,
     anything of the kubelet's or the other commands' modules, the event loop or the spec
     models: each would cost it start-up time (issue 21)."""
-    code = (
-        "import sys\n"
-        "from cdi_gen.cli.main import main\n"
-        "try:\n"
-        f"    main(['render', '--class', 'fpga', '--records', {str(_HARDWARE)!r}])\n"
-        "finally:\n"
-        f"    print('loaded:', {absent!r} in sys.modules, file=sys.stderr)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert '"kind":"cdi-gen.io/fpga"' in proc.stdout.replace(" ", ""), proc.stdout[:200]
-    assert proc.stderr.splitlines()[-1] == "loaded: False", f"render loads {absent}"
+    assert _render("", f"{absent!r} in sys.modules") == "False", f"render loads {absent}"
 
 
 def test_the_cli_skips_pydantics_plugin_scan() -> None:
     """pydantic reads every installed distribution's entry points at its first model unless
     told not to: the CLI tells it, and render reads none (issue 21)."""
-    code = (
-        "import importlib.metadata, sys\n"
+    prelude = (
+        "import importlib.metadata\n"
         "calls = []\n"
         "real = importlib.metadata.entry_points\n"
         "importlib.metadata.entry_points = lambda **kw: calls.append(kw) or real(**kw)\n"
-        "from cdi_gen.cli.main import main\n"
-        "try:\n"
-        f"    main(['render', '--class', 'fpga', '--records', {str(_HARDWARE)!r}])\n"
-        "finally:\n"
-        "    print('entry point scans:', len(calls), file=sys.stderr)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines()[-1] == "entry point scans: 0", proc.stderr[-500:]
+    assert _render(prelude, "len(calls)") == "0"
 
 
 def test_every_command_module_is_a_command_of_the_group() -> None:
