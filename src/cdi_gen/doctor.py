@@ -344,7 +344,8 @@ def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
 
     A runtime refuses a whole file whose ``cdiVersion`` is newer than its CDI library, and
     only when a container asks for one of its devices: FAIL here names the file, its version,
-    the field that needs it and the runtime's limit, before a pod meets it.
+    the field that needs it and the runtime's limit, before a pod meets it. ``reg`` holds
+    each parsed spec (``load_registry(..., keep_specs=True)``).
     """
     if not runtimes:
         return [
@@ -364,8 +365,9 @@ def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
         checks.append(Check("OK", "runtime", runtime.describe()))
         unreadable = 0
         for file in reg.files:
-            if file.spec is None:
+            if not file.loaded:
                 continue  # already reported with the reason it does not load
+            assert file.spec is not None, "check_runtimes reads a registry with its specs"
             for problem in readability_problems(file.spec, runtime):
                 unreadable += 1
                 checks.append(
@@ -378,7 +380,7 @@ def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
                         f"--cdi-version runtime) or upgrade {runtime.name}",
                     )
                 )
-        readable = sum(1 for f in reg.files if f.spec is not None) - unreadable
+        readable = sum(1 for f in reg.files if f.loaded) - unreadable
         if not unreadable:
             checks.append(
                 Check(
@@ -572,7 +574,7 @@ def diagnose(
                 "write into a folder the runtime reads",
             )
         )
-    registry = load_registry(dirs)
+    registry = load_registry(dirs, keep_specs=True)  # check_runtimes reads each spec
     checks += check_spec_dirs(dirs, spec_dir, discovery.config.vendor, registry)
     checks += check_runtimes(runtimes, registry)
     checks += check_kubelet(settings.device_plugin_dir)

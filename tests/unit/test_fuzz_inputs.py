@@ -212,7 +212,7 @@ spec_inputs = st.one_of(
 def check_spec(data: str | bytes, fmt: str) -> None:
     with written(data, f".{fmt}") as path, cpu_bound():
         loaded = load_file(path, 0)
-    assert (loaded.spec is None) == bool(loaded.errors)
+    assert (not loaded.loaded) == bool(loaded.errors)
     for error in loaded.errors:
         short_lines(error)
 
