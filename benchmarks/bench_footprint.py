@@ -14,7 +14,9 @@ devices:
 
 - device-plugin agent, 5 classes of 200 devices, every plugin registered with a fake kubelet
   and its ListAndWatch holding its 200 devices: VmRSS against the floor's; informative, the
-  same with one device a class (what does not grow with the devices);
+  same agent once each class answered one Allocate (the first reads the spec folders and
+  builds the spec models), and the same with one device a class (what does not grow with
+  the devices);
 - DRA agent, the same devices, until the fake API server's ResourceSlices list all 1,000:
   VmRSS against the DRA floor's; the fake serves HTTPS under a CA of its own, which the
   agent's kubeconfig names, as a pod's service account does;
@@ -36,11 +38,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _recorded import CLASSES, PER_CLASS
 from _table import Row, cli_env, percentile
+
+if TYPE_CHECKING:
+    from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 
 HERE = Path(__file__).resolve().parent
 
@@ -132,7 +139,7 @@ async def _within(what: str, child: Child, wait: Awaitable[object], seconds: flo
         raise RuntimeError(f"{what}: not within {seconds}s") from None
 
 
-def _agent(tmp: Path, settings: dict[str, object], api: str, classes: int, per: int) -> Child:
+def _agent(tmp: Path, settings: Mapping[str, object], api: str, classes: int, per: int) -> Child:
     return Child(
         "_recorded.py",
         json.dumps(settings),
@@ -143,7 +150,22 @@ def _agent(tmp: Path, settings: dict[str, object], api: str, classes: int, per: 
     )
 
 
-async def _device_plugins(tmp: Path, classes: int, per: int) -> tuple[Child, object]:
+@dataclass
+class _Served:
+    """A device-plugin agent serving a fake kubelet: each plugin and the IDs it listed."""
+
+    child: Child
+    kubelet: FakeKubelet
+    work: Path
+    plugins: list[tuple[ConnectedPlugin, list[str]]]
+
+    async def stop(self) -> None:
+        self.child.stop()
+        await self.kubelet.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+async def _device_plugins(tmp: Path, classes: int, per: int) -> _Served:
     """A device-plugin agent registered with a fake kubelet, every device listed."""
     from tests.fakes.kubelet import FakeKubelet
 
@@ -156,26 +178,36 @@ async def _device_plugins(tmp: Path, classes: int, per: int) -> tuple[Child, obj
         "metrics_address": "127.0.0.1:0",
     }
     child = _agent(tmp, settings, "devicePlugin", classes, per)
+    served = _Served(child, kubelet, work, [])
 
-    async def served() -> None:
+    async def listed() -> None:
         for _ in range(classes):
             plugin = await kubelet.next_registration(within=60)
-            while len(await plugin.next_devices(within=60)) < per:
-                pass
+            devices: dict[str, object] = {}
+            while len(devices) < per:
+                devices = dict(await plugin.next_devices(within=60))
+            served.plugins.append((plugin, sorted(devices)))
 
-    await _within("device plugins", child, served(), 60)
-    return child, (kubelet, work)
+    await _within("device plugins", child, listed(), 60)
+    return served
 
 
-async def _memory_device_plugins(tmp: Path, per: int = PER_CLASS) -> float:
-    child, (kubelet, work) = await _device_plugins(tmp, CLASSES, per)  # type: ignore[misc]
+async def _memory_device_plugins(tmp: Path, per: int = PER_CLASS) -> tuple[float, float]:
+    """VmRSS serving, and again once each class answered one Allocate: the first Allocate
+    reads the spec folders, which builds the spec models."""
+    from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
+
+    served = await _device_plugins(tmp, CLASSES, per)
     try:
         await asyncio.sleep(1)  # settle: what it holds while serving, not while building
-        return _status(child.pid)
+        serving = _status(served.child.pid)
+        for plugin, ids in served.plugins:
+            request = api_pb2.ContainerAllocateRequest(devices_ids=ids[:1])
+            await plugin.stub.Allocate(api_pb2.AllocateRequest(container_requests=[request]))
+        await asyncio.sleep(1)
+        return serving, _status(served.child.pid)
     finally:
-        child.stop()
-        await kubelet.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        await served.stop()
 
 
 async def _memory_dra(tmp: Path) -> tuple[float, int]:
@@ -225,7 +257,8 @@ async def _memory_dra(tmp: Path) -> tuple[float, int]:
 async def _idle(tmp: Path, floor: Child, seconds: float) -> tuple[float, float]:
     """CPU seconds per minute of an agent with one class of IDLE_DEVICES devices and a
     kubelet connected, and of ``floor`` over the same window."""
-    child, (kubelet, work) = await _device_plugins(tmp, 1, IDLE_DEVICES)  # type: ignore[misc]
+    served = await _device_plugins(tmp, 1, IDLE_DEVICES)
+    child = served.child
     try:
         await asyncio.sleep(2)  # past start-up
         agent0, floor0 = _cpu(child.pid), _cpu(floor.pid)
@@ -235,9 +268,7 @@ async def _idle(tmp: Path, floor: Child, seconds: float) -> tuple[float, float]:
         scale = 60 / seconds
         return (agent1 - agent0) * scale, (floor1 - floor0) * scale
     finally:
-        child.stop()
-        await kubelet.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        await served.stop()
 
 
 def _cdi_gen() -> list[str]:
@@ -336,9 +367,9 @@ def measure(quick: bool) -> list[Row]:
     try:
         time.sleep(1)
         floor_rss, dra_floor_rss, used_rss, used_dra_rss = (_status(f.pid) for f in floors)
-        rss = asyncio.run(_memory_device_plugins(tmp))
+        rss, allocated_rss = asyncio.run(_memory_device_plugins(tmp))
         # One device a class: what the agent costs whatever its devices.
-        few_rss = asyncio.run(_memory_device_plugins(tmp, 1))
+        few_rss, _ = asyncio.run(_memory_device_plugins(tmp, 1))
         dra_rss, slices = asyncio.run(_memory_dra(tmp))
         idle, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
     finally:
@@ -358,6 +389,11 @@ def measure(quick: bool) -> list[Row]:
             f"device-plugin agent RSS, {CLASSES} classes, {devices} devices",
             f"{rss:.1f} MiB ({_ratio(rss, floor_rss)})",
             f"<= {MEMORY_TARGET:g}x floor",
+        ),
+        (
+            "  the same agent once each class answered one Allocate",
+            f"{allocated_rss:.1f} MiB ({_ratio(allocated_rss, floor_rss)})",
+            "informative",
         ),
         (
             f"  the same agent with {CLASSES} devices, one a class",
