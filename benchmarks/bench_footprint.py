@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING
 from _recorded import CLASSES, PER_CLASS
 from _table import Row, cli_env, percentile
 
+from tests.processes import terminate  # importable once _table put the repository on sys.path
+
 if TYPE_CHECKING:
     from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet
 
@@ -122,12 +124,7 @@ class Child:
         return (time.perf_counter() - self.start) * 1e3
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, 15)
         self._err.close()
 
 
@@ -183,10 +180,10 @@ async def _device_plugins(tmp: Path, classes: int, per: int) -> _Served:
     async def listed() -> None:
         for _ in range(classes):
             plugin = await kubelet.next_registration(within=60)
-            devices: dict[str, object] = {}
-            while len(devices) < per:
-                devices = dict(await plugin.next_devices(within=60))
-            served.plugins.append((plugin, sorted(devices)))
+            ids: list[str] = []
+            while len(ids) < per:
+                ids = sorted(await plugin.next_devices(within=60))
+            served.plugins.append((plugin, ids))
 
     await _within("device plugins", child, listed(), 60)
     return served

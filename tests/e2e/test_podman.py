@@ -33,6 +33,7 @@ from consumers import (
 from loopdev import LoopDevice, LoopDevices
 
 from tests.ports import free_port
+from tests.processes import terminate
 from tests.waiting import until_sync
 
 VENDOR = "example.com"
@@ -393,12 +394,7 @@ def test_agent_hotplug_through_to_the_container(
             assert "unresolvable CDI devices" in gone.stderr, gone.stderr
             assert "failed to stat" not in gone.stderr
         finally:
-            agent.terminate()
-            try:
-                agent.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            terminate(agent)
         assert agent.returncode == 0, _read(log)
 
 
