@@ -26,7 +26,8 @@ devices:
   floor's spawn → serving;
 - idle CPU: one class of 64 devices, its plugin registered and its ListAndWatch open, CPU
   seconds (user + system, every thread) over a quiet window, per minute; the floor's over
-  the same window beside it.
+  the same window beside it; informative, the agent's by kind of thread (its event loop,
+  grpc's Python server threads, grpc core's own), which says what wakes it.
 """
 
 from __future__ import annotations
@@ -75,20 +76,36 @@ def _status(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds ``pid`` used so far, its live threads summed.
+#: What the threads of an agent are, by who made them (see :func:`_threads`).
+THREAD_KINDS = ("event loop", "Python threads", "grpc core")
+
+
+def _threads(pid: int) -> dict[str, float]:
+    """CPU seconds ``pid`` used so far, its live threads summed by kind: the main thread
+    (the agent's event loop), the other threads Python made (grpc's server threads: the one
+    polling a server's completion queue, the pool's), and the threads grpc's core made (named
+    by it: its timer, event-engine and lifeguard threads).
 
     From each thread's schedstat (nanoseconds on a CPU), not /proc/PID/stat's utime and
     stime: those count clock ticks of 10 ms, so a 15 s window could not tell 0.04 CPU-s/min
     from 0.08 (one tick from two), which is the range the idle target sits in.
     """
-    total = 0
+    python = Path(f"/proc/{pid}/comm").read_text()  # Python leaves its threads this name
+    totals = dict.fromkeys(THREAD_KINDS, 0.0)
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            total += int((task / "schedstat").read_text().split()[0])
+            ns = int((task / "schedstat").read_text().split()[0])
+            comm = (task / "comm").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue  # a thread that ended between the listing and the read
-    return total / 1e9
+        kind = "event loop" if task.name == str(pid) else "Python threads"
+        totals[kind if comm == python else "grpc core"] += ns / 1e9
+    return totals
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds ``pid`` used so far, every live thread summed (:func:`_threads`)."""
+    return sum(_threads(pid).values())
 
 
 class Child:
@@ -251,19 +268,21 @@ async def _memory_dra(tmp: Path) -> tuple[float, int]:
             shutil.rmtree(work, ignore_errors=True)
 
 
-async def _idle(tmp: Path, floor: Child, seconds: float) -> tuple[float, float]:
+async def _idle(tmp: Path, floor: Child, seconds: float) -> tuple[dict[str, float], float]:
     """CPU seconds per minute of an agent with one class of IDLE_DEVICES devices and a
-    kubelet connected, and of ``floor`` over the same window."""
+    kubelet connected, by kind of thread (:func:`_threads`), and of ``floor`` over the same
+    window."""
     served = await _device_plugins(tmp, 1, IDLE_DEVICES)
     child = served.child
     try:
         await asyncio.sleep(2)  # past start-up
-        agent0, floor0 = _cpu(child.pid), _cpu(floor.pid)
+        agent0, floor0 = _threads(child.pid), _cpu(floor.pid)
         await asyncio.sleep(seconds)
-        agent1, floor1 = _cpu(child.pid), _cpu(floor.pid)
+        agent1, floor1 = _threads(child.pid), _cpu(floor.pid)
         child.alive()
         scale = 60 / seconds
-        return (agent1 - agent0) * scale, (floor1 - floor0) * scale
+        by_kind = {kind: (agent1[kind] - agent0[kind]) * scale for kind in THREAD_KINDS}
+        return by_kind, (floor1 - floor0) * scale
     finally:
         await served.stop()
 
@@ -368,7 +387,7 @@ def measure(quick: bool) -> list[Row]:
         # One device a class: what the agent costs whatever its devices.
         few_rss, _ = asyncio.run(_memory_device_plugins(tmp, 1))
         dra_rss, slices = asyncio.run(_memory_dra(tmp))
-        idle, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
+        idle_by_kind, floor_idle = asyncio.run(_idle(tmp, floor, 15 if quick else 60))
     finally:
         for child in floors:
             child.stop()
@@ -380,6 +399,7 @@ def measure(quick: bool) -> list[Row]:
     devices = f"{CLASSES * PER_CLASS:,}"
     help50, render50 = percentile(help_ms, 50), percentile(render_ms, 50)
     start50, register50 = percentile(floor_starts, 50), percentile(register, 50)
+    idle = sum(idle_by_kind.values())
     return [
         ("floor: RSS, imports + 5 grpc servers + metrics HTTP", f"{floor_rss:.1f} MiB", "floor"),
         (
@@ -430,6 +450,11 @@ def measure(quick: bool) -> list[Row]:
             f"idle CPU, {IDLE_DEVICES} devices, kubelet connected",
             f"{idle:.3f} CPU-s/min",
             f"<= {IDLE_TARGET:g} CPU-s/min",
+        ),
+        (
+            f"  by thread: {' / '.join(THREAD_KINDS)}",
+            " / ".join(f"{idle_by_kind[kind]:.3f}" for kind in THREAD_KINDS),
+            "informative",
         ),
     ]
 
