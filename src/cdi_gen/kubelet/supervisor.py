@@ -19,7 +19,7 @@ what must follow it (a DRA driver offers its devices only while it serves).
 It sleeps until told: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
 one of its socket files or one of the registrar's kubelet files changes, and the registrar
 wakes it when the kubelet's identity changes without a file (a DRA driver's GetInfo count).
-A look every ``watch_interval`` (5 s) is the safety net for what inotify cannot see (a
+A look every ``watch_interval`` (a minute) is the safety net for what inotify cannot see (a
 parent folder renamed); while a folder cannot be watched the look comes every
 :data:`UNWATCHED_INTERVAL` instead.
 
@@ -56,7 +56,9 @@ _Outcome = Literal["ok", "failed", "interrupted"]
 #: Shortest interval between two looks at the socket files and the kubelet.
 MIN_WATCH_INTERVAL = 0.01
 #: Between two looks without an inotify event: only what inotify cannot see is left to them.
-WATCH_INTERVAL = 5.0
+#: Each look wakes an idle agent (about 0.5 ms of CPU on a cold cache): every 5 s it was a
+#: tenth of the agent's idle CPU (benchmarks/bench_footprint.py, the event loop's row).
+WATCH_INTERVAL = 60.0
 #: Between two looks while a followed folder cannot be watched (missing, no inotify): a
 #: kubelet restart must still be noticed within a fraction of a second.
 UNWATCHED_INTERVAL = 0.15
