@@ -303,7 +303,7 @@ def test_the_cache_always_agrees_with_a_fresh_scan(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_fast_path_never_waits_for_a_scan(
+def test_the_fast_path_never_waits_out_a_scan(
     cache: SpecCache, dirs: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
@@ -324,13 +324,45 @@ def test_the_fast_path_never_waits_for_a_scan(
     scan.start()
     try:
         assert entered.wait(5)
-        # A scan in progress: no answer from the fast path, and no waiting for one.
+        # A scan in progress: no answer from the fast path, which waits for the lock only
+        # as long as a check between changes holds it (FAST_WAIT_SECONDS), not for the scan.
         assert cache.fresh_registry() is None
         assert cache.unresolved_if_fresh([f"{KIND}=loop1"]) is None
     finally:
         release.set()
         scan.join()
     assert cache.unresolved_if_fresh([f"{KIND}=loop2"]) == []
+
+
+def test_the_fast_path_waits_for_a_check_holding_the_lock(
+    cache: SpecCache, dirs: list[Path]
+) -> None:
+    """Another check holding the lock (it does across a stat, which lets other threads run)
+    delays an Allocate's check; it does not send it to the scan worker."""
+    import threading
+
+    write(dirs[0] / "a.json", spec("loop1"))
+    settle(cache)
+    real = cache._lock
+    asked = threading.Event()
+
+    class Spy:
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            asked.set()
+            return real.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            real.release()
+
+    answers: list[object] = []
+    with real:
+        cache._lock = Spy()  # type: ignore[assignment]
+        check = threading.Thread(target=lambda: answers.append(cache.fresh_registry()))
+        check.start()
+        assert asked.wait(5)
+    check.join()
+    cache._lock = real
+    assert answers and answers[0] is not None
 
 
 # The spec folder's own path (issue 26, item 18): a runtime opens the folder by its path on
