@@ -274,7 +274,7 @@ class SpecCache:
         """
         # A short wait, not none: the stat of a folder's path releases the GIL with the lock
         # held, so under concurrent Allocates another check often finds the lock taken for
-        # those microseconds. Giving up at once sent about one call in six through the scan
+        # those microseconds. Giving up at once sent about one call in five through the scan
         # worker (a thread hand-off each) at eight concurrent clients.
         if not self._lock.acquire(timeout=FAST_WAIT_SECONDS):
             return None
