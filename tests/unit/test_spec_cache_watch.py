@@ -355,13 +355,16 @@ def test_the_fast_path_waits_for_a_check_holding_the_lock(
             real.release()
 
     answers: list[object] = []
-    with real:
-        cache._lock = Spy()  # type: ignore[assignment]
-        check = threading.Thread(target=lambda: answers.append(cache.fresh_registry()))
-        check.start()
-        assert asked.wait(5)
-    check.join()
-    cache._lock = real
+    cache._lock = Spy()  # type: ignore[assignment]
+    try:
+        with real:
+            check = threading.Thread(target=lambda: answers.append(cache.fresh_registry()))
+            check.start()
+            assert asked.wait(5)
+        check.join()
+    finally:
+        # The fixture's close takes the lock with `with`, which the spy does not offer.
+        cache._lock = real
     assert answers and answers[0] is not None
 
 
