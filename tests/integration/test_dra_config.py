@@ -19,6 +19,7 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.writer import OWNER_SUFFIX, write_bytes
+from cdi_gen.discovery.devicemetadata import metadata_stream
 from cdi_gen.discovery.pool import DevicePool
 from cdi_gen.errors import ClaimError
 from cdi_gen.kubelet import draplugin
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.timeout(60)
 DRIVER = "cdi-gen.example.com"
 POOL = "node-a"
 UID = "5d1c7c2e-9a43-4a57-8d1e-0c0a6f1f2b3c"
-CLAIM_SPEC = f"example.com-fpga_{UID}.json"
-ROOT_ONLY = {"uid": 0, "gid": 0, "fileMode": 0o660}
+CLAIM_SPEC = f"example.com-fpga@{UID}.json"
+#: The class's nodes: no owner (the container's user, as the runtime fills it in), 0660.
+CLASS_NODE = {"fileMode": 0o660}
 NON_ROOT = {"uid": 1000, "gid": 1000, "fileMode": 0o600}
 
 
@@ -111,7 +113,7 @@ class Node:
         self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
 
     def spec_bytes(self) -> bytes:
-        edits = {"deviceNodes": [{"path": "/dev/null", **ROOT_ONLY}], "env": ["MODE=class"]}
+        edits = {"deviceNodes": [{"path": "/dev/null", **CLASS_NODE}], "env": ["MODE=class"]}
         doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
         return dump_document(doc)
 
@@ -293,16 +295,31 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
     # A spec of ours with no claim record (an agent before records rode with specs, killed
     # between the spec and its checkpoint): no prepared claim names it.
     write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-orphan")
+    # Its metadata (this driver's format, under the name it gives) goes with it; a file the
+    # driver did not write stays, whatever its name.
+    orphan = metadata_stream(
+        driver=DRIVER,
+        namespace="default",
+        claim="x",
+        uid="uid-orphan",
+        pod_claim_name=None,
+        request="fpga",
+        devices=[],
+    )
+    (node.metadata_dir / "uid-orphan_fpga.json").write_bytes(orphan)
     (node.metadata_dir / "default_x_fpga.json").write_bytes(b"{}\n")
     # An agent killed between a claim's record and its spec: the record alone.
     write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-lone")
-    (node.spec_dir / "example.com-fpga_uid-lone.json").unlink()
+    (node.spec_dir / "example.com-fpga@uid-lone.json").unlink()
     del node.claims.claims["c1"]  # gone from the API server: answered from the record alone
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
         assert [p.name for p in node.spec_dir.iterdir() if "uid-" in p.name] == []
-        assert sorted(p.name for p in node.metadata_dir.iterdir()) == ["default_c1_fpga.json"]
+        assert sorted(p.name for p in node.metadata_dir.iterdir()) == [
+            f"{UID}_fpga.json",
+            "default_x_fpga.json",
+        ]
         assert (await connection.prepare([claim])).claims[UID] == first
         assert (await connection.unprepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json"]
@@ -315,7 +332,8 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
         (node.spec_dir / name).unlink()
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
-        assert list(node.metadata_dir.iterdir()) == []  # no prepared claim names it
+        # No prepared claim names the claim's file; the foreign one stays.
+        assert [p.name for p in node.metadata_dir.iterdir()] == ["default_x_fpga.json"]
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
 
@@ -331,7 +349,7 @@ async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: N
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert (await connection.prepare([claim])).claims[UID].error == ""
-        host = node.metadata_dir / "default_c1_fpga.json"
+        host = node.metadata_dir / f"{UID}_fpga.json"
         [device] = node.claim_spec()["devices"]
         assert device["containerEdits"]["mounts"] == [
             {
@@ -376,7 +394,7 @@ async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert (await connection.prepare([claim])).claims[UID].error == ""
-    metadata = node.metadata_dir / "default_c1_fpga.json"
+    metadata = node.metadata_dir / f"{UID}_fpga.json"
     metadata.write_bytes(b"")
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
@@ -396,7 +414,7 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
         doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
         write_bytes(node.spec_dir, "example.com", "fpga", dump_document(doc))
         assert (await connection.prepare([second])).claims["uid-2"].error == ""
-        spec = orjson.loads((node.spec_dir / "example.com-fpga_uid-2.json").read_bytes())
+        spec = orjson.loads((node.spec_dir / "example.com-fpga@uid-2.json").read_bytes())
         [device] = spec["devices"]
         assert device["containerEdits"]["env"] == ["MODE=changed"]
         assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]

@@ -7,6 +7,7 @@ import pytest
 
 from cdi_gen.kubelet.claims import (
     MAX_ALLOCATION_RESULTS,
+    ClaimRef,
     ClaimRefused,
     PreparedDevice,
     Refusal,
@@ -32,7 +33,9 @@ def claim(*results: AllocatedDevice, uid: str = "u1", allocated: bool = True) ->
 
 
 def prepare(view: ClaimView, uid: str = "u1") -> list[PreparedDevice]:
-    return prepare_claim(uid, view, driver=DRIVER, pool_name=POOL, devices=DEVICES)
+    return prepare_claim(
+        ClaimRef("ns", "c", uid), view, driver=DRIVER, pool_name=POOL, devices=DEVICES
+    )
 
 
 def test_our_results_become_devices_in_order_and_others_are_ignored() -> None:
@@ -182,3 +185,46 @@ def test_a_reference_that_is_not_a_kubernetes_one_is_refused(
 )
 def test_kubernetes_references_pass(namespace: str, name: str, uid: str) -> None:
     check_reference(namespace, name, uid)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name"), [("other", "c"), ("ns", "other"), ("ns", "../../etc"), ("/abs", "c")]
+)
+def test_the_claim_answered_must_be_the_claim_asked_for(namespace: str, name: str) -> None:
+    """Issue 38: file names are built from the claim: the API server's answer must carry the
+    kubelet's namespace and name, not another claim's (or a path)."""
+    view = ClaimView(namespace, name, "u1", (AllocatedDevice("r", DRIVER, POOL, "fpga-0"),))
+    with pytest.raises(ClaimRefused) as refused:
+        prepare(view)
+    assert refused.value.reason == Refusal.NAME_MISMATCH
+    assert "claim ns/c (uid 'u1'): the API server answered claim" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "request_name",
+    ["r\x00x", "r\n<forged>", "..", "", "r/../..", "r" * 300, "R", "a/b/c", "/", "r/"],
+)
+def test_a_request_name_that_is_no_request_is_refused(request_name: str) -> None:
+    view = claim(AllocatedDevice(request_name, DRIVER, POOL, "fpga-0"))
+    with pytest.raises(ClaimRefused) as refused:
+        prepare(view)
+    assert refused.value.reason == Refusal.INVALID_REQUEST
+    message = str(refused.value)
+    assert message.isprintable() and len(message) < 400, message
+    assert "want a DNS label" in message
+
+
+def test_a_subrequest_result_is_a_request_name() -> None:
+    view = claim(AllocatedDevice("main/sub-1", DRIVER, POOL, "fpga-0"))
+    assert [d.request_names for d in prepare(view)] == [("main/sub-1",)]
+
+
+@pytest.mark.parametrize("pod_claim", ["../..", "a/b", "x\ny", "UPPER", ""])
+def test_a_pod_claim_name_that_is_no_label_is_refused(pod_claim: str) -> None:
+    view = ClaimView(
+        "ns", "c", "u1", (AllocatedDevice("r", DRIVER, POOL, "fpga-0"),), (), pod_claim
+    )
+    with pytest.raises(ClaimRefused, match="pod-claim-name") as refused:
+        prepare(view)
+    assert refused.value.reason == Refusal.INVALID_NAME

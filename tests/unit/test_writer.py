@@ -221,14 +221,14 @@ def test_a_record_from_before_instances_belongs_to_its_vendor(tmp_path: Path) ->
     ]
 
 
-def test_transient_specs_are_named_as_cdi_does_and_kept_apart(tmp_path: Path) -> None:
+def test_transient_specs_are_named_apart_from_class_specs(tmp_path: Path) -> None:
     class_spec = make_spec("loop0")
     claim_spec = make_spec("claim-loop0")
     assert writer.write_bytes(tmp_path, "example.com", "loop", class_spec)
     assert writer.write_bytes(
         tmp_path, "example.com", "loop", claim_spec, transient="3f2a-11", instance="me"
     )
-    assert (tmp_path / "example.com-loop_3f2a-11.json").read_bytes() == claim_spec
+    assert (tmp_path / "example.com-loop@3f2a-11.json").read_bytes() == claim_spec
     assert (tmp_path / "example.com-loop.json").read_bytes() == class_spec
     # A class spec list never holds a claim's spec: the agent's start-up removal of classes
     # no longer configured must not take it (the DRA driver owns it through its checkpoint).
@@ -238,7 +238,7 @@ def test_transient_specs_are_named_as_cdi_does_and_kept_apart(tmp_path: Path) ->
     ]
     assert writer.owned_transient_specs(tmp_path, instance="other") == []
     assert writer.remove_unconfigured(tmp_path, [], instance="me") == []
-    assert (tmp_path / "example.com-loop_3f2a-11.json").exists()
+    assert (tmp_path / "example.com-loop@3f2a-11.json").exists()
     assert not writer.remove_spec(
         tmp_path, "example.com", "loop", transient="3f2a-11", instance="other"
     )
@@ -289,16 +289,16 @@ def test_a_transient_record_whose_spec_is_gone_is_removed_for_its_instance_only(
     writer.write_bytes(tmp_path, "example.com", "loop", data, instance="me")
     # A writer killed between the record and the spec leaves the record alone; so does a
     # class spec removed by hand, which is not transient and is left as it is.
-    for name in ("example.com-loop_lone.json", "example.com-loop_theirs.json"):
+    for name in ("example.com-loop@lone.json", "example.com-loop@theirs.json"):
         (tmp_path / name).unlink()
     (tmp_path / "example.com-loop.json").unlink()
     assert writer.remove_lone_transient_records(tmp_path, instance="me") == [
-        "example.com-loop_lone.json"
+        "example.com-loop@lone.json"
     ]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
         ".example.com-loop.json.cdi-gen-owner",
-        ".example.com-loop_kept.json.cdi-gen-owner",
-        ".example.com-loop_theirs.json.cdi-gen-owner",
+        ".example.com-loop@kept.json.cdi-gen-owner",
+        ".example.com-loop@theirs.json.cdi-gen-owner",
     ]
     assert writer.remove_lone_transient_records(tmp_path / "absent", instance="me") == []
 
@@ -334,3 +334,56 @@ def test_a_planted_transient_record_is_not_ours(
     (tmp_path / ".example.com-loop_x.json.cdi-gen-owner").write_bytes(orjson.dumps(record))
     assert writer.owned_transient_specs(tmp_path, instance="me") == []
     assert "not one cdi-gen wrote" in caplog.text
+
+
+def test_a_class_named_like_a_claims_spec_keeps_its_own_file(tmp_path: Path) -> None:
+    """Issue 38: class ``memdev_u1`` and claim ``u1`` of class ``memdev`` once shared
+    ``<vendor>-memdev_u1.json``: the claim's write replaced the class's spec and its removal
+    deleted it. Transient names hold ``@``, which no vendor, class or ID can."""
+    class_spec, claim_spec = make_spec("mem0"), make_spec("claim-u1-0")
+    assert writer.write_bytes(tmp_path, "example.com", "memdev_u1", class_spec, instance="me")
+    assert writer.write_bytes(
+        tmp_path, "example.com", "memdev", claim_spec, transient="u1", instance="me"
+    )
+    assert (tmp_path / "example.com-memdev_u1.json").read_bytes() == class_spec
+    assert writer.remove_spec(tmp_path, "example.com", "memdev", transient="u1", instance="me")
+    assert (tmp_path / "example.com-memdev_u1.json").read_bytes() == class_spec
+    assert writer.owned_specs(tmp_path, instance="me") == [("example.com", "memdev_u1")]
+
+
+def _legacy_transient(tmp_path: Path, transient: str, instance: str, data: bytes) -> None:
+    """A transient spec as an agent before ``@`` names wrote it."""
+    name = f"example.com-loop_{transient}.json"
+    (tmp_path / name).write_bytes(data)
+    record = {
+        "vendor": "example.com",
+        "class": "loop",
+        "file": name,
+        "instance": instance,
+        "sha256": [writer._digest(data)],
+        "transient": transient,
+        "payload": {"uid": transient},
+    }
+    (tmp_path / f".{name}{writer.OWNER_SUFFIX}").write_bytes(orjson.dumps(record))
+
+
+def test_an_older_agents_claim_specs_are_renamed_once_and_only_its_own(tmp_path: Path) -> None:
+    data = make_spec("claim-u1-0")
+    _legacy_transient(tmp_path, "u1", "me", data)
+    _legacy_transient(tmp_path, "u2", "other", data)
+    _legacy_transient(tmp_path, "gone", "me", data)
+    (tmp_path / "example.com-loop_gone.json").unlink()
+    (tmp_path / "example.com-loop_foreign.json").write_bytes(data)  # no record: not ours
+    assert writer.migrate_transient_names(tmp_path, instance="me") == ["example.com-loop@u1.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".example.com-loop@u1.json.cdi-gen-owner",
+        ".example.com-loop_u2.json.cdi-gen-owner",
+        "example.com-loop@u1.json",
+        "example.com-loop_foreign.json",
+        "example.com-loop_u2.json",
+    ]
+    assert (tmp_path / "example.com-loop@u1.json").read_bytes() == data
+    assert writer.owned_transient_payloads(tmp_path, instance="me") == [
+        ("example.com", "loop", "u1", {"uid": "u1"})
+    ]
+    assert writer.migrate_transient_names(tmp_path, instance="me") == []

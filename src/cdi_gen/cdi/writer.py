@@ -22,13 +22,18 @@ can never make cdi-gen replace or remove anything but a regular file directly in
 A record that does not sit at the name its own vendor and class give is ignored and logged.
 
 A *transient* spec belongs to something shorter-lived than its class (a DRA claim): it is named
-as the CDI library names them, ``<vendor>-<class>_<transient id>.json``, and its record says
-``transient``. It is written and removed like a class's spec, but :func:`owned_specs` and the
-removal of unconfigured classes never count it: whoever made it (the DRA driver, through its
-checkpoint) removes it, found with :func:`owned_transient_specs`. Its record may carry a
-*payload*, a JSON object of its writer's (a DRA claim's record), which lives and goes with the
-spec: :func:`owned_transient_payloads` reads them back, and
-:func:`remove_lone_transient_records` removes a record whose spec a killed writer never wrote.
+``<vendor>-<class>@<transient id>.json`` and its record says ``transient``. The CDI library's
+own transient names join with ``_``, which a class name may hold too: class ``fpga_u1``'s spec
+and claim ``u1``'s spec of class ``fpga`` would be one file, and the claim's prepare and
+unprepare would replace and delete the class's. No vendor, class or transient ID holds ``@``,
+so the two kinds of names never meet; :func:`migrate_transient_names` renames the specs an
+older agent wrote under the ``_`` names. A transient spec is written and removed like a class's
+spec, but :func:`owned_specs` and the removal of unconfigured classes never count it: whoever
+made it (the DRA driver, through its checkpoint) removes it, found with
+:func:`owned_transient_specs`. Its record may carry a *payload*, a JSON object of its writer's
+(a DRA claim's record), which lives and goes with the spec: :func:`owned_transient_payloads`
+reads them back, and :func:`remove_lone_transient_records` removes a record whose spec a killed
+writer never wrote.
 """
 
 from __future__ import annotations
@@ -78,12 +83,22 @@ def spec_filename(vendor: str, cls: str) -> str:
 _TRANSIENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+#: Joins a transient spec's class and ID: a character no vendor, class or ID holds.
+TRANSIENT_SEPARATOR = "@"
+#: The separator of transient names before :data:`TRANSIENT_SEPARATOR` (the CDI library's).
+_LEGACY_SEPARATOR = "_"
+
+
 def transient_filename(vendor: str, cls: str, transient: str) -> str:
-    """``<vendor>-<class>_<transient>.json``, the CDI library's name of a transient spec.
+    """``<vendor>-<class>@<transient>.json``, the name of a transient spec.
 
     Raises :class:`~cdi_gen.errors.InvalidNameError` unless vendor and class are valid CDI
     names and ``transient`` is 1-128 of ``A-Z a-z 0-9 _ . -`` starting alphanumeric.
     """
+    return _transient_name(vendor, cls, transient, TRANSIENT_SEPARATOR)
+
+
+def _transient_name(vendor: str, cls: str, transient: str, separator: str) -> str:
     base = spec_filename(vendor, cls)
     if _TRANSIENT_RE.fullmatch(transient) is None:
         raise InvalidNameError(
@@ -91,7 +106,7 @@ def transient_filename(vendor: str, cls: str, transient: str) -> str:
             transient,
             "must be 1-128 characters of A-Z a-z 0-9 _ . - starting alphanumeric",
         )
-    return f"{base.removesuffix('.json')}_{transient}.json"
+    return f"{base.removesuffix('.json')}{separator}{transient}.json"
 
 
 def _owner_name(filename: str) -> str:
@@ -471,6 +486,71 @@ def remove_lone_transient_records(spec_dir: Path, *, instance: str) -> list[str]
     except OSError:
         return removed
     return removed
+
+
+def _new_transient_name(record: Mapping[str, object], old: str) -> str | None:
+    """Today's name of the transient spec ``record`` is for, when ``old`` is the name an
+    older agent gave it."""
+    vendor, cls, transient = (record.get(k) for k in ("vendor", "class", "transient"))
+    if not (isinstance(vendor, str) and isinstance(cls, str) and isinstance(transient, str)):
+        return None
+    try:
+        if _transient_name(vendor, cls, transient, _LEGACY_SEPARATOR) != old:
+            return None
+        return transient_filename(vendor, cls, transient)
+    except InvalidNameError:
+        return None
+
+
+def _migrate_one(dir_fd: int, entry: str, instance: str) -> str | None:
+    """Rename the spec of the owner record ``entry`` if it is ``instance``'s transient spec
+    under its old name; its new name."""
+    old = entry[1 : -len(OWNER_SUFFIX)]
+    record = _read_owner(dir_fd, old)
+    if record is None or _instance_of(record) != instance:
+        return None
+    new = _new_transient_name(record, old)
+    if new is None:
+        return None
+    if not _is_owned_in(dir_fd, old):
+        _remove_record_of_gone_spec(dir_fd, old)
+        return None
+    try:
+        os.stat(new, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+    else:
+        log.warning("spec %s keeps its old name: %s is already there", quote(old), quote(new))
+        return None
+    _atomic_replace(dir_fd, _owner_name(new), orjson.dumps({**record, "file": new}), None)
+    os.rename(old, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.unlink(entry, dir_fd=dir_fd)
+    return new
+
+
+def migrate_transient_names(spec_dir: Path, *, instance: str) -> list[str]:
+    """Rename ``instance``'s transient specs that an older agent wrote under the CDI
+    library's names (``<vendor>-<class>_<id>.json``) to :func:`transient_filename`'s; the new
+    names. Only a spec whose record sits at the old name its own fields give, names
+    ``instance`` and holds the spec's hash moves; a record of such a name whose spec is gone
+    is removed. Each step leaves what a later start finishes: the new record first (alone, it
+    is a lone record and goes), then the spec by one rename (runtimes see it move, never two
+    copies of its devices), then the old record."""
+    moved: list[str] = []
+    try:
+        with _folder(spec_dir) as dir_fd:
+            for entry in sorted(os.listdir(dir_fd)):
+                if entry.startswith(".") and entry.endswith(OWNER_SUFFIX):
+                    new = _migrate_one(dir_fd, entry, instance)
+                    if new is not None:
+                        moved.append(new)
+            if moved:
+                os.fsync(dir_fd)
+    except FileNotFoundError:
+        return moved  # no folder yet
+    except OSError as exc:
+        log.warning("claim specs in %s not renamed to today's names: %s", spec_dir, exc)
+    return moved
 
 
 def owned_specs(spec_dir: Path, *, instance: str | None = None) -> list[tuple[str, str]]:

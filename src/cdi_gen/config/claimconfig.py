@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -31,6 +32,7 @@ __all__ = [
     "DeviceConfig",
     "DeviceConfigError",
     "DeviceNodesConfig",
+    "Layered",
     "device_config_schema",
     "merge",
     "parse_device_config",
@@ -205,6 +207,21 @@ def merge(configs: Iterable[DeviceConfig]) -> DeviceConfig | None:
         device_nodes=DeviceNodesConfig(**nodes) if has_nodes else None,
         env=env if has_env else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Layered:
+    """One device's configuration as two layers: the DeviceClass's entries (``FromClass``,
+    written by whoever may write DeviceClasses, the cluster's admin) and the claim's own
+    (``FromClaim``, written by whoever may create claims in its namespace), each merged.
+    The class's layer widens or narrows what the class's spec gives; the claim's may only
+    narrow the result (:func:`cdi_gen.discovery.claimspec.configured_edits`)."""
+
+    from_class: DeviceConfig | None = None
+    from_claim: DeviceConfig | None = None
+
+    def __bool__(self) -> bool:
+        return self.from_class is not None or self.from_claim is not None
 
 
 def selects(requests: Sequence[str], request: str) -> bool:

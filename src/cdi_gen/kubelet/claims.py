@@ -36,6 +36,7 @@ __all__ = [
     "Refusal",
     "check_reference",
     "claim_label",
+    "is_request_name",
     "prepare_claim",
 ]
 
@@ -126,6 +127,8 @@ class Refusal(enum.StrEnum):
     NO_UID = "no-uid"
     TOO_MANY_RESULTS = "too-many-results"
     UID_MISMATCH = "uid-mismatch"
+    NAME_MISMATCH = "name-mismatch"
+    INVALID_REQUEST = "invalid-request"
     NOT_ALLOCATED = "not-allocated"
     NO_DEVICES = "no-devices"
     OTHER_POOL = "other-pool"
@@ -136,6 +139,7 @@ class Refusal(enum.StrEnum):
     IN_USE = "in-use"
     INVALID_CONFIG = "invalid-config"
     CLAIM_SPEC = "claim-spec"
+    WIDENS_CLASS = "widens-class"
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused
@@ -219,26 +223,62 @@ def _check_device(
     return device
 
 
+def is_request_name(request: str) -> bool:
+    """Whether ``request`` is what an allocation result may name: a request (a DNS label)
+    or a subrequest of one (``main/sub``, two DNS labels), as the API validates them."""
+    main, slash, sub = request.partition("/")
+    return is_dns_label(main) and (not slash or is_dns_label(sub))
+
+
+def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice]) -> None:
+    """Refuse names from the API server that paths and messages are built from: request
+    names, and the pod's name for a claim made from a template (a folder inside the
+    container)."""
+    for result in results:
+        if not is_request_name(result.request):
+            raise ClaimRefused(
+                Refusal.INVALID_REQUEST,
+                f"{label}: its allocation names request {quote(result.request)}: want a DNS "
+                "label, or two joined by '/' for a subrequest (1-63 characters of a-z 0-9 -, "
+                "starting and ending alphanumeric)",
+            )
+    pod_claim = claim.pod_claim_name
+    if pod_claim is not None and not is_dns_label(pod_claim):
+        raise ClaimRefused(
+            Refusal.INVALID_NAME,
+            f"{label}: annotation resource.kubernetes.io/pod-claim-name {quote(pod_claim)} is "
+            "not a pod's claim name: want a DNS label",
+        )
+
+
 def prepare_claim(
-    uid: str,
+    ref: ClaimRef,
     claim: ClaimView,
     *,
     driver: str,
     pool_name: str,
     devices: Mapping[str, PoolDevice],
 ) -> list[PreparedDevice]:
-    """The devices to answer for the claim the kubelet asked for by ``uid``.
+    """The devices to answer for the claim the kubelet asked for as ``ref``.
 
-    ``claim`` is what the API server holds under the kubelet's namespace/name, ``devices``
+    ``claim`` is what the API server answered for the kubelet's namespace/name, ``devices``
     one snapshot of the pool (name -> device). Each of this driver's allocation results
     becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
-    claim, the device and the rule when the claim is not the one asked for, is not
-    allocated, has more results than the API allows, has no device of this driver, or names
-    a device this node cannot give.
+    claim, the device and the rule when the claim is not the one asked for (namespace, name
+    and UID: the answer names files and paths), is not allocated, has more results than the
+    API allows, has no device of this driver, names a request that is not a request name,
+    or names a device this node cannot give.
     """
-    label = claim_label(claim.namespace, claim.name, uid)
+    uid = ref.uid
+    label = claim_label(ref.namespace, ref.name, uid)
     if not uid:
         raise ClaimRefused(Refusal.NO_UID, f"{label}: the request carries no claim UID")
+    if (claim.namespace, claim.name) != (ref.namespace, ref.name):
+        raise ClaimRefused(
+            Refusal.NAME_MISMATCH,
+            f"{label}: the API server answered claim {quote(claim.namespace)}/"
+            f"{quote(claim.name)}, not the one asked for",
+        )
     if claim.uid != uid:
         raise ClaimRefused(
             Refusal.UID_MISMATCH,
@@ -259,6 +299,7 @@ def prepare_claim(
             Refusal.NO_DEVICES,
             f"{label}: its allocation has no device of driver {quote(driver)}",
         )
+    _check_names(label, claim, ours)
     prepared = []
     for result in ours:
         device = _check_device(label, result, pool_name, devices)

@@ -164,18 +164,15 @@ class PoolPreparer:
             return
         for uid, claim in specs.recorded().items():
             self.checkpoint.adopt(uid, claim)
-        for uid, claim in self.checkpoint.claims.items():
-            if claim.specs and not specs.intact(claim.namespace, claim.name, claim.specs):
+        for uid, claim in list(self.checkpoint.claims.items()):
+            if claim.specs and not specs.intact(uid, claim):
                 log.warning(
                     "%s: its own CDI spec or device metadata is gone or unreadable; "
                     "forgotten, prepared anew when asked",
                     claim_label(claim.namespace, claim.name, uid),
                 )
                 self.checkpoint.remove(uid)
-        claims = self.checkpoint.claims.values()
-        specs.remove_orphans(
-            [s for c in claims for s in c.specs], [(c.namespace, c.name) for c in claims if c.specs]
-        )
+        specs.remove_orphans(self.checkpoint.claims)
 
     @property
     def count(self) -> int:
@@ -291,15 +288,13 @@ class PoolPreparer:
     ) -> tuple[PreparedDevice, ...]:
         pool = self.pool.devices
         devices = tuple(
-            prepare_claim(
-                ref.uid, claim, driver=self.driver, pool_name=self.pool_name, devices=pool
-            )
+            prepare_claim(ref, claim, driver=self.driver, pool_name=self.pool_name, devices=pool)
         )
         configs = device_configs(label, claim, self.driver, [d.request_names[0] for d in devices])
         with self._holding:
             self._check_exclusive(ref.uid, label, devices)
             specs: tuple[ClaimSpec, ...] = ()
-            if any(c is not None for c in configs):
+            if any(configs):
                 if self.claim_specs is None:
                     raise ClaimRefused(
                         Refusal.CLAIM_SPEC,
@@ -315,7 +310,9 @@ class PoolPreparer:
             except BaseException:
                 if specs and self.claim_specs is not None:
                     try:
-                        self.claim_specs.remove(label, ref.namespace, ref.name, specs)
+                        self.claim_specs.remove(
+                            label, ref.uid, PreparedClaim(ref.namespace, ref.name, devices, specs)
+                        )
                     except SpecWriteError as exc:  # removed at the next start
                         log.warning("%s: its spec stays until the agent restarts: %s", label, exc)
                 raise
@@ -378,7 +375,7 @@ class PoolPreparer:
                 if known is not None and known.specs and self.claim_specs is not None:
                     # The specs first: a record left by a crash after this names a spec that
                     # is gone, which the next start forgets; a spec left would be injected.
-                    self.claim_specs.remove(label, known.namespace, known.name, known.specs)
+                    self.claim_specs.remove(label, ref.uid, known)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
                 else:
