@@ -177,3 +177,141 @@ def test_a_driver_name_over_63_characters_stops_the_start(
         update={"classes": [c.model_copy(update={"api": "devicePlugin"}) for c in config.classes]}
     )
     assert Agent(plugins_only, settings).dra is None
+
+
+# Issue 38, item 10: on a host named Bad_Host.Example the DRA agent named its pool and slices
+# after "bad_host.example", which the API server refuses, and retried for ever.
+BAD_HOST = "Bad_Host.Example"
+NODE_RULE = (
+    "is not a Kubernetes Node name: a DNS subdomain: at most 253 characters of lower-case "
+    "letters, digits, '-' and '.', each dot-separated part starting and ending with a letter "
+    "or digit"
+)
+BAD_HOST_LINE = (
+    f"host name: 'Bad_Host.Example' (lower-cased and trimmed: 'bad_host.example') {NODE_RULE}; "
+    "give the Node's name with --node-name (CDI_GEN_NODE_NAME)"
+)
+
+
+def _host(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: name)
+
+
+def test_a_host_name_that_is_no_node_name_stops_a_dra_agent_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from cdi_gen.agent import Agent
+
+    _host(monkeypatch, BAD_HOST)
+    base = {"spec_dir": tmp_path / "cdi", "state_dir": tmp_path / "state"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(base).node()
+    assert str(info.value) == BAD_HOST_LINE and info.value.exit_code == 2
+    # The DRA agent is refused while it is built, before it serves or writes anything.
+    dra = load_settings({**base, "api": "dra"})
+    with pytest.raises(ConfigError) as info:
+        Agent(dra.class_config(), dra)
+    assert str(info.value) == BAD_HOST_LINE
+    # Device plugins and host mode never use the node name: they start on such a host.
+    plugins = load_settings({**base, "api": "devicePlugin"})
+    assert Agent(plugins.class_config(), plugins).dra is None
+    host_mode = load_settings({**base, "api": "dra", "no_kubelet": True})
+    assert Agent(host_mode.class_config(), host_mode).dra is None
+    # --node-name is the way out, the host name then not consulted.
+    named = load_settings({**base, "api": "dra", "node_name": "node-1.example"})
+    driver = Agent(named.class_config(), named).dra
+    assert driver is not None and driver.node == "node-1.example"
+
+
+@pytest.mark.parametrize(
+    ("host", "node"),
+    [
+        (" Node-1.Example\n", "node-1.example"),  # the kubelet's TrimSpace and ToLower
+        ("node-1", "node-1"),
+        ("n" * 253, "n" * 253),  # the longest Node name
+    ],
+)
+def test_the_host_name_is_lower_cased_and_trimmed_as_the_kubelet_does(
+    monkeypatch: pytest.MonkeyPatch, host: str, node: str
+) -> None:
+    _host(monkeypatch, host)
+    assert load_settings({}).node() == node
+
+
+@pytest.mark.parametrize(
+    ("host", "quoted"),
+    [
+        ("", "''"),
+        ("-node", "'-node'"),
+        ("node..1", "'node..1'"),
+        ("node_1", "'node_1'"),
+        ("n" * 254, "(254 long)"),  # quoted cut short, its length given
+    ],
+)
+def test_every_host_name_that_is_no_node_name_is_refused_quoted(
+    monkeypatch: pytest.MonkeyPatch, host: str, quoted: str
+) -> None:
+    _host(monkeypatch, host)
+    with pytest.raises(ConfigError) as info:
+        load_settings({}).node()
+    line = str(info.value)
+    assert line.startswith("host name: ") and quoted in line and NODE_RULE in line, line
+    assert line.endswith("--node-name (CDI_GEN_NODE_NAME)") and "\n" not in line, line
+    assert len(line) < 400, line
+
+
+def test_a_node_name_given_that_is_no_node_name_is_refused_in_every_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A name given on purpose is judged when the settings load, whatever the run serves.
+    rule = NODE_RULE.removeprefix("is ")
+    with pytest.raises(ConfigError) as info:
+        load_settings({"node_name": "Bad_Host", "api": "devicePlugin"})
+    assert str(info.value) == f"--node-name: {rule} (got 'Bad_Host')"
+    monkeypatch.setenv("CDI_GEN_NODE_NAME", "node-1.")
+    with pytest.raises(ConfigError) as info:
+        load_settings({})
+    assert str(info.value) == f"CDI_GEN_NODE_NAME: {rule} (got 'node-1.')"
+
+
+def test_the_longest_node_name_is_accepted_and_names_valid_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Node name is a valid pool name and ``nodeName``; the slice names
+    ``<node>-<driver>-<index>`` are shortened with a hash (apiserver.slices) to stay DNS
+    subdomains of at most 253 characters."""
+    from cdi_gen.apiserver.slices import build_slices, slice_name
+    from cdi_gen.names import is_dns_subdomain
+
+    _host(monkeypatch, BAD_HOST)  # not consulted: the flag wins
+    node = ("n" * 62 + ".") * 4 + "n"  # 253 characters, labels of 62
+    assert load_settings({"node_name": node}).node() == node
+    driver = "d" * 60 + ".io"  # the longest driver name
+    (only,) = build_slices(driver, node, [], 1, node_uid=None)
+    assert only["spec"]["pool"]["name"] == only["spec"]["nodeName"] == node
+    for index in (0, 9, 10_000):
+        name = slice_name(node, driver, index)
+        assert is_dns_subdomain(name) and name.endswith(f"-{index}"), name
+
+
+def test_run_with_dra_on_a_host_name_that_is_no_node_name_exits_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from cdi_gen.cli.main import main
+
+    _host(monkeypatch, BAD_HOST)
+    # `run` sets up the process's logging before it builds the agent: put pytest's back.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    args = ["run", "--api", "dra", "--spec-dir", str(tmp_path / "cdi")]
+    args += ["--state-dir", str(tmp_path / "state"), "--metrics-address", ""]
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {BAD_HOST_LINE}"]
+    assert not (tmp_path / "cdi").exists() and not (tmp_path / "state").exists()

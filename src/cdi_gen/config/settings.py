@@ -32,6 +32,7 @@ from cdi_gen.names import is_dns_label, is_dns_subdomain, validate_driver_name
 
 __all__ = [
     "ENV_PREFIX",
+    "NODE_NAME_RULE",
     "Settings",
     "load_settings",
     "parse_address",
@@ -41,6 +42,13 @@ ENV_PREFIX = "CDI_GEN_"
 #: Longest ``retry_max_seconds`` accepted.
 RETRY_MAX_LIMIT = 3600.0
 _EMPTY = "empty"
+#: A Kubernetes Node name (the API server's ValidateNodeName). The DRA pool and every
+#: ResourceSlice's ``nodeName`` are this name, so with any other the API server refuses each
+#: slice and the publisher retries for ever: refused before the driver starts instead.
+NODE_NAME_RULE = (
+    "a DNS subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
+    "each dot-separated part starting and ending with a letter or digit"
+)
 
 
 def _split(value: Any) -> Any:
@@ -142,7 +150,7 @@ class Settings(BaseModel):
     node_name: str | None = Field(
         default=None,
         description="this node's name in Kubernetes (DRA's pool and slices); default: the "
-        "host name",
+        "host name, lower-cased and trimmed as the kubelet does",
     )
     instance: str | None = Field(
         default=None,
@@ -212,7 +220,7 @@ class Settings(BaseModel):
             raise ValueError(_EMPTY)
         return value
 
-    @field_validator("dra_driver", "node_name", "instance", "daemonset", mode="after")
+    @field_validator("dra_driver", "instance", "daemonset", mode="after")
     @classmethod
     def _subdomain(cls, value: str | None) -> str | None:
         if value is not None and not is_dns_subdomain(value):
@@ -220,6 +228,16 @@ class Settings(BaseModel):
                 f"{quote(value)} is not a DNS subdomain (lower-case letters, digits, '-' "
                 "and '.', at most 253 characters)"
             )
+        return value
+
+    @field_validator("node_name", mode="after")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        # Refused in every mode: a name given on purpose that no Node can have is a mistake
+        # in the manifest, whatever this run serves (the host name's default is judged only
+        # where it is used, see node()).
+        if value is not None and not is_dns_subdomain(value):
+            raise ValueError(f"not a Kubernetes Node name: {NODE_NAME_RULE}")
         return value
 
     @field_validator("daemonset_namespace", mode="after")
@@ -308,8 +326,25 @@ class Settings(BaseModel):
         return config.vendor
 
     def node(self) -> str:
-        """This node's name: ``--node-name``, else the host name (what the kubelet uses)."""
-        return self.node_name or socket.gethostname().lower()
+        """This node's name: ``--node-name``, else the host name lower-cased and trimmed (the
+        kubelet's own default). Raises :class:`ConfigError` (exit 2) when the host name makes
+        no Node name.
+
+        Judged here, not when the settings load: only the DRA driver (its pool, slices and
+        Node lookup) uses the node name, so an agent of device plugins starts on a host of
+        any name.
+        """
+        if self.node_name:
+            return self.node_name
+        host = socket.gethostname()
+        node = host.strip().lower()
+        if is_dns_subdomain(node):
+            return node
+        derived = "" if node == host else f" (lower-cased and trimmed: {quote(node)})"
+        raise ConfigError(
+            f"host name: {quote(host)}{derived} is not a Kubernetes Node name: "
+            f"{NODE_NAME_RULE}; give the Node's name with --node-name ({ENV_PREFIX}NODE_NAME)"
+        )
 
     def spec_dirs_for_runtime(self) -> tuple[Path, ...]:
         """The folders Allocate checks names against, lowest priority first."""
