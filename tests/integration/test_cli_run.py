@@ -176,3 +176,44 @@ def test_run_refuses_a_retry_wait_that_would_storm_or_stall(short_dir: Path, val
     assert f"(got {value!r})" in line, line
     assert "Traceback" not in proc.stderr
     assert not (short_dir / "cdi").exists()
+
+
+# Sets the host name in the new UTS namespace, then runs the real command line.
+_WITH_HOST_NAME = (
+    "import os, socket, sys; socket.sethostname(sys.argv[1]); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'cdi_gen', *sys.argv[2:]])"
+)
+
+
+def test_run_with_dra_on_a_host_name_that_is_no_node_name_exits_2(short_dir: Path) -> None:
+    """Issue 38, item 10: on a host named Bad_Host.Example the DRA agent published slices the
+    API server refused, for ever. In a UTS namespace of its own (a real host name, not a
+    patched call) `run --api dra` exits 2 with one line before it writes anything."""
+    import shutil
+    import subprocess
+
+    assert shutil.which("unshare"), "unshare is needed for this test (util-linux)"
+    config = short_dir / "config.yaml"
+    config.write_text(CONFIG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDI_GEN_")}
+    command = ["unshare", "--uts", sys.executable, "-c", _WITH_HOST_NAME, "Bad_Host.Example"]
+    command += ["run", "--api", "dra", "--config", str(config)]
+    command += ["--spec-dir", str(short_dir / "cdi"), "--state-dir", str(short_dir / "state")]
+    proc = subprocess.run(
+        [*command, "--metrics-address", ""],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: host name: 'Bad_Host.Example' (lower-cased and trimmed: 'bad_host.example') "
+        "is not a Kubernetes Node name: a DNS subdomain: at most 253 characters of lower-case "
+        "letters, digits, '-' and '.', each dot-separated part starting and ending with a "
+        "letter or digit; give the Node's name with --node-name (CDI_GEN_NODE_NAME)"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (short_dir / "cdi").exists() and not (short_dir / "state").exists()
