@@ -108,8 +108,13 @@ async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.model import PoolDevice
 
     # The class's spec as the agent writes it: what a configured claim's spec starts from.
+    # Mode 0660 without an owner (the container's user): the claims' uid 1000 and 0600
+    # narrow it, checked without reading a host node (these nodes exist nowhere).
     entries = [
-        build_entry(str(i), {"deviceNodes": [{"path": f"/dev/fpga{i}"}], "env": [f"FPGA={i}"]})
+        build_entry(
+            str(i),
+            {"deviceNodes": [{"path": f"/dev/fpga{i}", "fileMode": 0o660}], "env": [f"FPGA={i}"]},
+        )
         for i in range(POOL_DEVICES)
     ]
     spec_dir = folder / "cdi"

@@ -1,11 +1,13 @@
-"""Issue 22 on a real node: a claim's configuration decides who may open its device.
+"""Issues 22 and 38 on a real node: a claim's configuration may narrow, never widen, what its
+class grants.
 
-The class's spec makes its nodes root-owned ``0660``, so a pod running as uid 1000 cannot open
-its device; the same pod with a claim configuring ``uid/gid 1000, fileMode 0600`` opens it for
-reading and writing (the difference proves the configuration acted), and sees the env of the
-DeviceClass's config and of the claim's. An invalid configuration shows the agent's message,
-naming the field, in the pod's events, and nothing is written. A monitoring pod with admin
-access gets a device a worker holds.
+The class's spec gives its nodes mode ``0660`` and no owner, so the runtime hands each node to
+the container's user: a pod running as uid 1000 opens its device for reading and writing; the
+same pod with a claim configuring ``fileMode 0440`` cannot (the difference proves the
+configuration acted), and sees the env of the DeviceClass's config and of the claim's. A claim
+asking for ``0666`` widens the class and is refused, as is an invalid configuration: the agent's
+message, naming the field, is in the pod's events, and nothing is written. A monitoring pod with
+admin access gets a device a worker holds.
 """
 
 from __future__ import annotations
@@ -74,11 +76,10 @@ def non_root_pod(name: str, claim: str) -> dict[str, Any]:
 def serve(
     dra_agent: DraAgentFactory, claims: Claims, tmp_path: Path, devices: list[LoopDevice]
 ) -> str:
-    """The agent for a class of ``devices`` whose nodes are root-owned 0660, and its generated
-    DeviceClass with a configuration of ours setting FROM_CLASS; the DeviceClass's name."""
-    config = class_config(
-        CLASS, [d.name for d in devices], node={"uid": 0, "gid": 0, "fileMode": 0o660}
-    )
+    """The agent for a class of ``devices`` whose nodes are 0660 without an owner (the
+    container's user), and its generated DeviceClass with a configuration of ours setting
+    FROM_CLASS; the DeviceClass's name."""
+    config = class_config(CLASS, [d.name for d in devices], node={"fileMode": 0o660})
     dra_agent(config)
     config_path = tmp_path / "deviceclasses-config.yaml"
     config_path.write_text(config)
@@ -93,7 +94,7 @@ def serve(
 
 def claim_specs(cluster: Cluster) -> list[str]:
     """The per-claim (transient) specs of our vendor on the node."""
-    return sorted(p.name for p in cluster.cdi_run.glob(f"{VENDOR}-{CLASS}_*.json"))
+    return sorted(p.name for p in cluster.cdi_run.glob(f"{VENDOR}-{CLASS}@*.json"))
 
 
 @pytest.fixture
@@ -119,66 +120,83 @@ def admin_namespace(cluster: Cluster) -> Iterator[None]:
         label(None)
 
 
-#: On CRI-O too: its CDI injection applies the configured owner and mode.
+#: On CRI-O too: its CDI injection applies the configured mode and the container's owner.
 @pytest.mark.lanes("current", "crio")
-def test_claim_config_gives_a_non_root_pod_its_device(
+def test_a_claim_narrows_what_its_class_gives_a_non_root_pod(
     cluster: Cluster, loops: LoopDevices, dra_agent: DraAgentFactory, claims: Claims, tmp_path: Path
 ) -> None:
     pods: Pods = claims.pods
-    plain, owned = loops.add(), loops.add()
-    device_class = serve(dra_agent, claims, tmp_path, [plain, owned])
+    plain, narrowed = loops.add(), loops.add()
+    device_class = serve(dra_agent, claims, tmp_path, [plain, narrowed])
 
     claims.claim("plain-claim", device_class)
     claims.claim(
-        "owned-claim",
+        "narrowed-claim",
         device_class,
         config=[
             opaque(
-                parameters(
-                    deviceNodes={"uid": NON_ROOT, "gid": NON_ROOT, "fileMode": 0o600},
-                    env={"FROM_CLAIM": "yes"},
-                ),
+                parameters(deviceNodes={"fileMode": 0o440}, env={"FROM_CLAIM": "yes"}),
                 [REQUEST],
             )
         ],
     )
     pods.add(non_root_pod("plain", "plain-claim"))
-    pods.add(non_root_pod("owned", "owned-claim"))
+    pods.add(non_root_pod("narrowed", "narrowed-claim"))
     pods.wait_running("plain")
-    pods.wait_running("owned")
+    pods.wait_running("narrowed")
 
-    ((_, refused),) = pods.seen("plain").devices.items()
-    assert "Permission denied" in refused, refused
-    seen = pods.seen("owned")
-    ((_, opened),) = seen.devices.items()
+    ((_, opened),) = pods.seen("plain").devices.items()
     assert opened == "rw"
-    assert seen.env == {"FROM_CLASS": "yes", "FROM_CLAIM": "yes", "META": '"name":"owned-claim"'}
+    seen = pods.seen("narrowed")
+    ((_, refused),) = seen.devices.items()
+    assert "Permission denied" in refused, refused
+    assert seen.env == {
+        "FROM_CLASS": "yes",
+        "FROM_CLAIM": "yes",
+        "META": '"name":"narrowed-claim"',
+    }
     # The DeviceClass's config gives every claim of the class a spec of its own (the class's
     # env); the one of a claim goes when the claim is unprepared.
     uids = {
-        n: (claims.get_claim(f"{n}-claim") or {})["metadata"]["uid"] for n in ("plain", "owned")
+        n: (claims.get_claim(f"{n}-claim") or {})["metadata"]["uid"] for n in ("plain", "narrowed")
     }
-    assert claim_specs(cluster) == sorted(f"{VENDOR}-{CLASS}_{u}.json" for u in uids.values())
-    pods.delete("owned")
+    assert claim_specs(cluster) == sorted(f"{VENDOR}-{CLASS}@{u}.json" for u in uids.values())
+    pods.delete("narrowed")
     until_sync(
-        lambda: claim_specs(cluster) == [f"{VENDOR}-{CLASS}_{uids['plain']}.json"],
-        "the owned claim's spec removed at unprepare",
+        lambda: claim_specs(cluster) == [f"{VENDOR}-{CLASS}@{uids['plain']}.json"],
+        "the narrowed claim's spec removed at unprepare",
         30,
         every=0.2,
         observe=lambda: claim_specs(cluster),
     )
 
 
-def test_an_invalid_config_is_shown_in_the_pods_events(
-    cluster: Cluster, loops: LoopDevices, dra_agent: DraAgentFactory, claims: Claims, tmp_path: Path
+@pytest.mark.parametrize(
+    "case",
+    [
+        ({"fileMod": 384}, "parameters.deviceNodes.fileMod: unknown field"),
+        (
+            {"fileMode": 0o666},
+            "asks for more than its class grants: device 'loop",
+        ),
+    ],
+    ids=["invalid", "widening"],
+)
+def test_a_refused_config_is_shown_in_the_pods_events(
+    cluster: Cluster,
+    loops: LoopDevices,
+    dra_agent: DraAgentFactory,
+    claims: Claims,
+    tmp_path: Path,
+    *,
+    case: tuple[dict[str, Any], str],
 ) -> None:
+    nodes, message = case
     api = cluster.api
     assert api is not None
     pods: Pods = claims.pods
     device_class = serve(dra_agent, claims, tmp_path, [loops.add()])
-    claims.claim(
-        "bad-claim", device_class, config=[opaque(parameters(deviceNodes={"fileMod": 384}))]
-    )
+    claims.claim("bad-claim", device_class, config=[opaque(parameters(deviceNodes=nodes))])
     pods.add(non_root_pod("bad", "bad-claim"))
     selector = urllib.parse.quote("involvedObject.name=bad")
     events = f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector={selector}"
@@ -187,14 +205,17 @@ def test_an_invalid_config_is_shown_in_the_pods_events(
         return [str(e.get("message", "")) for e in api.get(events)["items"]]
 
     until_sync(
-        lambda: any("parameters.deviceNodes.fileMod: unknown field" in m for m in messages()),
+        lambda: any(message in m for m in messages()),
         "the agent's refusal in the pod's events",
         60,
         every=0.5,
         observe=lambda: (status(pods.get("bad")), messages()),
     )
     text = json.dumps(messages())
-    assert "config entry status.allocation.devices.config[" in text
+    if "fileMod" in nodes:
+        assert "config entry status.allocation.devices.config[" in text
+    else:
+        assert "fileMode 0o666 sets bits 0o6 that the class's fileMode 0o660 does not" in text
     assert claim_specs(cluster) == []
 
 

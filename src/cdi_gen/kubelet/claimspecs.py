@@ -213,18 +213,28 @@ class ClaimSpecs:
                 )
                 written.append(spec)
         except Widening as exc:
-            self.remove(label, uid, replace(prepared, specs=tuple(written)))
+            self._undo(label, uid, replace(prepared, specs=tuple(written)))
             raise ClaimRefused(
                 Refusal.WIDENS_CLASS,
                 f"{label}: its configuration asks for more than its class grants: {exc}",
             ) from None
         except (SpecError, SpecWriteError, InvalidNameError, OSError) as exc:
-            self.remove(label, uid, replace(prepared, specs=tuple(written)))
+            self._undo(label, uid, replace(prepared, specs=tuple(written)))
             why = str(exc).replace("\n", "; ")
             raise ClaimRefused(
                 Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
             ) from None
         return tuple(out), specs
+
+    def _undo(self, label: str, uid: str, claim: PreparedClaim) -> None:
+        """Remove what a failed :meth:`write` wrote; what cannot go is logged, and goes as an
+        orphan at the next start (the refusal, not this, is the claim's answer)."""
+        try:
+            self.remove(label, uid, claim)
+        except SpecWriteError as exc:
+            log.warning(
+                "%s: what its refused prepare wrote stays until the next start: %s", label, exc
+            )
 
     def _write_metadata(
         self,

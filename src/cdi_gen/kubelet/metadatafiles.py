@@ -44,6 +44,8 @@ _MODE = 0o644
 _DIR_MODE = 0o755
 #: A metadata file is a few hundred bytes per device; a larger one is not ours.
 _MAX_BYTES = 1 << 20
+#: Longest file name (bytes) Linux file systems take.
+_NAME_MAX = 255
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Who a metadata file was written for: uid, namespace, claim, request.
 _Owner = tuple[str, str, str, str]
@@ -80,7 +82,9 @@ class MetadataFolder:
         if not (is_dns_label(namespace) and is_dns_subdomain(name)):
             return None
         request = base_request(request)
-        return f"{namespace}_{name}_{request}.json" if is_dns_label(request) else None
+        legacy = f"{namespace}_{name}_{request}.json"
+        # Longer than a file name may be: no older agent could have written it.
+        return legacy if is_dns_label(request) and len(legacy) <= _NAME_MAX else None
 
     # -- the folder ---------------------------------------------------------------------
 
