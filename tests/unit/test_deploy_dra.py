@@ -1,6 +1,7 @@
 """The DRA variant under deploy/kubernetes/dra: the DaemonSet patch gives the agent what DRA
-needs, the RBAC grants what the issue lists and no more, and deviceclasses.yaml is exactly
-what ``cdi-gen deviceclasses`` prints for the shipped config.
+needs, the RBAC grants what the issue lists and no more, the slice policy narrows its slice
+writes to its own node's, and deviceclasses.yaml is exactly what ``cdi-gen deviceclasses``
+prints for the shipped config.
 
 Regenerate the DeviceClasses after changing the shipped config or the generator:
 
@@ -159,9 +160,86 @@ def test_rbac_grants_what_the_agent_needs_and_no_more() -> None:
     ]
 
 
+#: What the slice policy's variables and validations say, in the order they run (the first
+#: validation that fails is the one the API server answers with).
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+CALLER_NODE = f'request.userInfo.extra[?"{NODE_NAME_KEY}"][?0].orValue("")'
+SLICE_NODE = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+NOT_BOUND = (
+    "cdi-gen may write ResourceSlices only with a ServiceAccount token bound to its pod, which "
+    "names the pod's node (ServiceAccountTokenPodNodeInfo, GA since Kubernetes 1.32)"
+)
+#: A CEL string expression: literal pieces in double quotes, joined with the variables.
+OTHER_NODE = " + ".join([
+    "\"cdi-gen on node '\"",
+    "variables.callerNode",
+    "\"' may write only that node's ResourceSlices, not one with spec.nodeName '\"",
+    "variables.sliceNode",
+    "\"'\"",
+])  # fmt: skip
+
+
+def assert_slice_policy(objects: list[dict[str, Any]], namespace: str, account: str) -> str:
+    """``objects`` hold exactly one ValidatingAdmissionPolicy and its binding, which let the
+    ServiceAccount ``namespace/account`` write only the ResourceSlices of the node its token
+    is bound to, and nobody else's requests are judged; returns the policy's name."""
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    for obj in (policy, binding):
+        assert obj["apiVersion"] == "admissionregistration.k8s.io/v1", obj  # GA since 1.30
+    spec = policy["spec"]
+    assert set(spec) == {
+        "failurePolicy", "matchConstraints", "matchConditions", "variables", "validations",
+    }, spec  # fmt: skip
+    assert spec["failurePolicy"] == "Fail"
+    # Every version a client may write slices at, and every writing verb (a PATCH is an
+    # UPDATE to admission; RBAC grants no deletecollection).
+    assert spec["matchConstraints"] == {
+        "resourceRules": [{
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1", "v1beta1", "v1beta2"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["resourceslices"],
+        }]
+    }  # fmt: skip
+    (condition,) = spec["matchConditions"]
+    user = f"system:serviceaccount:{namespace}:{account}"
+    assert condition["expression"] == f'request.userInfo.username == "{user}"', condition
+    assert [(v["name"], v["expression"]) for v in spec["variables"]] == [
+        ("callerNode", CALLER_NODE),
+        ("sliceNode", SLICE_NODE),
+    ]
+    assert spec["validations"] == [
+        {"expression": 'variables.callerNode != ""', "message": NOT_BOUND},
+        {
+            "expression": "variables.callerNode == variables.sliceNode",
+            "messageExpression": OTHER_NODE,
+        },
+    ]
+    name: str = policy["metadata"]["name"]
+    # Every slice, no parameters: the binding only switches the policy on, refusing.
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}, binding
+    assert binding["metadata"]["name"] == name
+    return name
+
+
+def test_slice_policy_lets_the_agent_write_only_its_nodes_slices() -> None:
+    (base,) = _load(K8S / "base" / "daemonset.yaml")
+    namespace = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())["namespace"]
+    account = base["spec"]["template"]["spec"]["serviceAccountName"]
+    assert (namespace, account) == ("kube-system", "cdi-gen")
+    objects = _load(DRA / "slice-policy.yaml")
+    assert len(objects) == 2, [o["kind"] for o in objects]
+    assert assert_slice_policy(objects, namespace, account) == "cdi-gen-slices"
+    # Cluster-scoped: a namespace here would be refused by the API server.
+    assert all("namespace" not in o["metadata"] for o in objects)
+
+
 def test_overlay_builds_on_the_base_and_ships_its_parts() -> None:
     kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == ["../base", "rbac.yaml", "deviceclasses.yaml"]
+    assert kustomization["resources"] == [
+        "../base", "rbac.yaml", "slice-policy.yaml", "deviceclasses.yaml",
+    ]  # fmt: skip
     assert kustomization["patches"] == [{"path": "daemonset-patch.yaml"}]
     # The device-plugin variant is the same base: one agent, two ways to serve it.
     top = yaml.safe_load((K8S / "kustomization.yaml").read_text())

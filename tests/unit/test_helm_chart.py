@@ -27,6 +27,7 @@ from cdi_gen.cli.main import cli
 from tests.cluster.helm import helm
 from tests.cluster.lane import CURRENT
 from tests.conftest import REPO
+from tests.unit.test_deploy_dra import assert_slice_policy
 
 CHART = REPO / "deploy" / "helm" / "cdi-gen"
 KUSTOMIZE = REPO / "deploy" / "kubernetes"
@@ -281,7 +282,8 @@ def test_every_object_carries_the_release_labels(chart: Chart) -> None:
     objects = chart.render(values)
     assert {o["kind"] for o in objects} == {
         "ConfigMap", "DaemonSet", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
-        "ClusterRoleBinding", "DeviceClass", "Service", "ServiceMonitor",
+        "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "DeviceClass", "Service", "ServiceMonitor",
     }  # fmt: skip
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -335,6 +337,30 @@ def test_the_agent_may_read_exactly_the_daemonset_it_names(
         if api == "dra"
         else []
     )
+
+
+@pytest.mark.parametrize(
+    ("release", "values", "name"),
+    [
+        ("devices", {}, "devices-cdi-gen"),
+        ("lab", {"fullnameOverride": "node-agent"}, "node-agent"),
+    ],
+    ids=["release-derived", "fullnameOverride"],
+)
+def test_the_slice_policy_judges_the_releases_agent_only_in_dra_mode(
+    chart: Chart, release: str, values: dict[str, str], name: str
+) -> None:
+    """The policy names the ServiceAccount the DaemonSet's pods run as, in the release's
+    namespace (a policy naming another account would judge nobody); with device plugins
+    the agent writes no slice, so there is none."""
+    objects = chart.render({"api": "dra", **values}, release, "devices-ns")
+    account = _daemonset(objects)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account == name
+    assert assert_slice_policy(objects, "devices-ns", account) == f"{name}-slices"
+    plugins = chart.render({"api": "devicePlugin", **values}, release, "devices-ns")
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {
+        o["kind"] for o in plugins
+    }
 
 
 def test_a_changed_config_changes_the_pod_template(chart: Chart) -> None:
