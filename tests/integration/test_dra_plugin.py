@@ -470,6 +470,12 @@ async def test_a_stalled_api_server_leaves_threads_for_prepared_claims(node: Nod
         )
         again = await connection.prepare([claim], within=5)
         assert again == first
+        # Every call over the cap answered before the API server comes back: one still on
+        # its way to the server would otherwise find a free slot (seen under load).
+        await until(
+            lambda: sum(f.done() for f in stuck) >= WORKERS - draplugin.MAX_READING_CALLS,
+            "the calls over the cap answered",
+        )
         node.claims.release.set()
         answers = await asyncio.gather(*stuck)
     errors = [a.claims[f"u-slow-{i}"].error for i, a in enumerate(answers)]
