@@ -39,7 +39,8 @@ RESOURCE = "example.com/fpga"
 
 def test_dra_overlay_renders_with_the_release_kubectl(lane: Lane) -> None:
     """`kubectl kustomize deploy/kubernetes/dra` builds (kustomize refuses, e.g., an overlay
-    inside its base's folder) and holds the agent, its account and the DeviceClasses."""
+    inside its base's folder) and holds the agent, its account, its slice policy and the
+    DeviceClasses."""
     kubectl = lane.binaries(allow_build=False).path("kubectl")
     proc = subprocess.run(
         [str(kubectl), "kustomize", str(DEPLOY_DRA)],
@@ -49,15 +50,21 @@ def test_dra_overlay_renders_with_the_release_kubectl(lane: Lane) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(proc.stdout) if d}
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert {
         ("ServiceAccount", "cdi-gen"),
         ("ClusterRole", "cdi-gen-dra"),
         ("ClusterRoleBinding", "cdi-gen-dra"),
+        ("ValidatingAdmissionPolicy", "cdi-gen-slices"),
+        ("ValidatingAdmissionPolicyBinding", "cdi-gen-slices"),
         ("ConfigMap", "cdi-gen-config"),
         ("DaemonSet", "cdi-gen"),
     } <= kinds, kinds
     assert any(kind == "DeviceClass" for kind, _ in kinds), kinds
+    # Cluster-scoped, so kustomize must not have given them the base's namespace.
+    policies = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert all("namespace" not in d["metadata"] for d in policies), policies
 
 
 @pytest.fixture
