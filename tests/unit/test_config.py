@@ -189,6 +189,36 @@ BAD = [
         {"classes": "x"},
         "config.yaml: classes: input should be a valid list, got 'x'",
     ),
+    (
+        # Issue 37, trap 1: 660 was rendered as 0o1224 (sticky, owner write-only).
+        "file-mode-decimal",
+        _cfg(match={"subsystem": "block"}, node={"fileMode": 660}),
+        "config.yaml: classes[0].node.fileMode: 660 is 0o1224 read as a decimal number, more "
+        "than the permission bits an integer mode may have (at most 0o777): did you mean 0o660 "
+        '(432)? write "0o660", or 0660 in YAML',
+    ),
+    (
+        "file-mode-special-bits-as-integer",
+        _cfg(
+            match={"subsystem": "block"},
+            containerEdits={"deviceNodes": [{"path": "/dev/x", "fileMode": 1528}]},
+        ),
+        "config.yaml: classes[0].containerEdits.deviceNodes[0].fileMode: 1528 is 0o2770, more "
+        "than the permission bits an integer mode may have (at most 0o777): write a mode with "
+        'setuid, setgid or sticky bits as an octal string, "0o2770"',
+    ),
+    (
+        "file-mode-not-octal",
+        _cfg(match={"subsystem": "block"}, node={"fileMode": "0o668"}),
+        "config.yaml: classes[0].node.fileMode: '0o668' is not an octal mode: want digits 0-7, "
+        'optionally after 0o (e.g. "0o660")',
+    ),
+    (
+        "file-mode-too-large",
+        _cfg(match={"subsystem": "block"}, node={"fileMode": "0o17777"}),
+        "config.yaml: classes[0].node.fileMode: '0o17777' is more than a file mode holds (at "
+        "most 0o7777)",
+    ),
 ]
 
 
@@ -369,3 +399,87 @@ def test_a_mistyped_key_of_a_real_config_is_still_named(
     code, err = _check_config(capsys, path)
     assert code == 2 and "hunter2" not in err and "token" not in err
     assert "not a cdi-gen config: none of its 2 top-level keys" in err
+
+
+# --- file modes (issue 37, trap 1) ---------------------------------------------------------------
+
+VM_RECORDS = str(ROOT / "tests" / "data" / "udev" / "export-db-vm.txt")
+
+
+@pytest.mark.parametrize(
+    ("written", "mode"),
+    [
+        ("0660", 0o660),  # YAML 1.1's own octal literal
+        ("0o660", 0o660),  # the schema's example; a string to a YAML 1.1 loader
+        ('"0660"', 0o660),  # was decimal 660 = 0o1224
+        ('"660"', 0o660),  # a string is octal, as chmod reads it
+        ("432", 0o660),  # JSON's way: the integer itself
+        ('"0o2660"', 0o2660),  # setgid: only as a string
+    ],
+)
+def test_the_rendered_spec_carries_the_mode_the_config_means(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, written: str, mode: int
+) -> None:
+    from cdi_gen.cli.main import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "classes:\n  - name: tun\n    match: {kernel: tun}\n"
+        f"    node: {{fileMode: {written}}}\n"
+        f"    containerEdits: {{deviceNodes: [{{path: /dev/null, fileMode: {written}}}]}}\n"
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["render", "--records", VM_RECORDS, "--config", str(path), "--class", "tun"])
+    out, err = capsys.readouterr()
+    assert (info.value.code or 0, err) == (0, "")
+    [device] = json.loads(out)["devices"]
+    nodes = device["containerEdits"]["deviceNodes"]
+    assert [(n["path"], n["fileMode"]) for n in nodes] == [
+        ("/dev/net/tun", mode),
+        ("/dev/null", mode),
+    ]
+
+
+def test_a_decimal_file_mode_exits_2_naming_the_field_and_the_octal_value(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "classes:\n  - name: tun\n    match: {kernel: tun}\n    node: {fileMode: 660}\n"
+    )
+    code, err = _check_config(capsys, path)
+    assert code == 2
+    assert err == (
+        f"error: {path}: classes[0].node.fileMode: 660 is 0o1224 read as a decimal number, more "
+        "than the permission bits an integer mode may have (at most 0o777): did you mean 0o660 "
+        '(432)? write "0o660", or 0660 in YAML\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "valid"),
+    [
+        ("0o660", True),
+        ("0660", True),
+        ("0o7777", True),
+        (432, True),
+        (660, False),
+        ("0o668", False),
+    ],
+)
+def test_the_config_schema_says_the_same_mode_rule(mode: object, valid: bool) -> None:
+    schema = json.loads((ROOT / "schemas" / "config.schema.json").read_text())
+    node = {"path": "/dev/x", "fileMode": mode}
+    doc = _cfg(
+        match={"subsystem": "block"},
+        node={"fileMode": mode},
+        containerEdits={"deviceNodes": [node]},
+    )
+    if valid:
+        jsonschema.validate(doc, schema)
+        parse_config(doc)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema)
+        with pytest.raises(ConfigError):
+            parse_config(doc)

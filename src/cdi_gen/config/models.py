@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from cdi_gen import names
 from cdi_gen.cdi.version import KNOWN_VERSIONS, normalize
+from cdi_gen.config.filemodes import FileMode
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EditTemplate,
@@ -257,8 +258,10 @@ class NodeOptions(_Strict):
         "path adds hostPath, which needs cdiVersion 0.5.0",
     )
     permissions: str | None = Field(default=None, description="cgroup access, a subset of 'rwm'")
-    file_mode: int | None = Field(
-        default=None, ge=0, le=0o7777, description="mode of the node, e.g. 0o660"
+    file_mode: FileMode | None = Field(
+        default=None,
+        description="mode of the node: an integer of permission bits (YAML 0660, JSON 432) or "
+        'an octal string ("0o660", "0660", "660"; up to "0o7777" with setuid, setgid, sticky)',
     )
     uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
     gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
@@ -285,7 +288,9 @@ class DeviceNodeConfig(_Strict):
     # they are, no model judges them per device.
     major: int | None = Field(default=None, ge=0, le=INT64_MAX)
     minor: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    file_mode: int | None = Field(default=None, ge=0, le=0o7777)
+    file_mode: FileMode | None = Field(
+        default=None, description="mode of the node, as the class's node.fileMode"
+    )
     permissions: str | None = None
     uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
     gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
