@@ -232,7 +232,7 @@ async def test_config_limited_to_one_request_configures_only_its_device(node: No
     ("parameters", "field"),
     [
         (params(deviceNodes={"fileMod": 384}), "parameters.deviceNodes.fileMod: unknown field"),
-        (params(deviceNodes={"fileMode": 4095}), "parameters.deviceNodes.fileMode: input should"),
+        (params(deviceNodes={"fileMode": 4095}), "parameters.deviceNodes.fileMode: 4095 is 0o7777"),
         ({"apiVersion": "cdi-gen.io/v1alpha1", "kind": "GpuConfig"}, "parameters.kind: "),
     ],
 )

@@ -116,8 +116,29 @@ def test_unknown_fields_refused_naming_the_field(doc: dict[str, Any], key: str, 
             "parameters.deviceNodes.gid: input should be a valid integer, got '1000'",
         ),
         ({"uid": True}, "parameters.deviceNodes.uid: input should be a valid integer"),
-        ({"fileMode": 0o1000}, "parameters.deviceNodes.fileMode: input should be less than or"),
-        ({"fileMode": 1.5}, "parameters.deviceNodes.fileMode: input should be a valid integer"),
+        (
+            {"fileMode": 0o1000},
+            "parameters.deviceNodes.fileMode: 512 is 0o1000 read as a decimal number, more than "
+            "the permission bits an integer mode may have (at most 0o777)",
+        ),
+        (
+            {"fileMode": 4095},
+            "parameters.deviceNodes.fileMode: 4095 is 0o7777, more than the permission bits a "
+            "mode may have here (at most 0o777)",
+        ),
+        (
+            # Special bits are the class's, even in the octal string form.
+            {"fileMode": "0o1777"},
+            "parameters.deviceNodes.fileMode: '0o1777' is more than the permission bits a mode "
+            "may have here (at most 0o777)",
+        ),
+        ({"fileMode": "rw-------"}, "parameters.deviceNodes.fileMode: 'rw-------' is not an octal"),
+        (
+            {"fileMode": 1.5},
+            "parameters.deviceNodes.fileMode: 1.5 is not a mode: want an integer (at most 0o777) "
+            'or an octal string (e.g. "0o660")',
+        ),
+        ({"fileMode": True}, "parameters.deviceNodes.fileMode: True is not a mode"),
         (
             {"permissions": "rwx"},
             "parameters.deviceNodes.permissions: permissions 'rwx': want a combination of r, w, m",
@@ -138,6 +159,38 @@ def test_out_of_range_values_refused(nodes: dict[str, Any], message: str) -> Non
     assert str(caught.value).startswith(message)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(_doc(deviceNodes=nodes), SCHEMA)
+
+
+def test_a_claim_mode_written_as_decimal_600_is_refused_suggesting_0o600() -> None:
+    # JSON's 384 is 0o600; 600 is 0o1130 and was refused as "less than or equal to 511".
+    with pytest.raises(DeviceConfigError) as caught:
+        parse_device_config(_doc(deviceNodes={"fileMode": 600}))
+    assert str(caught.value) == (
+        "parameters.deviceNodes.fileMode: 600 is 0o1130 read as a decimal number, more than the "
+        "permission bits an integer mode may have (at most 0o777): did you mean 0o600 (384)? "
+        'write "0o600", or 0600 in YAML'
+    )
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_doc(deviceNodes={"fileMode": 600}), SCHEMA)
+
+
+@given(st.integers(min_value=0, max_value=0o777), st.sampled_from(["{:o}", "0{:o}", "{:#o}"]))
+def test_a_claim_mode_as_an_octal_string_is_that_mode(mode: int, spelling: str) -> None:
+    # The model is strict, but a string mode is octal by the one rule (config.filemodes): a
+    # claim written in YAML as "0600" or 0o600 (a string to YAML 1.1) means 0o600.
+    text = spelling.format(mode)
+    written = parse_device_config(_doc(deviceNodes={"fileMode": text}))
+    assert written == parse_device_config(_doc(deviceNodes={"fileMode": mode}))
+    assert written.model_dump(by_alias=True)["deviceNodes"]["fileMode"] == mode
+    jsonschema.validate(_doc(deviceNodes={"fileMode": text}), SCHEMA)
+
+
+def test_a_claim_in_yaml_may_write_0o600() -> None:
+    doc = yaml.safe_load(
+        "apiVersion: cdi-gen.io/v1alpha1\nkind: DeviceConfig\ndeviceNodes: {fileMode: 0o600}\n"
+    )
+    config = parse_device_config(doc)
+    assert config.device_nodes is not None and config.device_nodes.file_mode == 0o600
 
 
 @pytest.mark.parametrize(

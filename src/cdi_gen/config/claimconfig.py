@@ -5,8 +5,8 @@ scheduler copies both into the allocation (``status.allocation.devices.config``,
 entries first). Ours is a ``DeviceConfig`` (``apiVersion: cdi-gen.io/v1alpha1``): the owner,
 mode and cgroup permissions of every device node of the devices it selects, and environment
 variables. The model is strict (unknown fields, strings for numbers, out-of-range values are
-refused), because a user who wrote ``fileMod: 0600`` must learn it did nothing before the pod
-runs, not after. :func:`parse_device_config` turns one entry's ``parameters`` into a
+refused; a ``fileMode`` string is octal, by :mod:`cdi_gen.config.filemodes`), because a user
+who wrote ``fileMod: 0600`` must learn it did nothing before the pod runs, not after. :func:`parse_device_config` turns one entry's ``parameters`` into a
 :class:`DeviceConfig` or one line naming the field; :func:`merge` lays entries over each other,
 later ones winning field by field; :func:`selects` says whether an entry limited to some
 requests applies to an allocation result. ``schemas/deviceconfig.schema.json`` is the model's
@@ -23,6 +23,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from cdi_gen.config.filemodes import PermissionMode
 from cdi_gen.errors import quote
 
 __all__ = [
@@ -75,8 +76,9 @@ class DeviceNodesConfig(_Strict):
 
     uid: Id | None = None
     gid: Id | None = None
-    #: Permission bits only (YAML ``0600``, JSON ``384``): the node's type is the device's.
-    file_mode: Annotated[int, Field(ge=0, le=0o777)] | None = None
+    #: Permission bits only (YAML ``0600``, JSON ``384``, or octal ``"0600"``): a claim sets
+    #: no node type and no setuid, setgid or sticky bit. 600 is refused, naming 0o600 (384).
+    file_mode: PermissionMode | None = None
     #: cgroup device access: a combination of r (read), w (write), m (mknod).
     permissions: Annotated[
         str | None, Field(json_schema_extra={"pattern": "^(?!.*(.).*\\1)[rwm]{1,3}$"})
