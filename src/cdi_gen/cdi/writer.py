@@ -191,14 +191,14 @@ def _check_instance(record: dict[str, object] | None, instance: str, target: Pat
         )
 
 
-def _atomic_replace(
+def atomic_replace(
     dir_fd: int,
     filename: str,
     data: bytes,
-    hook: StepHook | None,
     mode: int = SPEC_MODE,
     *,
     durable: bool = True,
+    hook: StepHook | None = None,
 ) -> None:
     """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
     file gets ``mode``. Without ``durable``, no fsync: readers still see the old or the new
@@ -353,8 +353,8 @@ def write_bytes(
                 payload,
             )
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
-            _atomic_replace(dir_fd, _owner_name(filename), encoded, owner_hook)
-            _atomic_replace(dir_fd, filename, data, step_hook)
+            atomic_replace(dir_fd, _owner_name(filename), encoded, hook=owner_hook)
+            atomic_replace(dir_fd, filename, data, hook=step_hook)
     except SpecWriteError:
         raise
     except OSError as exc:
@@ -522,7 +522,7 @@ def _migrate_one(dir_fd: int, entry: str, instance: str) -> str | None:
     else:
         log.warning("spec %s keeps its old name: %s is already there", quote(old), quote(new))
         return None
-    _atomic_replace(dir_fd, _owner_name(new), orjson.dumps({**record, "file": new}), None)
+    atomic_replace(dir_fd, _owner_name(new), orjson.dumps({**record, "file": new}))
     os.rename(old, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.unlink(entry, dir_fd=dir_fd)
     return new
@@ -591,7 +591,7 @@ def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE, *, durable: boo
     made again whenever it is found missing or unreadable.
     """
     with _folder(path.parent, create=True) as dir_fd:
-        _atomic_replace(dir_fd, path.name, data, None, mode, durable=durable)
+        atomic_replace(dir_fd, path.name, data, mode, durable=durable)
 
 
 def write_file(path: Path, data: bytes) -> None:

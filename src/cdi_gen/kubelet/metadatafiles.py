@@ -21,14 +21,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import orjson
 
-from cdi_gen.cdi.writer import TEMP_SUFFIX
+from cdi_gen.cdi.writer import TEMP_SUFFIX, atomic_replace
 from cdi_gen.discovery.claimspec import claim_tag
 from cdi_gen.discovery.devicemetadata import base_request
 from cdi_gen.errors import SpecWriteError, quote
@@ -177,29 +176,10 @@ class MetadataFolder:
         try:
             with self._folder(create=True) as dir_fd:
                 self._state(dir_fd, name, (uid, namespace, claim, base_request(request)))
-                tmp = f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-                fd = os.open(
-                    tmp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                    dir_fd=dir_fd,
-                )
-                try:
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                        os.fchmod(fd, _MODE)
-                    finally:
-                        os.close(fd)
-                    # Not fsynced: nothing reads it after a power loss before it is written
-                    # anew (the claim's spec, on /var/run's tmpfs, is gone then, so the
-                    # claim is prepared again). rename() replaces, never follows, a name.
-                    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=dir_fd)
-                    raise
+                # Not fsynced: nothing reads it after a power loss before it is written
+                # anew (the claim's spec, on /var/run's tmpfs, is gone then, so the claim is
+                # prepared again). The rename replaces, never follows, a name.
+                atomic_replace(dir_fd, name, data, _MODE, durable=False)
         except SpecWriteError:
             raise
         except OSError as exc:
