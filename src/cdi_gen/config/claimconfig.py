@@ -6,9 +6,10 @@ entries first). Ours is a ``DeviceConfig`` (``apiVersion: cdi-gen.io/v1alpha1``)
 mode and cgroup permissions of every device node of the devices it selects, and environment
 variables. The model is strict (unknown fields, strings for numbers, out-of-range values are
 refused; a ``fileMode`` string is octal, by :mod:`cdi_gen.config.filemodes`), because a user
-who wrote ``fileMod: 0600`` must learn it did nothing before the pod runs, not after. :func:`parse_device_config` turns one entry's ``parameters`` into a
-:class:`DeviceConfig` or one line naming the field; :func:`merge` lays entries over each other,
-later ones winning field by field; :func:`selects` says whether an entry limited to some
+who wrote ``fileMod: 0600`` must learn it did nothing before the pod runs, not after.
+:func:`parse_device_config` turns one entry's ``parameters`` into a :class:`DeviceConfig` or
+one line naming the field; :func:`merge` lays entries over each other, later ones winning field
+by field; :func:`selects` says whether an entry limited to some
 requests applies to an allocation result. ``schemas/deviceconfig.schema.json`` is the model's
 JSON Schema (a test keeps it in sync).
 """
