@@ -252,4 +252,19 @@ def test_widening_agrees_with_every_concrete_process(
             [4242, 0],
         )
     )
-    assert bool(widening(granted, wanted, host)) == wider
+    assert bool(widening(granted, wanted, lambda: host)) == wider
+
+
+def test_the_host_node_is_read_only_when_the_claim_sets_owner_or_mode() -> None:
+    read: list[str] = []
+
+    def host(path: str) -> int | None:
+        read.append(path)
+        return 0o660
+
+    edits = {"deviceNodes": [{"path": "/dev/loop7"}]}
+    configured_edits(edits, user(deviceNodes={"permissions": "r"}), host)
+    configured_edits(edits, user(env={"A": "b"}), host)
+    assert read == []  # a stat per node saved on every prepare that sets neither
+    configured_edits(edits, user(deviceNodes={"fileMode": 0o600}), host)
+    assert read == ["/dev/loop7"]

@@ -239,7 +239,8 @@ def atomic_replace(
         os.fsync(dir_fd)
 
 
-def _remove_stale_temps_in(dir_fd: int) -> int:
+def remove_stale_temps_in(dir_fd: int) -> int:
+    """Delete the temporary files a killed writer left in the folder ``dir_fd``; how many."""
     removed = 0
     for name in os.listdir(dir_fd):
         if name.startswith(".") and name.endswith(TEMP_SUFFIX):
@@ -255,7 +256,7 @@ def remove_stale_temps(spec_dir: Path) -> int:
     """Delete temporary files a killed writer left behind; return how many."""
     try:
         with _folder(spec_dir) as dir_fd:
-            return _remove_stale_temps_in(dir_fd)
+            return remove_stale_temps_in(dir_fd)
     except OSError:
         return 0  # absent or unreadable: the write that follows reports why
 
@@ -324,7 +325,7 @@ def write_bytes(
                 # Not for a claim's spec: listing the folder at every prepared claim would
                 # cost in proportion to the claims prepared; the class's writes (at start and
                 # at every change) and the start-up sweep remove what a killed writer left.
-                _remove_stale_temps_in(dir_fd)
+                remove_stale_temps_in(dir_fd)
             current = _read_in(dir_fd, filename, SPEC_MAX_BYTES)
             record = _read_owner(dir_fd, filename)  # read once: ownership and instance
             current_hash = None if current is None else _digest(current)

@@ -112,15 +112,19 @@ def _access(uid: int | None, gid: int | None, mode: int, user: int | None, membe
     return mode & 7
 
 
-def widening(granted: Mapping[str, Any], wanted: Mapping[str, Any], host_mode: int | None) -> str:
+def widening(
+    granted: Mapping[str, Any], wanted: Mapping[str, Any], host_mode: Callable[[], int | None]
+) -> str:
     """Why the device node ``wanted`` (the wire node with the claim's fields) gives more than
     ``granted`` (the node as its class gives it), or ``""`` when it does not.
 
-    ``host_mode`` is the host node's permission bits: the mode of a node whose spec sets
-    none. The claim's mode may only clear bits of the class's. A new owner or group is then
-    checked against every kind of process the container may run: the owner of either node, a
-    member of either group, anyone else; an unset ``uid`` (``gid``) is the process's own (the
-    CDI library fills it in), so the process is always owner (in group).
+    ``host_mode`` gives the host node's permission bits, the mode of a node whose spec sets
+    none; it is asked only when that is needed (the claim sets owner or mode and the class
+    sets no mode): reading it is a stat of the host's node. The claim's mode may only clear
+    bits of the class's. A new owner or group is then checked against every kind of process
+    the container may run: the owner of either node, a member of either group, anyone else;
+    an unset ``uid`` (``gid``) is the process's own (the CDI library fills it in), so the
+    process is always owner (in group).
     """
     have, want = granted.get("permissions") or "rwm", wanted.get("permissions") or "rwm"
     if not set(want) <= set(have):
@@ -131,9 +135,9 @@ def widening(granted: Mapping[str, Any], wanted: Mapping[str, Any], host_mode: i
 
 
 def _wider_owner(
-    granted: Mapping[str, Any], wanted: Mapping[str, Any], host_mode: int | None
+    granted: Mapping[str, Any], wanted: Mapping[str, Any], host_mode: Callable[[], int | None]
 ) -> str:
-    m0 = granted.get("fileMode", host_mode)
+    m0 = granted["fileMode"] if "fileMode" in granted else host_mode()
     m1 = wanted.get("fileMode", m0)
     if m0 is None or m1 is None:
         return "fileMode: the host node's mode cannot be read, so what the class grants is unknown"
@@ -175,15 +179,14 @@ def configured_edits(
     nodes = _apply(list(out.get("deviceNodes") or []), config.from_class)
     wanted = _apply(nodes, config.from_claim)
     if config.from_claim is not None and config.from_claim.device_nodes is not None:
+        read = host_mode or (lambda _: None)
         for granted, node in zip(nodes, wanted, strict=True):
             path = str(granted.get("path"))
-            host = None
-            if "fileMode" not in granted and host_mode is not None:
-                host = host_mode(str(granted.get("hostPath") or path))
-            why = widening(granted, node, host)
+            host = str(granted.get("hostPath") or path)
+            why = widening(granted, node, lambda: read(host))  # noqa: B023 - called at once
             if why:
                 raise Widening(f"device node {quote(path)}: {why}")
-    if "deviceNodes" in out or wanted:
+    if "deviceNodes" in out:
         out["deviceNodes"] = wanted
     for layer in (config.from_class, config.from_claim):
         if layer is not None and layer.env:

@@ -24,10 +24,11 @@ import os
 import stat
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from cdi_gen.cdi.writer import TEMP_SUFFIX, atomic_replace
+from cdi_gen.cdi.writer import atomic_replace, remove_stale_temps_in
 from cdi_gen.discovery.claimspec import claim_tag
 from cdi_gen.discovery.devicemetadata import base_request
 from cdi_gen.errors import SpecWriteError, quote
@@ -132,17 +133,17 @@ class MetadataFolder:
             return None
         if not data:
             return _EMPTY
-        found: tuple[object, ...] = ()
+        found: tuple[Any, ...] = ()
         with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             first = orjson.loads(data.partition(b"\n")[0])
             meta = first["metadata"]
             (request,) = first["requests"]
             if first["kind"] == "DeviceMetadata":
                 found = (meta["uid"], meta["namespace"], meta["name"], request["name"])
-        uid, namespace, claim, request_name = found or ("", "", "", "")
-        if not all(isinstance(v, str) and v for v in found) or not found:
+        if not found or not all(isinstance(v, str) and v for v in found):
             raise FileRefused("a file cdi-gen did not write (not its device metadata)")
-        return (str(uid), str(namespace), str(claim), str(request_name))
+        uid, namespace, claim, request_name = found
+        return (uid, namespace, claim, request_name)
 
     def _state(self, dir_fd: int, name: str, want: _Owner) -> str:
         """``"absent"``, ``"ours"`` (the metadata of the claim and request of ``want``) or
@@ -248,17 +249,14 @@ class MetadataFolder:
     def remove_orphans(self, keep: Collection[str]) -> None:
         """Remove every file of ours not named in ``keep`` (file names, as :meth:`files`
         gives them for the prepared claims), and the temporary files of a write killed
-        half-way. A name of another shape, or a file at one of ours that is not ours, is
-        left alone."""
+        half-way (as the spec writer sweeps its folder). A name of another shape, or a file at
+        one of ours that is not ours, is left alone."""
         try:
             with self._folder() as dir_fd:
+                remove_stale_temps_in(dir_fd)
                 for entry in os.listdir(dir_fd):
-                    if entry in keep:
-                        continue
-                    if entry.startswith(".") and entry.endswith(TEMP_SUFFIX):
-                        self._unlink_orphan(dir_fd, entry, temp=True)
-                    elif entry.endswith(".json") and "_" in entry:
-                        self._unlink_orphan(dir_fd, entry, temp=False)
+                    if entry not in keep and entry.endswith(".json") and "_" in entry:
+                        self._unlink_orphan(dir_fd, entry)
         except FileNotFoundError:
             return  # none yet
         except SpecWriteError as exc:
@@ -268,19 +266,13 @@ class MetadataFolder:
         """The names a prepared claim's files may have (kept by :meth:`remove_orphans`)."""
         return [name for name, _ in self._names(uid, namespace, claim, requests)]
 
-    def _unlink_orphan(self, dir_fd: int, entry: str, *, temp: bool) -> None:
+    def _unlink_orphan(self, dir_fd: int, entry: str) -> None:
         try:
-            if temp:
-                st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
-                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-                    return
-            else:
-                owner = self._owner_of(dir_fd, entry)
-                if owner is None or (owner is not _EMPTY and not self._names_match(entry, owner)):
-                    return
+            owner = self._owner_of(dir_fd, entry)
+            if owner is None or (owner is not _EMPTY and not self._names_match(entry, owner)):
+                return
             os.unlink(entry, dir_fd=dir_fd)
-            if not temp:
-                log.info("removed device metadata %s: no prepared claim names it", quote(entry))
+            log.info("removed device metadata %s: no prepared claim names it", quote(entry))
         except FileRefused:
             log.info("device metadata %s left alone: not a file cdi-gen wrote", quote(entry))
         except OSError as exc:
