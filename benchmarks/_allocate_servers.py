@@ -83,8 +83,8 @@ def _serve_floor(mode: str, socket: Path) -> None:
 
 async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.cdi.registry import SpecCache
-    from cdi_gen.discovery.board import DeviceBoard
-    from cdi_gen.kubelet.deviceplugin import DevicePlugin
+    from cdi_gen.deviceplugin.board import DeviceBoard
+    from cdi_gen.deviceplugin.server import DevicePlugin
 
     board = DeviceBoard(devices())
     plugin = DevicePlugin(

@@ -101,10 +101,10 @@ async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.writer import write_bytes
-    from cdi_gen.discovery.pool import DevicePool
-    from cdi_gen.kubelet.claimspecs import ClaimSpecs
-    from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
-    from cdi_gen.kubelet.preparer import PoolPreparer
+    from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+    from cdi_gen.dra.driver.preparer import PoolPreparer
+    from cdi_gen.dra.plugin.pool import DevicePool
+    from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
     from cdi_gen.model import PoolDevice
 
     # The class's spec as the agent writes it: what a configured claim's spec starts from.

@@ -81,7 +81,7 @@ class RecordedSource:
 
 
 def main(argv: list[str]) -> None:
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
     from cdi_gen.config.loader import parse_config
     from cdi_gen.config.settings import Settings
 

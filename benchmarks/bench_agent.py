@@ -34,7 +34,7 @@ classes:
 async def _hotplug(cycles: int) -> list[float]:
     import yaml
 
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
     from cdi_gen.config.loader import parse_config
     from cdi_gen.config.settings import Settings
     from tests.fakes.kubelet import FakeKubelet

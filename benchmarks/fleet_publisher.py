@@ -3,9 +3,9 @@
 Per node, what the agent runs for its DRA classes, fed recorded devices instead of udev: a
 :class:`~cdi_gen.discovery.inventory.Discovery` of the catalogue's ``gpu`` class, eight GPUs
 (the card and render node of an amdgpu card in ``tests/data/udev/hardware.json``, cloned at
-eight PCI addresses), their pool entries (:func:`~cdi_gen.discovery.pool.pool_devices`) in a
-:class:`~cdi_gen.discovery.pool.DevicePool`, and a
-:class:`~cdi_gen.apiserver.publisher.SlicePublisher` with its own
+eight PCI addresses), their pool entries (:func:`~cdi_gen.dra.plugin.pool.pool_devices`) in a
+:class:`~cdi_gen.dra.plugin.pool.DevicePool`, and a
+:class:`~cdi_gen.dra.plugin.publisher.SlicePublisher` with its own
 :class:`~cdi_gen.apiserver.client.ApiClient` (its own connections, as each node's agent has).
 Every request the clients send is counted by verb, with the bytes of its body.
 
@@ -39,12 +39,12 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from cdi_gen.apiserver.client import ApiClient  # noqa: E402
-from cdi_gen.apiserver.publisher import SlicePublisher  # noqa: E402
-from cdi_gen.apiserver.slices import Slice, build_slices  # noqa: E402
 from cdi_gen.config.loader import parse_config  # noqa: E402
 from cdi_gen.config.models import AgentConfig, ClassConfig  # noqa: E402
 from cdi_gen.discovery.inventory import Discovery  # noqa: E402
-from cdi_gen.discovery.pool import DevicePool, PoolCache, pool_devices  # noqa: E402
+from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices  # noqa: E402
+from cdi_gen.dra.plugin.publisher import SlicePublisher  # noqa: E402
+from cdi_gen.dra.plugin.slices import Slice, build_slices  # noqa: E402
 from cdi_gen.model import DeviceRecord  # noqa: E402
 from cdi_gen.sources.records import record_from_json  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The real agent in the test's own event loop, on a test's private folders.
 
-Shared by the integration tests that drive :class:`~cdi_gen.agent.Agent` directly (with real
+Shared by the integration tests that drive :class:`~cdi_gen.agent.agent.Agent` directly (with real
 loop devices and the fake kubelet), so that each starts and stops it the same way: kernel
 uevents, an ephemeral metrics port, and a stop that must finish within a bound.
 """
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 

@@ -1,10 +1,11 @@
-"""cdi-gen: udev device classes → CDI specs → kubelet device plugins.
+"""cdi-gen: udev device classes → CDI specs → the kubelet, as device plugins or a DRA driver.
 
-The package is layered, and ``make lint`` checks it (``.importlinter``): ``cli`` on top, then
-``agent`` and ``doctor``, the adapters ``kubelet`` (grpc), ``sources`` (pyudev) and
-``metrics``, pure ``discovery``, ``config`` and ``model``, the CDI core ``cdi``, and the base
-(``names``, ``paths``, ``files``, ``modes``, ``logs``, ``backoff``, ``errors``).
-CONTRIBUTING.md maps every module.
+The package is grouped by what it does, and ``make lint`` checks its shape
+(``.importlinter``): ``cli`` on top, then ``agent`` and ``doctor``; the two features
+``deviceplugin`` and ``dra`` (independent of each other); what both use to reach the outside
+(``kubelet``, ``apiserver``, ``sources``); the pure ``discovery``, ``config`` and ``model``;
+the CDI core ``cdi``; ``retry``; and the base (``names``, ``paths``, ``files``, ``modes``,
+``logs``, ``inotify``, ``metrics``, ``errors``). CONTRIBUTING.md maps every module.
 """
 
 __version__ = "0.1.0"

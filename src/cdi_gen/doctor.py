@@ -554,7 +554,7 @@ def diagnose(
     Raises :class:`ConfigError` for a malformed ``--runtime`` or ``--containerd-version``.
     """
     from cdi_gen.cdi import runtimes as rt
-    from cdi_gen.kubelet.cri import lookup
+    from cdi_gen.cdi.cri import lookup
 
     spec_dir = settings.spec_dir
     runtimes, checks = _runtimes(settings.runtime, containerd_version, lookup(settings.cri_socket))

@@ -161,8 +161,8 @@ class PoolDevice:
     """One device as a DRA driver publishes it in the node's ResourceSlices.
 
     ``name`` is the device's name in the pool, a DNS label unique on the node (class and CDI
-    name, see :func:`cdi_gen.discovery.pool.device_name`); ``cdi_name`` the fully-qualified CDI name
-    NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
+    name, see :func:`cdi_gen.dra.plugin.pool.device_name`); ``cdi_name`` the fully-qualified CDI
+    name NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
     is implied). A slot of a shared device has ``slots`` > 1 and shares ``physical`` with the
     device's other slots.
     """

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.apiserver.claims import ClaimReader
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.apiserver.publisher import SlicePublisher
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.driver.claimreader import ClaimReader
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import ClaimView, PoolDevice
 from tests.waiting import until
@@ -171,7 +171,7 @@ async def test_leftover_slices_adopted_and_foreign_ones_deleted(
     cluster: Cluster, driver: str, client: ApiClient
 ) -> None:
     assert cluster.api is not None
-    from cdi_gen.apiserver.slices import build_slices
+    from cdi_gen.dra.plugin.slices import build_slices
 
     stale = build_slices(driver, NODE_NAME, [device("old")], 7, node_uid=None)[0]
     cluster.api.create(SLICES, stale)

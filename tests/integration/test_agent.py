@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.settings import Settings
 from tests.agentrun import running_agent
 from tests.fakes.kubelet import ConnectedPlugin, FakeKubelet

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.model import DeviceRecord
@@ -183,7 +183,7 @@ async def test_only_the_offending_device_of_a_class_is_skipped(
         )
 
     runner = agent.runners["disk"]
-    with caplog.at_level(logging.WARNING, logger="cdi_gen.agent"):
+    with caplog.at_level(logging.WARNING, logger="cdi_gen.agent.agent"):
         for change in agent.discovery.replace([disk("loop1"), disk("9xyz")]):
             await runner.apply(change, None)
     assert _names(short_dir / "cdi", "disk") == {"loop1"}
@@ -226,7 +226,7 @@ async def test_a_backing_file_name_with_a_newline_skips_only_its_device(
     for f in (good_file, evil_file):
         f.write_bytes(b"\0" * 4096)
     spec_dir = short_dir / "cdi"
-    with caplog.at_level(logging.WARNING, logger="cdi_gen.agent"):
+    with caplog.at_level(logging.WARNING, logger="cdi_gen.agent.agent"):
         async with (
             FakeKubelet(short_dir / "dp") as kubelet,
             running_agent(short_dir, config) as (agent, task),

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.apiserver.claims import ClaimReader
 from cdi_gen.apiserver.client import ApiClient, claim_view
+from cdi_gen.dra.driver.claimreader import ClaimReader
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.fakes.claimserver import ClaimServer, claim_body

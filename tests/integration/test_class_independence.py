@@ -1,6 +1,6 @@
 """Classes cannot stall each other: each class applies its changes on a task of its own.
 
-The real :class:`~cdi_gen.agent.Agent` with a DRA class and a device-plugin class on recorded
+The real :class:`~cdi_gen.agent.agent.Agent` with a DRA class and a device-plugin class on recorded
 devices, against the stand-in API server. A DRA device's removal waits (up to 5 s) for the API
 server to take the device out of the ResourceSlice before its spec entry goes; with the API
 server hanging, a device-plugin class's hotplug must still be applied at once, not after that
@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.apiserver import FakeApiServer

@@ -18,9 +18,9 @@ import grpc
 import orjson
 import pytest
 
+from cdi_gen.cdi import cri
 from cdi_gen.cli.main import main
 from cdi_gen.config.settings import load_settings
-from cdi_gen.kubelet import cri
 from tests.fakes.cri import FakeCri, garbage_socket, silent_socket
 from tests.fakes.kubelet import FakeKubelet
 from tests.ports import free_port

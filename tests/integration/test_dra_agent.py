@@ -1,8 +1,8 @@
 """The agent's DRA driver as wired for `cdi-gen run`, against a stand-in API server.
 
-The real :class:`~cdi_gen.agent.Agent` with a DRA class on recorded devices, its real
-:class:`~cdi_gen.driver.DraDriver` (the real lightkube client, publisher and kubelet plugin
-on real unix sockets) and the stand-in :class:`~tests.fakes.apiserver.FakeApiServer`, whose
+The real :class:`~cdi_gen.agent.agent.Agent` with a DRA class on recorded devices, its real
+:class:`~cdi_gen.dra.driver.driver.DraDriver` (the real lightkube client, publisher and kubelet
+plugin on real unix sockets) and the stand-in :class:`~tests.fakes.apiserver.FakeApiServer`, whose
 every accepted slice write is recorded here. A device is offered in a ResourceSlice only
 while the kubelet plugin serves: the scheduler allocates what a slice lists, and a driver
 that does not serve cannot prepare it.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.apiserver import FakeApiServer, Obj

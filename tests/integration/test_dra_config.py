@@ -19,14 +19,14 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.writer import OWNER_SUFFIX, write_bytes
-from cdi_gen.discovery.devicemetadata import metadata_stream
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.driver.checkpoint import checkpoint_path
+from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+from cdi_gen.dra.driver.devicemetadata import metadata_stream
+from cdi_gen.dra.driver.preparer import PoolPreparer
+from cdi_gen.dra.plugin import server as draplugin
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.errors import ClaimError
-from cdi_gen.kubelet import draplugin
-from cdi_gen.kubelet.checkpoint import checkpoint_path
-from cdi_gen.kubelet.claimspecs import ClaimSpecs
-from cdi_gen.kubelet.draplugin import DraPlugin
-from cdi_gen.kubelet.preparer import PoolPreparer
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry, PoolDevice
 from tests.fakes.drakubelet import FakeDraKubelet
 

@@ -18,16 +18,16 @@ import orjson
 import pytest
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from cdi_gen.apiserver.claims import ClaimReader
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.cdi.resolution import SpecResolver
+from cdi_gen.dra.driver.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
+from cdi_gen.dra.driver.claimreader import ClaimReader
+from cdi_gen.dra.driver.preparer import PoolPreparer
+from cdi_gen.dra.plugin import server as draplugin
+from cdi_gen.dra.plugin.claims import ClaimReader as KubeletClaimReader
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.errors import ClaimError
-from cdi_gen.kubelet import draplugin
-from cdi_gen.kubelet.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
-from cdi_gen.kubelet.claims import ClaimReader as KubeletClaimReader
-from cdi_gen.kubelet.draplugin import DraPlugin
-from cdi_gen.kubelet.preparer import PoolPreparer
-from cdi_gen.kubelet.resolution import SpecResolver
 from cdi_gen.kubelet.transport import WORKERS
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from tests.fakes.claimserver import ClaimServer, claim_body

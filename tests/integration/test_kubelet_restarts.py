@@ -19,8 +19,8 @@ from pathlib import Path
 from fakes.kubelet import FakeKubelet
 
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.discovery.board import DeviceBoard
-from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.deviceplugin.board import DeviceBoard
+from cdi_gen.deviceplugin.server import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
 
 RESTARTS = 50

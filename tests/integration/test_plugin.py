@@ -19,8 +19,8 @@ from fakes.kubelet import ConnectedPlugin, FakeKubelet
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.discovery.board import DeviceBoard
-from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.deviceplugin.board import DeviceBoard
+from cdi_gen.deviceplugin.server import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
 from tests.waiting import until
 

@@ -12,7 +12,7 @@ import pytest
 from test_plugin import Rig, make_rig
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from cdi_gen.kubelet.deviceplugin import MAX_STREAMS
+from cdi_gen.deviceplugin.server import MAX_STREAMS
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Uninstall or restart: at exit the agent asks the API server about its DaemonSet
-(:mod:`cdi_gen.apiserver.uninstall`), over real HTTP to the stand-in API server.
+(:mod:`cdi_gen.dra.plugin.uninstall`), over real HTTP to the stand-in API server.
 
 Gone (404), being deleted (``deletionTimestamp``) or our credentials refused (401: the
 ServiceAccount went first) is an uninstall: the real agent then removes its spec files with
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.agent import Agent
-from cdi_gen.apiserver import uninstall
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
+from cdi_gen.dra.plugin import uninstall
 from tests.fakes.apiserver import DAEMONSETS, SLICES, Answer, FakeApiServer, Obj
 from tests.fakes.source import PipeSource
 from tests.waiting import until

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.errors import DiscoveryError

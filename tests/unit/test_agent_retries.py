@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from tests.fakes.source import PipeSource

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.kubelet.allocation import (
+from cdi_gen.deviceplugin.allocation import (
     AllocationError,
     PhysicalPolicy,
     Refusal,

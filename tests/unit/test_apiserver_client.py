@@ -25,8 +25,8 @@ from cdi_gen.apiserver.client import (
     ApiServerError,
     KubeConfigError,
 )
-from cdi_gen.apiserver.publisher import SlicePublisher
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.errors import ClaimError
 from cdi_gen.files import CONFIG_MAX_BYTES
 from cdi_gen.model import PoolDevice

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.backoff import DESCRIBE_LIMIT, FLOOR_SECONDS, NEW_MESSAGES, Backoff, describe
+from cdi_gen.retry import DESCRIBE_LIMIT, FLOOR_SECONDS, NEW_MESSAGES, Backoff, describe
 
 
 @given(

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.cli.schema import dump_schema
-from cdi_gen.config.claimconfig import (
+from cdi_gen.dra.driver.claimconfig import (
     API_VERSION,
     KIND,
     DeviceConfig,

@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document, load_spec
 from cdi_gen.cdi.validation import check_document
-from cdi_gen.config.claimconfig import API_VERSION, KIND, DeviceConfig, Layered, parse_device_config
-from cdi_gen.discovery.claimspec import (
+from cdi_gen.dra.driver.claimconfig import (
+    API_VERSION,
+    KIND,
+    DeviceConfig,
+    Layered,
+    parse_device_config,
+)
+from cdi_gen.dra.driver.claimspec import (
     MAX_PLAIN_TAG,
     Widening,
     claim_device_name,

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.discovery.board import DeviceBoard
-from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.deviceplugin.board import DeviceBoard
+from cdi_gen.deviceplugin.server import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
 
 _DEVICE = st.builds(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from cdi_gen.discovery.devicemetadata import container_path, metadata_stream
+from cdi_gen.dra.driver.devicemetadata import container_path, metadata_stream
 
 BASE = "/var/run/kubernetes.io/dra-device-attributes"
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.kubelet.checkpoint import (
+from cdi_gen.dra.driver.checkpoint import (
     CHECKPOINT_KIND,
     CHECKPOINT_MAX_BYTES,
     Checkpoint,
@@ -26,7 +26,8 @@ from cdi_gen.kubelet.checkpoint import (
     claim_record,
     read_claim_record,
 )
-from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
+from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS
+from cdi_gen.dra.plugin.claims import PreparedDevice
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoint"
 DRIVER = "cdi-gen.example.com"
@@ -221,7 +222,7 @@ def test_a_recorded_claim_that_is_not_our_devices_is_dropped(
     cp = fresh(tmp_path)
     good = wire("example.com/fpga=0", "example.com/gpu=1")
     write(cp, {"u-good": good, "u-bad": entry})
-    with caplog.at_level(logging.WARNING, "cdi_gen.kubelet.checkpoint"):
+    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.checkpoint"):
         cp.load()
     assert set(cp.claims) == {"u-good"}
     [line] = [r.getMessage() for r in caplog.records]
@@ -323,7 +324,7 @@ def load_stored(
     assert orjson.loads(stored)["version"] == version
     cp.path.write_bytes(stored)
     cp.path.chmod(0o600)
-    with caplog.at_level(logging.INFO, "cdi_gen.kubelet.checkpoint"):
+    with caplog.at_level(logging.INFO, "cdi_gen.dra.driver.checkpoint"):
         cp.load()
     assert f"checkpoint format {version} read as format 3" in caplog.text
     return cp, stored

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from cdi_gen.kubelet.claims import (
-    MAX_ALLOCATION_RESULTS,
+from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS, prepare_claim
+from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
     PreparedDevice,
     Refusal,
     check_reference,
-    prepare_claim,
 )
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.driver.preparer import ClaimLocks, PoolPreparer
+from cdi_gen.dra.plugin.claims import ClaimRef, PrepareResult
+from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import ClaimError
-from cdi_gen.kubelet.claims import ClaimRef, PrepareResult
-from cdi_gen.kubelet.preparer import ClaimLocks, PoolPreparer
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from tests.waiting import until_sync
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from cdi_gen import driver as driver_module
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
-from cdi_gen.driver import DraDriver
+from cdi_gen.dra.driver import driver as driver_module
+from cdi_gen.dra.driver.driver import DraDriver
 from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice
 
@@ -71,8 +71,8 @@ def test_a_start_that_fails_without_a_message_still_names_its_cause(
 ) -> None:
     """An exception whose str() is empty (an assert, a bare raise) is named in the log and
     in /readyz on every attempt, not "failed to start (attempt 2): " and "not serving: )"."""
-    from cdi_gen.agent import Agent
-    from cdi_gen.backoff import Backoff
+    from cdi_gen.agent.agent import Agent
+    from cdi_gen.retry import Backoff
 
     agent = Agent(CONFIG, load_settings({"node_name": "node-1"}))
     assert agent.dra is not None

@@ -8,11 +8,11 @@ from __future__ import annotations
 import gc
 import types
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
-from cdi_gen.frontends.deviceplugin import DevicePluginFrontend
-from cdi_gen.frontends.dra import DraFrontend
+from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
+from cdi_gen.dra.driver.frontend import DraFrontend
 
 CONFIG = parse_config(
     {

@@ -47,11 +47,11 @@ def test_module_map_lists_exactly_the_modules_that_exist() -> None:
     [
         ("cdi_gen.discovery.inventory", "pyudev"),
         ("cdi_gen.model", "pyudev"),
-        ("cdi_gen.agent", "pyudev"),
+        ("cdi_gen.agent.agent", "pyudev"),
         ("cdi_gen.cdi.registry", "grpc"),
         ("cdi_gen.discovery.inventory", "grpc"),
         # The spec models are built when a spec is read, never to start.
-        ("cdi_gen.agent", "cdi_gen.cdi.spec"),
+        ("cdi_gen.agent.agent", "cdi_gen.cdi.spec"),
         # The CLI imports per command: `cdi-gen --help` and `render` must not load these.
         ("cdi_gen.cli.main", "pydantic"),
         ("cdi_gen.cli.main", "asyncio"),

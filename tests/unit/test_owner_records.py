@@ -109,7 +109,7 @@ def test_cli_write_leaves_the_file_elsewhere(tmp_path: Path) -> None:
 
 
 def test_agent_startup_leaves_the_file_elsewhere(tmp_path: Path) -> None:
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
     from cdi_gen.cdi.codec import load_yaml
     from cdi_gen.config.loader import parse_config
     from cdi_gen.config.settings import Settings

@@ -14,8 +14,8 @@ from cdi_gen import names
 from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
-from cdi_gen.discovery.pool import DevicePool, device_name, pool_devices
 from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.dra.plugin.pool import DevicePool, device_name, pool_devices
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord, ParentRecord, PoolDevice
 

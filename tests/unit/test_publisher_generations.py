@@ -8,8 +8,8 @@ removed or added) takes a new generation on every slice.
 from __future__ import annotations
 
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.apiserver.slices import slice_name
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.slices import slice_name
 from tests.fakes.apiserver import FakeApiServer
 from tests.unit.test_publisher_hostile import (
     DRIVER,

@@ -20,16 +20,16 @@ import pytest
 from cdi_gen.apiserver.client import (
     ApiClient,
 )
-from cdi_gen.apiserver.publisher import SlicePublisher
-from cdi_gen.apiserver.slices import slice_name
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.publisher import SlicePublisher
+from cdi_gen.dra.plugin.slices import slice_name
 from cdi_gen.model import PoolDevice
 from tests.fakes.apiserver import INT64_MAX, SLICES, Answer, FakeApiServer
 from tests.unit.conftest import API_NODE
 
 DRIVER = "drv.example.com"
 NODE = API_NODE
-LOG = "cdi_gen.apiserver.publisher"
+LOG = "cdi_gen.dra.plugin.publisher"
 
 
 def device(name: str, **kw: Any) -> PoolDevice:

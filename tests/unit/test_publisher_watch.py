@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient, ApiServerError
-from cdi_gen.apiserver.publisher import SlicePublisher
-from cdi_gen.apiserver.slices import slice_name
-from cdi_gen.discovery.pool import DevicePool
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.publisher import SlicePublisher
+from cdi_gen.dra.plugin.slices import slice_name
 from tests.fakes.apiserver import SLICES, FakeApiServer
 from tests.unit.test_publisher_hostile import (
     DRIVER,

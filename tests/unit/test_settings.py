@@ -167,7 +167,7 @@ def test_a_driver_name_over_63_characters_stops_the_start(
     assert "vendor as the DRA driver name" in str(info.value)
     assert "--dra-driver" in str(info.value) and info.value.exit_code == 2
     # The agent is refused while it is built, before it serves or writes anything.
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
 
     with pytest.raises(ConfigError, match="longer than 63"):
         Agent(config, settings)
@@ -202,7 +202,7 @@ def _host(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 def test_a_host_name_that_is_no_node_name_stops_a_dra_agent_only(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
 
     _host(monkeypatch, BAD_HOST)
     base = {"spec_dir": tmp_path / "cdi", "state_dir": tmp_path / "state"}
@@ -282,7 +282,7 @@ def test_the_longest_node_name_is_accepted_and_names_valid_slices(
     """A Node name is a valid pool name and ``nodeName``; the slice names
     ``<node>-<driver>-<index>`` are shortened with a hash (apiserver.slices) to stay DNS
     subdomains of at most 253 characters."""
-    from cdi_gen.apiserver.slices import build_slices, slice_name
+    from cdi_gen.dra.plugin.slices import build_slices, slice_name
     from cdi_gen.names import is_dns_subdomain
 
     _host(monkeypatch, BAD_HOST)  # not consulted: the flag wins

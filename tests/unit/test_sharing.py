@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from cdi_gen.deviceplugin.allocation import (
+    AllocationError,
+    Refusal,
+    check_request,
+    preferred_allocation,
+)
 from cdi_gen.discovery.sharing import expand_advertised, slot_names
 from cdi_gen.errors import InvalidNameError
-from cdi_gen.kubelet.allocation import AllocationError, Refusal, check_request, preferred_allocation
 from cdi_gen.model import AdvertisedDevice
 
 

@@ -13,8 +13,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.apiserver.deviceclasses import device_class, device_class_name
-from cdi_gen.apiserver.slices import (
+from cdi_gen.cli.main import main
+from cdi_gen.config.loader import parse_config
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.dra.driver.deviceclasses import device_class, device_class_name
+from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.plugin.slices import (
     MAX_COUNTER_SETS,
     MAX_DEVICES,
     MAX_DEVICES_RESTRICTED,
@@ -22,11 +27,6 @@ from cdi_gen.apiserver.slices import (
     counter_set_name,
     slice_name,
 )
-from cdi_gen.cli.main import main
-from cdi_gen.config.loader import parse_config
-from cdi_gen.discovery.inventory import Discovery
-from cdi_gen.discovery.pool import pool_devices
-from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.model import DeviceRecord, PoolDevice
 from cdi_gen.names import is_dns_label, is_dns_subdomain
 from tests.recordfiles import record_to_json

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from cdi_gen.agent import Agent
+from cdi_gen.agent.agent import Agent
 from cdi_gen.cdi.spec import ContainerEdits
 from cdi_gen.cdi.validation import check_document
 from cdi_gen.cli.main import main

@@ -2,7 +2,7 @@
 and the agent's own DaemonSet (asked about at exit) — a thin async layer over an HTTP client
 that lightkube configures.
 
-Everything goes in and out as plain dicts (the slices :mod:`~cdi_gen.apiserver.slices`
+Everything goes in and out as plain dicts (the slices :mod:`~cdi_gen.dra.plugin.slices`
 builds) or as the domain's values (:class:`~cdi_gen.model.ClaimView`). Every failure is one
 line naming the object and why: :class:`ApiServerError` for a call, :class:`KubeConfigError`
 (exit 2) for a configuration that cannot be loaded, naming what was tried.

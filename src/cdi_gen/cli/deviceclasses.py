@@ -20,9 +20,9 @@ def deviceclasses(config_path: Path | None, driver: str | None, dra_only: bool) 
     asking for the extended resource are served by DRA."""
     import yaml
 
-    from cdi_gen.apiserver.deviceclasses import device_classes
     from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
+    from cdi_gen.dra.driver.deviceclasses import device_classes
 
     config = load_config(config_path)
     driver = _driver(driver, config.vendor)

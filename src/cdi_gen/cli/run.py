@@ -47,7 +47,7 @@ def run(**flags: Any) -> None:
     """
     import asyncio
 
-    from cdi_gen.agent import Agent
+    from cdi_gen.agent.agent import Agent
     from cdi_gen.cli.inputs import cri_lookup
     from cdi_gen.config.settings import load_settings
     from cdi_gen.logs import setup_logging

@@ -35,7 +35,7 @@ def config_schema() -> dict[str, Any]:
 
 
 def device_config_schema() -> dict[str, Any]:
-    from cdi_gen.config.claimconfig import device_config_schema as schema
+    from cdi_gen.dra.driver.claimconfig import device_config_schema as schema
 
     return schema()
 

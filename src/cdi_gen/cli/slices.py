@@ -41,9 +41,9 @@ def slices(
 
     import yaml
 
-    from cdi_gen.apiserver.slices import build_slices
-    from cdi_gen.discovery.pool import pool_devices
     from cdi_gen.discovery.sharing import expand_advertised, expand_devices
+    from cdi_gen.dra.plugin.pool import pool_devices
+    from cdi_gen.dra.plugin.slices import build_slices
     from cdi_gen.errors import SpecError
 
     node = node if node is not None else socket.gethostname().lower()

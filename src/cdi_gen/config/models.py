@@ -92,7 +92,7 @@ class _Strict(BaseModel):
 
 #: A DRA attribute name without a domain (the driver's is implied): a C identifier.
 _DRA_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-#: The attributes every published device carries (cdi_gen.discovery.pool); a class's own
+#: The attributes every published device carries (cdi_gen.dra.plugin.pool); a class's own
 #: ``attributes`` may not reuse them, so a device's ``class`` always is its class.
 BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
     {

@@ -22,13 +22,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdi_gen import paths
-from cdi_gen.backoff import FLOOR_SECONDS
 from cdi_gen.cdi.registry import unique_dirs
 from cdi_gen.cdi.runtimes import Lookup
 from cdi_gen.config.loader import load_config, pin_versions
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
 from cdi_gen.names import is_dns_label, is_dns_subdomain, validate_driver_name
+from cdi_gen.retry import FLOOR_SECONDS
 
 __all__ = [
     "ENV_PREFIX",

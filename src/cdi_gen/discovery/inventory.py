@@ -44,7 +44,7 @@ class Discovery:
     Feed it :meth:`replace` with a full enumeration (at start and on every resync) and
     :meth:`apply` with event records; both return a :class:`ClassChange` for each class whose
     devices (or warnings) changed. Pure and synchronous: call it from the loop. The agent
-    (:mod:`cdi_gen.agent`) runs it, in short, as::
+    (:mod:`cdi_gen.agent.agent`) runs it, in short, as::
 
         discovery = Discovery(config)
         watcher = UdevWatcher(source=..., subsystems=discovery.subsystems,

@@ -1,21 +1,14 @@
-"""The kubelet-facing consumers: the device plugin and the DRA driver; the only grpc user
-(also of the runtime's CRI socket, asked for its version).
+"""What both kubelet features (:mod:`cdi_gen.deviceplugin`, :mod:`cdi_gen.dra`) use to speak
+to the kubelet over gRPC.
 
 * :mod:`~cdi_gen.kubelet.transport`: unix socket files and the synchronous gRPC server every
   kubelet plugin serves on;
 * :mod:`~cdi_gen.kubelet.supervisor`: serve, register, notice a kubelet restart, serve and
-  register again, shared by every kubelet plugin (the device plugin's Register call, the DRA
-  plugin's plugin-watcher socket);
-* :mod:`~cdi_gen.kubelet.deviceplugin`: the ``deviceplugin/v1beta1`` plugin of one class;
-* :mod:`~cdi_gen.kubelet.draplugin`: the DRA driver's node service (``dra.v1``/``v1beta1``,
-  health), the gRPC side, with :mod:`~cdi_gen.kubelet.registration` (the plugin watcher's
-  socket); the driver's state behind it, without grpc: :mod:`~cdi_gen.kubelet.preparer`
-  (which claims are prepared), :mod:`~cdi_gen.kubelet.claims` (what a claim gets, pure) and
-  :mod:`~cdi_gen.kubelet.checkpoint` (the prepared claims on disk);
-* :mod:`~cdi_gen.kubelet.allocation`: the rules the device plugin's answers follow (the list
-  it advertises is the class's :class:`~cdi_gen.discovery.board.DeviceBoard`);
-* :mod:`~cdi_gen.kubelet.cri`: the container runtime's name and version from its CRI socket,
-  for ``--cdi-version runtime`` and the doctor where no runtime binary is visible.
+  register again (the device plugin's Register call, the DRA plugin's plugin-watcher socket);
+* :mod:`~cdi_gen.kubelet.registration`: the plugin watcher's ``pluginregistration`` socket;
+* :mod:`~cdi_gen.kubelet.socketwatch`: inotify on the kubelet's socket folders;
+* :mod:`~cdi_gen.kubelet.streams`: server streams following a versioned value;
+* :mod:`~cdi_gen.kubelet.boundary`: where the gRPC server's threads meet the agent's loop.
 
 Importing the package sets :data:`GRPC_EXPERIMENTS` before any of its modules loads grpc,
 since grpc reads the variable once, when it is first imported.

@@ -19,7 +19,7 @@ from typing import NoReturn, TypeVar
 
 import grpc
 
-from cdi_gen.discovery.versioned import Versioned
+from cdi_gen.kubelet.boundary import Versioned
 
 __all__ = ["MAX_STATUS_CHARS", "STREAM_CHECK_SECONDS", "StreamGate", "abort", "clip", "follow"]
 

@@ -12,7 +12,7 @@ while registration is in flight), register in the background with backoff while 
 is absent or refuses, then watch the socket files; when one of ours disappears or the
 kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
 again. A restart noticed while registration is in flight abandons that attempt at once.
-Failed attempts wait through one :class:`~cdi_gen.backoff.Backoff` (never less than its
+Failed attempts wait through one :class:`~cdi_gen.retry.Backoff` (never less than its
 floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
 what must follow it (a DRA driver offers its devices only while it serves).
 
@@ -40,9 +40,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
-from cdi_gen.backoff import Backoff, describe
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
+from cdi_gen.retry import Backoff, describe
 
 __all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
 
@@ -90,7 +90,7 @@ class Supervisor:
 
     ``watch_interval`` is how often the socket files are looked at without an inotify event
     (never more often than :data:`MIN_WATCH_INTERVAL`), ``max_backoff`` bounds the wait
-    between failed attempts (a :class:`~cdi_gen.backoff.Backoff` from 0.1 s: never a shorter
+    between failed attempts (a :class:`~cdi_gen.retry.Backoff` from 0.1 s: never a shorter
     wait, whatever is asked); a failure that repeats is logged once per doubling of its attempts.
     ``on_register`` is called on the loop after each attempt; its exceptions are logged and
     ignored. With ``serve_anew_on_restart`` False, a new kubelet identity means registering

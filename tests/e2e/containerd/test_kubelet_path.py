@@ -1,6 +1,6 @@
 """Allocate through a (fake but real-gRPC) kubelet, then containerd 1.7 with what came back.
 
-The device plugin is cdi-gen's own (``cdi_gen.kubelet.deviceplugin.DevicePlugin``) on a real
+The device plugin is cdi-gen's own (``cdi_gen.deviceplugin.server.DevicePlugin``) on a real
 unix socket, registered with ``tests/fakes/kubelet.py``; whatever its Allocate returns is handed to
 CreateContainer without any change, as the kubelet does: ``cdi_devices`` names into
 ``CDI_devices``, response annotations into the container's annotations.
@@ -21,8 +21,8 @@ from loopdev import LoopDevices
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.discovery.board import DeviceBoard
-from cdi_gen.kubelet.deviceplugin import DevicePlugin
+from cdi_gen.deviceplugin.board import DeviceBoard
+from cdi_gen.deviceplugin.server import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
 
 from .conftest import Pods, SpecFolders

@@ -3,7 +3,7 @@
 One :class:`DevicePlugin` serves ``<vendor>/<class>`` on ``<plugin dir>/<vendor>-<class>.sock``
 and registers it by calling ``Register`` on ``kubelet.sock``; the
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps it served and registered across kubelet
-restarts. It advertises what the :class:`~cdi_gen.discovery.board.DeviceBoard` holds (device
+restarts. It advertises what the :class:`~cdi_gen.deviceplugin.board.DeviceBoard` holds (device
 ID = CDI device name) and answers Allocate with CDI device names only, after checking that
 every name resolves in the spec folders the way the runtime will resolve it.
 
@@ -13,8 +13,8 @@ at an inotify queue when nothing changed (a folder that changed is read on a sha
 bounded in time); each ListAndWatch stream blocks on the board's condition
 and sends the list as bytes encoded once per board version, re-encoding only the devices that
 changed. What the answers contain is decided by the pure functions of
-:mod:`cdi_gen.kubelet.allocation`; this module maps them to messages and status codes. No handler
-lets an exception out (gRPC would turn it into ``UNKNOWN``): refusals become
+:mod:`cdi_gen.deviceplugin.allocation`; this module maps them to messages and status codes. No
+handler lets an exception out (gRPC would turn it into ``UNKNOWN``): refusals become
 ``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION``, anything unexpected ``INTERNAL``, each with a
 message naming the resource.
 """
@@ -31,8 +31,8 @@ from typing import Any, cast
 import grpc
 
 from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from cdi_gen.discovery.board import DeviceBoard
-from cdi_gen.kubelet.allocation import (
+from cdi_gen.cdi.resolution import SpecResolver, unresolved
+from cdi_gen.deviceplugin.allocation import (
     AllocationError,
     PhysicalPolicy,
     Refusal,
@@ -41,7 +41,7 @@ from cdi_gen.kubelet.allocation import (
     check_request,
     preferred_allocation,
 )
-from cdi_gen.kubelet.resolution import SpecResolver, unresolved
+from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
@@ -200,7 +200,7 @@ class DevicePlugin(SupervisedPlugin):
         return response
 
     def _unresolved(self, qualified_names: list[str]) -> list[str]:
-        """The spec folder check (:func:`cdi_gen.kubelet.resolution.unresolved`)."""
+        """The spec folder check (:func:`cdi_gen.cdi.resolution.unresolved`)."""
         try:
             return unresolved(self.spec_cache, qualified_names)
         except TimeoutError as exc:

@@ -1,13 +1,13 @@
 """The node's DRA driver: the device pool, its kubelet plugin and its ResourceSlice publisher.
 
 Classes with ``api: dra`` are served here instead of by a device plugin each. Their class
-runners publish their devices, through a :class:`~cdi_gen.frontends.dra.DraFrontend` each,
-into one :class:`~cdi_gen.discovery.pool.DevicePool` at the points where a device plugin's
+runners publish their devices, through a :class:`~cdi_gen.dra.driver.frontend.DraFrontend` each,
+into one :class:`~cdi_gen.dra.plugin.pool.DevicePool` at the points where a device plugin's
 class publishes its board; the
-:class:`~cdi_gen.apiserver.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
-the pool, and the :class:`~cdi_gen.kubelet.draplugin.DraPlugin` answers the kubelet's
+:class:`~cdi_gen.dra.plugin.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
+the pool, and the :class:`~cdi_gen.dra.plugin.server.DraPlugin` answers the kubelet's
 NodePrepareResources from it through the driver's state, a
-:class:`~cdi_gen.kubelet.preparer.PoolPreparer` that reads each claim through the API server
+:class:`~cdi_gen.dra.driver.preparer.PoolPreparer` that reads each claim through the API server
 and records it in the checkpoint.
 
 The slices offer the pool only while the kubelet plugin serves: a device in a slice is one
@@ -28,24 +28,24 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cdi_gen.backoff import Backoff, describe
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
-from cdi_gen.discovery.pool import DevicePool, PoolCache, pool_devices
+from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
+from cdi_gen.retry import Backoff, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
-    from cdi_gen.apiserver.publisher import SlicePublisher
-    from cdi_gen.kubelet.draplugin import DraPlugin
-    from cdi_gen.kubelet.resolution import SpecResolver
+    from cdi_gen.cdi.resolution import SpecResolver
+    from cdi_gen.dra.plugin.publisher import SlicePublisher
+    from cdi_gen.dra.plugin.server import DraPlugin
 
 __all__ = ["RESTART_SECONDS", "WITHDRAW_SECONDS", "DraDriver"]
 
-log = logging.getLogger("cdi_gen.driver")
+log = logging.getLogger("cdi_gen.dra.driver.driver")
 
 #: Longest a spec rewrite waits for a withdrawal to reach the API server. The order (out of
 #: the slice, then out of the spec) holds whenever the API server answers; when it does not,
@@ -163,7 +163,7 @@ class DraDriver:
         a socket cannot be served; the agent retries.
         """
         from cdi_gen.apiserver.client import ApiClient
-        from cdi_gen.apiserver.publisher import SlicePublisher
+        from cdi_gen.dra.plugin.publisher import SlicePublisher
 
         settings = self.settings
         if self.client is None:
@@ -195,11 +195,11 @@ class DraDriver:
         )
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.apiserver.claims import ClaimReader
-        from cdi_gen.kubelet.claims import Refusal
-        from cdi_gen.kubelet.claimspecs import ClaimSpecs
-        from cdi_gen.kubelet.draplugin import MAX_READING_CALLS, DraPlugin
-        from cdi_gen.kubelet.preparer import PoolPreparer
+        from cdi_gen.dra.driver.claimreader import ClaimReader
+        from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+        from cdi_gen.dra.driver.preparer import PoolPreparer
+        from cdi_gen.dra.plugin.claims import Refusal
+        from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
 
         settings = self.settings
         registered = {

@@ -7,7 +7,7 @@ kubelet gets its answer, and removed when it is unprepared. The file is replaced
 (temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
 after the last change, never a mix.
 
-A claim with specs of its own (a configured one, :mod:`cdi_gen.kubelet.claimspecs`) is
+A claim with specs of its own (a configured one, :mod:`cdi_gen.dra.driver.claimspecs`) is
 recorded with them instead: each of its specs' owner records in ``/var/run/cdi`` carries the
 claim (:func:`claim_record`), written before the spec, and goes with it. Both live exactly as
 long as the claim's specs do (a node restart empties that tmpfs, and such a claim is then read
@@ -52,9 +52,10 @@ from typing import Any
 import orjson
 
 from cdi_gen.cdi.writer import replace_file, transient_filename
+from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS
+from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileRefused, read_regular
-from cdi_gen.kubelet.claims import MAX_ALLOCATION_RESULTS, PreparedDevice
 from cdi_gen.names import parse_qualified_name
 
 __all__ = [

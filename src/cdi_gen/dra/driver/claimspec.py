@@ -1,6 +1,6 @@
 """A DRA claim's own CDI spec: its class's devices with the claim's configuration applied (pure).
 
-A claim whose configuration (:mod:`cdi_gen.config.claimconfig`) selects some of its devices
+A claim whose configuration (:mod:`cdi_gen.dra.driver.claimconfig`) selects some of its devices
 gets, per class, a transient spec ``<vendor>-<class>_<tag>.json`` holding one device per
 configured device: the class device's edits with every device node's ``uid``, ``gid``,
 ``fileMode`` and ``permissions`` set from the configuration and its environment variables
@@ -10,7 +10,7 @@ other claim. The spec's ``cdiVersion`` is the class spec's: nothing the configur
 needs a newer one, and a class pinned for its runtime stays readable by it.
 
 A claim never gets more than its class grants. The configuration comes in two layers
-(:class:`~cdi_gen.config.claimconfig.Layered`): the DeviceClass's entries are the admin's and
+(:class:`~cdi_gen.dra.driver.claimconfig.Layered`): the DeviceClass's entries are the admin's and
 may set anything; the claim's own are checked, per device node, against what the class's spec
 with the DeviceClass's layer gives (:func:`widening`): cgroup ``permissions`` only a subset of
 the class's (``rwm`` when it sets none), and owner, group and mode only such that no user or
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cdi_gen.cdi.builder import assemble, build_entry
-from cdi_gen.config.claimconfig import DeviceConfig, Layered
+from cdi_gen.dra.driver.claimconfig import DeviceConfig, Layered
 from cdi_gen.errors import Problem, SpecError, quote
 
 __all__ = [

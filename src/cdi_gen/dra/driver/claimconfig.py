@@ -218,7 +218,7 @@ class Layered:
     written by whoever may write DeviceClasses, the cluster's admin) and the claim's own
     (``FromClaim``, written by whoever may create claims in its namespace), each merged.
     The class's layer widens or narrows what the class's spec gives; the claim's may only
-    narrow the result (:func:`cdi_gen.discovery.claimspec.configured_edits`)."""
+    narrow the result (:func:`cdi_gen.dra.driver.claimspec.configured_edits`)."""
 
     from_class: DeviceConfig | None = None
     from_claim: DeviceConfig | None = None

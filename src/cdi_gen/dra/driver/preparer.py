@@ -1,20 +1,20 @@
 """The DRA driver's state: which claims are prepared, with which devices, kept in the checkpoint.
 
-:class:`PoolPreparer` is the node's :class:`~cdi_gen.kubelet.claims.ClaimPreparer`: the
-kubelet's gRPC side (:mod:`~cdi_gen.kubelet.draplugin`) hands it claim references and answers
+:class:`PoolPreparer` is the node's :class:`~cdi_gen.dra.plugin.claims.ClaimPreparer`: the
+kubelet's gRPC side (:mod:`~cdi_gen.dra.plugin.server`) hands it claim references and answers
 what it returns. It imports no grpc.
 
-Preparing a claim: a claim already in the :class:`~cdi_gen.kubelet.checkpoint.Checkpoint`
+Preparing a claim: a claim already in the :class:`~cdi_gen.dra.driver.checkpoint.Checkpoint`
 under its UID is answered from it (the kubelet may ask again, also after our restart, and
 the claim may be gone from the API server by then); otherwise it is read through the
-:class:`~cdi_gen.kubelet.claims.ClaimReader`, checked against a snapshot of the
-:class:`~cdi_gen.discovery.pool.DevicePool` (:func:`~cdi_gen.kubelet.claims.prepare_claim`),
+:class:`~cdi_gen.dra.plugin.claims.ClaimReader`, checked against a snapshot of the
+:class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claims.prepare_claim`),
 refused (``in-use``) when a device it would hold exclusively is held so by another claim
 prepared here (the API server's view may be stale; admin access and shared devices hold
 nothing), its CDI names checked by the same resolver as Allocate's
-(:func:`~cdi_gen.kubelet.resolution.unresolved`), recorded, and answered with the devices'
+(:func:`~cdi_gen.cdi.resolution.unresolved`), recorded, and answered with the devices'
 CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
-configuration for this driver (:mod:`~cdi_gen.kubelet.claimspecs`) gets its configured
+configuration for this driver (:mod:`~cdi_gen.dra.driver.claimspecs`) gets its configured
 devices from a spec of its own, whose owner record carries the claim's record: such a claim
 costs no write of the checkpoint file, lives as long as its spec (a node restart empties
 ``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
@@ -41,16 +41,17 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from cdi_gen.discovery.pool import DevicePool
-from cdi_gen.errors import ClaimError, SpecWriteError
-from cdi_gen.kubelet.checkpoint import (
+from cdi_gen.cdi.resolution import SpecResolver, unresolved
+from cdi_gen.dra.driver.checkpoint import (
     Checkpoint,
     CheckpointError,
     ClaimSpec,
     PreparedClaim,
     checkpoint_path,
 )
-from cdi_gen.kubelet.claims import (
+from cdi_gen.dra.driver.claims import prepare_claim
+from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
+from cdi_gen.dra.plugin.claims import (
     ClaimReader,
     ClaimRef,
     ClaimRefused,
@@ -58,10 +59,9 @@ from cdi_gen.kubelet.claims import (
     PrepareResult,
     Refusal,
     claim_label,
-    prepare_claim,
 )
-from cdi_gen.kubelet.claimspecs import ClaimSpecs, device_configs
-from cdi_gen.kubelet.resolution import SpecResolver, unresolved
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.errors import ClaimError, SpecWriteError
 from cdi_gen.model import ClaimView
 
 __all__ = ["ClaimLocks", "PoolPreparer"]
@@ -156,7 +156,7 @@ class PoolPreparer:
         unreadable (a node restart empties ``/var/run/cdi``; a power loss may empty a file
         written without fsync) is forgotten, to be read and prepared anew; a claim spec no
         claim names is removed. Raises
-        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be read
+        :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be read
         as ours (it is left as it is) or changed."""
         self.checkpoint.load()
         specs = self.claim_specs

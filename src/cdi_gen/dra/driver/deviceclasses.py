@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from cdi_gen.apiserver.slices import API_VERSION
+from cdi_gen.dra.plugin.slices import API_VERSION
 from cdi_gen.names import dns_label
 
 __all__ = ["device_class", "device_class_name", "device_classes"]

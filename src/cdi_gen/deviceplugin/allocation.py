@@ -1,6 +1,6 @@
 """What the device plugin answers, as pure functions of the advertised devices.
 
-The gRPC layer (:mod:`cdi_gen.kubelet.deviceplugin`) only translates between wire messages and these
+The gRPC layer (:mod:`cdi_gen.deviceplugin.server`) only translates between wire messages and these
 functions, so the rules the kubelet relies on can be tested without sockets:
 
 * :func:`check_request`: every requested ID is known, healthy and asked for once;

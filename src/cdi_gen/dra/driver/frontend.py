@@ -1,4 +1,4 @@
-"""Classes served through the node's DRA driver (:class:`~cdi_gen.driver.DraDriver`).
+"""Classes served through the node's DRA driver (:class:`~cdi_gen.dra.driver.driver.DraDriver`).
 
 Every ``api: dra`` class shares one driver: :class:`DraFrontends` builds it, starts it once
 (whichever class asks first; a failed attempt is retried with backoff on the agent's group)
@@ -13,20 +13,19 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cdi_gen.backoff import Backoff, describe
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
-from cdi_gen.driver import DraDriver
-from cdi_gen.frontends import Tools, keep_starting
+from cdi_gen.dra.driver.driver import DraDriver
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
+from cdi_gen.retry import Backoff, Tools, describe, keep_starting
 
 if TYPE_CHECKING:
-    from cdi_gen.kubelet.resolution import SpecResolver
+    from cdi_gen.cdi.resolution import SpecResolver
 
 __all__ = ["DraFrontend", "DraFrontends"]
 
-log = logging.getLogger("cdi_gen.agent")
+log = logging.getLogger("cdi_gen.agent.agent")
 
 
 class DraFrontends:

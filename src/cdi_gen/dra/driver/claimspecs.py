@@ -4,19 +4,19 @@
 first, then the claim's, in the API's order within each), refuses the claim naming the entry
 and the field when one is not a valid ``DeviceConfig`` or comes from neither a DeviceClass nor
 the claim, and gives each allocated device the entries that select its request, merged per
-layer (:class:`~cdi_gen.config.claimconfig.Layered`: the DeviceClass's, the claim's).
+layer (:class:`~cdi_gen.dra.driver.claimconfig.Layered`: the DeviceClass's, the claim's).
 :class:`ClaimSpecs` writes, per class, the claim's transient spec
-(:mod:`cdi_gen.discovery.claimspec`: the class's spec as written, with the configuration
+(:mod:`cdi_gen.dra.driver.claimspec`: the class's spec as written, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
 with ownership records naming this agent's instance and carrying the claim's record
-(:func:`~cdi_gen.kubelet.checkpoint.claim_record`, read back at start by
+(:func:`~cdi_gen.dra.driver.checkpoint.claim_record`, read back at start by
 :meth:`ClaimSpecs.recorded`); removes them at unprepare; and finds, at start, those no
 prepared claim names and the claims whose files are gone (a node restart empties
 ``/var/run/cdi``: such a claim is read and prepared anew).
 
 With a ``metadata_dir``, the claim's spec also mounts, for each request with a configured
-device, the device metadata file (:mod:`cdi_gen.discovery.devicemetadata`, KEP-5304) that
-:class:`~cdi_gen.kubelet.metadatafiles.MetadataFolder` keeps there, named after the claim's
+device, the device metadata file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
+:class:`~cdi_gen.dra.driver.metadatafiles.MetadataFolder` keeps there, named after the claim's
 UID and the request (one flat folder: a file and a rename per request, where folders per
 claim and request cost tens of times more to make and remove); the claim's files go with its
 specs.
@@ -45,15 +45,17 @@ from cdi_gen.cdi.writer import (
     transient_filename,
     write_bytes,
 )
-from cdi_gen.config.claimconfig import (
+from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
+from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
     DeviceConfigError,
     Layered,
     merge,
     parse_device_config,
 )
-from cdi_gen.config.claimconfig import selects as config_selects
-from cdi_gen.discovery.claimspec import (
+from cdi_gen.dra.driver.claimconfig import selects as config_selects
+from cdi_gen.dra.driver.claims import is_request_name
+from cdi_gen.dra.driver.claimspec import (
     HostMode,
     Widening,
     claim_device_name,
@@ -61,12 +63,11 @@ from cdi_gen.discovery.claimspec import (
     claim_tag,
     device_index,
 )
-from cdi_gen.discovery.devicemetadata import container_path, metadata_mount, metadata_stream
+from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
+from cdi_gen.dra.driver.metadatafiles import MetadataFolder
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
-from cdi_gen.kubelet.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
-from cdi_gen.kubelet.claims import ClaimRefused, PreparedDevice, Refusal, is_request_name
-from cdi_gen.kubelet.metadatafiles import MetadataFolder
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
 
@@ -96,7 +97,7 @@ def device_configs(
 ) -> list[Layered]:
     """For each allocated device, by the request it was allocated for, the configuration of
     our driver's entries that select it, merged per layer (empty: none does). Raises
-    :class:`~cdi_gen.kubelet.claims.ClaimRefused` (``invalid-config``) naming the claim, the
+    :class:`~cdi_gen.dra.plugin.claims.ClaimRefused` (``invalid-config``) naming the claim, the
     entry and the field when an entry of ours is not a valid ``DeviceConfig`` or its source
     is neither ``FromClass`` nor ``FromClaim`` (whose authority would it carry?); entries of
     other drivers are theirs and never read."""
@@ -175,7 +176,7 @@ class ClaimSpecs:
     ) -> tuple[tuple[PreparedDevice, ...], tuple[ClaimSpec, ...]]:
         """Write the claim's spec of each class with a configured device (and its device
         metadata); return the devices (a configured one now named in the claim's spec) and
-        the specs written. Raises :class:`~cdi_gen.kubelet.claims.ClaimRefused`
+        the specs written. Raises :class:`~cdi_gen.dra.plugin.claims.ClaimRefused`
         (``widens-class`` when the claim asks for more than its class grants, else
         ``claim-spec``) naming the claim and why; what it wrote before failing is removed.
         ``claim`` is the one the kubelet asked for (namespace, name and UID checked)."""

@@ -1,13 +1,13 @@
 """``cdi-gen run``: the node agent. udev discovery → CDI spec files → the kubelet, through a
-:class:`~cdi_gen.frontends.Frontend` per class: a device plugin of its own
-(:mod:`cdi_gen.frontends.deviceplugin`) or, for classes with ``api: dra``, the node's DRA
-driver (:mod:`cdi_gen.frontends.dra`, :mod:`cdi_gen.driver`).
+:class:`~cdi_gen.agent.frontend.Frontend` per class: a device plugin of its own
+(:mod:`cdi_gen.deviceplugin.frontend`) or, for classes with ``api: dra``, the node's DRA
+driver (:mod:`cdi_gen.dra.driver.frontend`, :mod:`cdi_gen.dra.driver.driver`).
 
 One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
 (a consumer that fails stops the others, and the agent raises its error after a clean
 shutdown). A record source (:class:`~cdi_gen.sources.RecordSource`: udev, or any other in
 tests) delivers batches, :class:`Discovery` turns them into per-class changes, and each
-:class:`~cdi_gen.runner.ClassRunner` applies its class's changes on a task of its own (a class
+:class:`~cdi_gen.agent.runner.ClassRunner` applies its class's changes on a task of its own (a class
 that waits, for the API server or a slow folder, never delays another), in the order that
 keeps the runtime and the kubelet consistent:
 
@@ -32,11 +32,11 @@ Failures stop at the class boundary. A device that cannot be written (skipped by
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
 in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list;
 a class whose spec write or frontend start fails is retried with backoff
-(:mod:`cdi_gen.backoff`: a line per doubling of the attempts, each counted) and reported by
+(:mod:`cdi_gen.retry`: a line per doubling of the attempts, each counted) and reported by
 ``/readyz``, naming the cause, until it works; anything unexpected in one class is logged
 with its traceback, counted as ``internal`` and leaves the other classes running.
 
-The agent builds each class's runner and frontend and lends them :class:`~cdi_gen.frontends.Tools`
+The agent builds each class's runner and frontend and lends them :class:`~cdi_gen.retry.Tools`
 (metrics, retry waits, its task group); they never hold the agent. On shutdown the boards
 close, every frontend stops, then the specs are removed when ``cleanup_on_exit`` says so.
 """
@@ -52,26 +52,26 @@ import signal
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from cdi_gen.backoff import Backoff
+from cdi_gen.agent.frontend import Frontend
+from cdi_gen.agent.runner import ClassRunner
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
-from cdi_gen.discovery.board import DeviceBoard
+from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, SpecWriteError, quote
-from cdi_gen.frontends import Failures, Frontend, Tools
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, serve_http
-from cdi_gen.runner import ClassRunner
+from cdi_gen.retry import Backoff, Failures, Tools
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
-    from cdi_gen.apiserver.uninstall import Owner
-    from cdi_gen.driver import DraDriver
-    from cdi_gen.frontends.dra import DraFrontends
+    from cdi_gen.dra.driver.driver import DraDriver
+    from cdi_gen.dra.driver.frontend import DraFrontends
+    from cdi_gen.dra.plugin.uninstall import Owner
 
-log = logging.getLogger("cdi_gen.agent")
+log = logging.getLogger("cdi_gen.agent.agent")
 
 #: Each stops the agent cleanly (sockets removed, specs kept or removed per
 #: ``cleanup_on_exit``). SIGHUP included: its default action killed the agent and left both
@@ -105,7 +105,7 @@ class Agent:
         #: only then: an agent of device plugins alone never loads the DRA modules.
         self._dra: DraFrontends | None = None
         if settings.kubelet and any(c.api == "dra" for c in config.classes):
-            from cdi_gen.frontends.dra import DraFrontends
+            from cdi_gen.dra.driver.frontend import DraFrontends
 
             self._dra = DraFrontends(config, settings, self.tools, self.spec_cache)
         self.dra: DraDriver | None = None if self._dra is None else self._dra.driver
@@ -127,7 +127,7 @@ class Agent:
             frontend = self._dra.of(config)
         elif self.settings.kubelet and config.api != "dra":
             # Imported here: an agent in host mode never needs it.
-            from cdi_gen.frontends.deviceplugin import DevicePluginFrontend
+            from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
 
             resource = f"{self.config.vendor}/{config.name}"
             frontend = DevicePluginFrontend(
@@ -341,14 +341,14 @@ class Agent:
                     log.info("spec removed on exit", extra=fields(resource=runner.resource))
 
     def _owner(self) -> Owner:
-        from cdi_gen.apiserver.uninstall import Owner
+        from cdi_gen.dra.plugin.uninstall import Owner
 
         self.owner = self.owner or Owner(self.settings)
         return self.owner
 
     async def _uninstalling(self) -> bool:
         """Whether this exit is an uninstall (the DRA slices then deleted): see
-        :mod:`cdi_gen.apiserver.uninstall`."""
+        :mod:`cdi_gen.dra.plugin.uninstall`."""
         return await self._owner().at_exit(None if self.dra is None else self.dra.name)
 
 

@@ -1,6 +1,6 @@
-"""A class served as a kubelet device plugin (:class:`~cdi_gen.kubelet.deviceplugin.DevicePlugin`).
+"""A class served as a kubelet device plugin (:class:`~cdi_gen.deviceplugin.server.DevicePlugin`).
 
-The plugin advertises the class's :class:`~cdi_gen.discovery.board.DeviceBoard`, which the
+The plugin advertises the class's :class:`~cdi_gen.deviceplugin.board.DeviceBoard`, which the
 class runner publishes itself, so :meth:`DevicePluginFrontend.publish` has nothing to do
 and nothing is waited for: ListAndWatch sends a withdrawal as soon as the board has it.
 grpc loads when the plugin is built, at the first start, and only when a kubelet is used.
@@ -13,23 +13,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cdi_gen.backoff import Backoff, describe
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.config.settings import Settings
-from cdi_gen.discovery.board import DeviceBoard
+from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.errors import CdiGenError
-from cdi_gen.frontends import Failures, Tools, keep_starting
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
+from cdi_gen.retry import Backoff, Failures, Tools, describe, keep_starting
 
 if TYPE_CHECKING:
-    from cdi_gen.kubelet.deviceplugin import DevicePlugin
-    from cdi_gen.kubelet.resolution import SpecResolver
+    from cdi_gen.cdi.resolution import SpecResolver
+    from cdi_gen.deviceplugin.server import DevicePlugin
 
 __all__ = ["DevicePluginFrontend"]
 
-log = logging.getLogger("cdi_gen.agent")
+log = logging.getLogger("cdi_gen.agent.agent")
 
 
 class DevicePluginFrontend:
@@ -86,8 +85,8 @@ class DevicePluginFrontend:
 
     def _make_plugin(self) -> DevicePlugin:
         # grpc loads here, with the device plugin, and only when a kubelet is used.
-        from cdi_gen.kubelet.allocation import Refusal
-        from cdi_gen.kubelet.deviceplugin import DevicePlugin
+        from cdi_gen.deviceplugin.allocation import Refusal
+        from cdi_gen.deviceplugin.server import DevicePlugin
 
         metrics, settings, resource = self.tools.metrics, self.settings, self.resource
         registered = {

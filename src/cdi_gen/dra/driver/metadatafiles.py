@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 
 from cdi_gen.cdi.writer import atomic_replace, remove_stale_temps_in
-from cdi_gen.discovery.claimspec import claim_tag
-from cdi_gen.discovery.devicemetadata import base_request
+from cdi_gen.dra.driver.claimspec import claim_tag
+from cdi_gen.dra.driver.devicemetadata import base_request
 from cdi_gen.errors import SpecWriteError, quote
 from cdi_gen.files import FileRefused, read_regular
 from cdi_gen.modes import make_folder
@@ -170,7 +170,7 @@ class MetadataFolder:
 
     def write(self, uid: str, namespace: str, claim: str, request: str, data: bytes) -> Path:
         """Make the file of ``request`` of the claim hold ``data`` (the claim's
-        :func:`~cdi_gen.discovery.devicemetadata.metadata_stream`); its host path. Raises
+        :func:`~cdi_gen.dra.driver.devicemetadata.metadata_stream`); its host path. Raises
         :class:`SpecWriteError` naming the file when something not ours is at its name, or
         the folder is a link or cannot be written."""
         name = self.filename(uid, request)

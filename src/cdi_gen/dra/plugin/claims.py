@@ -1,31 +1,25 @@
-"""What NodePrepareResources answers for one claim: the checks and the devices (pure), and
-the :class:`ClaimPreparer` protocol between the DRA driver's gRPC side and its state.
+"""What the DRA kubelet plugin and the driver behind it exchange about claims: the kubelet's
+claim reference and its checks, the :class:`ClaimPreparer` and :class:`ClaimReader`
+protocols, what a prepared claim answers, and why a claim is refused.
 
-The kubelet sends only a claim's namespace, name and UID; the driver reads the claim through
-a :class:`ClaimReader` (the agent's, over the API server) and :func:`prepare_claim` decides,
-from that :class:`~cdi_gen.model.ClaimView` and a snapshot of the node's device pool, which
-devices the claim gets or why it cannot have them. Only this driver's allocation results
-count: a claim may hold devices of other drivers, which their own drivers prepare.
-
-The kubelet's namespace, name and UID are input too: :func:`check_reference` refuses them
-unless they are Kubernetes names (and a UID of sane shape) before anything is read, since
-they become a path on the API server.
+The kubelet sends only a claim's namespace, name and UID. :func:`check_reference` refuses
+them unless they are Kubernetes names (and a UID of sane shape) before anything is read,
+since they become a path on the API server.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from cdi_gen.errors import ClaimError, quote
-from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from cdi_gen.model import ClaimView
 from cdi_gen.names import is_dns_label, is_dns_subdomain
 
 __all__ = [
-    "MAX_ALLOCATION_RESULTS",
     "MAX_UID_LEN",
     "ClaimPreparer",
     "ClaimReader",
@@ -36,14 +30,8 @@ __all__ = [
     "Refusal",
     "check_reference",
     "claim_label",
-    "is_request_name",
-    "prepare_claim",
 ]
 
-#: The API's limit on ``status.allocation.devices.results`` of one claim (resource/v1
-#: ``AllocationResultsMaxSize``). A claim over it is not one the API server stores; refusing
-#: it bounds what one prepared claim records in the checkpoint.
-MAX_ALLOCATION_RESULTS = 32
 #: Longest claim UID accepted from the kubelet: the API server makes UUIDs (36 characters).
 MAX_UID_LEN = 128
 _UID_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -88,7 +76,7 @@ class PrepareResult:
 
 class ClaimPreparer(Protocol):
     """The DRA driver's state behind its kubelet service: which claims are prepared, and
-    with which devices. The gRPC side (:mod:`~cdi_gen.kubelet.draplugin`) checks the
+    with which devices. The gRPC side (:mod:`~cdi_gen.dra.plugin.server`) checks the
     requests' shape and answers; everything it answers comes from here.
 
     Called on the gRPC server's threads. ``claims`` have passed :func:`check_reference`.
@@ -199,118 +187,3 @@ def check_reference(namespace: str, name: str, uid: str) -> None:
             f"{label}: name {quote(name)} is not a ResourceClaim name: want a DNS subdomain "
             "(1-253 characters of a-z 0-9 - ., labels starting and ending alphanumeric)",
         )
-
-
-def _check_device(
-    label: str, result: AllocatedDevice, pool_name: str, devices: Mapping[str, PoolDevice]
-) -> PoolDevice:
-    where = (
-        f"{label}: device {quote(result.device)} (pool {quote(result.pool)}) "
-        f"of request {quote(result.request)}"
-    )
-    if result.pool != pool_name:
-        raise ClaimRefused(
-            Refusal.OTHER_POOL,
-            f"{where} is in another pool; this node's pool is {quote(pool_name)}",
-        )
-    device = devices.get(result.device)
-    if device is None:
-        raise ClaimRefused(Refusal.UNKNOWN_DEVICE, f"{where} is not in this node's pool")
-    if device.gone:
-        raise ClaimRefused(Refusal.GONE, f"{where} is gone from the node")
-    if not device.healthy:
-        raise ClaimRefused(Refusal.UNHEALTHY, f"{where} is unhealthy")
-    return device
-
-
-def is_request_name(request: str) -> bool:
-    """Whether ``request`` is what an allocation result may name: a request (a DNS label)
-    or a subrequest of one (``main/sub``, two DNS labels), as the API validates them."""
-    main, slash, sub = request.partition("/")
-    return is_dns_label(main) and (not slash or is_dns_label(sub))
-
-
-def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice]) -> None:
-    """Refuse names from the API server that paths and messages are built from: request
-    names, and the pod's name for a claim made from a template (a folder inside the
-    container)."""
-    for result in results:
-        if not is_request_name(result.request):
-            raise ClaimRefused(
-                Refusal.INVALID_REQUEST,
-                f"{label}: its allocation names request {quote(result.request)}: want a DNS "
-                "label, or two joined by '/' for a subrequest (1-63 characters of a-z 0-9 -, "
-                "starting and ending alphanumeric)",
-            )
-    pod_claim = claim.pod_claim_name
-    if pod_claim is not None and not is_dns_label(pod_claim):
-        raise ClaimRefused(
-            Refusal.INVALID_NAME,
-            f"{label}: annotation resource.kubernetes.io/pod-claim-name {quote(pod_claim)} is "
-            "not a pod's claim name: want a DNS label",
-        )
-
-
-def prepare_claim(
-    ref: ClaimRef,
-    claim: ClaimView,
-    *,
-    driver: str,
-    pool_name: str,
-    devices: Mapping[str, PoolDevice],
-) -> list[PreparedDevice]:
-    """The devices to answer for the claim the kubelet asked for as ``ref``.
-
-    ``claim`` is what the API server answered for the kubelet's namespace/name, ``devices``
-    one snapshot of the pool (name -> device). Each of this driver's allocation results
-    becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
-    claim, the device and the rule when the claim is not the one asked for (namespace, name
-    and UID: the answer names files and paths), is not allocated, has more results than the
-    API allows, has no device of this driver, names a request that is not a request name,
-    or names a device this node cannot give.
-    """
-    uid = ref.uid
-    label = claim_label(ref.namespace, ref.name, uid)
-    if not uid:
-        raise ClaimRefused(Refusal.NO_UID, f"{label}: the request carries no claim UID")
-    if (claim.namespace, claim.name) != (ref.namespace, ref.name):
-        raise ClaimRefused(
-            Refusal.NAME_MISMATCH,
-            f"{label}: the API server answered claim {quote(claim.namespace)}/"
-            f"{quote(claim.name)}, not the one asked for",
-        )
-    if claim.uid != uid:
-        raise ClaimRefused(
-            Refusal.UID_MISMATCH,
-            f"{label}: the API server's claim of that name has uid {quote(claim.uid)} "
-            "(deleted and re-created?)",
-        )
-    if claim.results is None:
-        raise ClaimRefused(Refusal.NOT_ALLOCATED, f"{label}: not allocated")
-    if len(claim.results) > MAX_ALLOCATION_RESULTS:
-        raise ClaimRefused(
-            Refusal.TOO_MANY_RESULTS,
-            f"{label}: its allocation has {len(claim.results)} results; the API allows at "
-            f"most {MAX_ALLOCATION_RESULTS} per claim",
-        )
-    ours = [r for r in claim.results if r.driver == driver]
-    if not ours:
-        raise ClaimRefused(
-            Refusal.NO_DEVICES,
-            f"{label}: its allocation has no device of driver {quote(driver)}",
-        )
-    _check_names(label, claim, ours)
-    prepared = []
-    for result in ours:
-        device = _check_device(label, result, pool_name, devices)
-        prepared.append(
-            PreparedDevice(
-                request_names=(result.request,),
-                pool=result.pool,
-                device=result.device,
-                cdi_device_ids=(device.cdi_name,),
-                share_id=result.share_id,
-                admin_access=result.admin_access,
-            )
-        )
-    return prepared

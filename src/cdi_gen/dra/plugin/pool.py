@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 from cdi_gen.config.models import ClassConfig
-from cdi_gen.discovery.versioned import Versioned
+from cdi_gen.kubelet.boundary import Versioned
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import hashed_label, is_kept_label, qualified_name
 

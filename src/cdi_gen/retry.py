@@ -18,9 +18,28 @@ of a day is a dozen lines, while every attempt is still counted in the metrics.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["FLOOR_SECONDS", "NEW_MESSAGES", "Backoff", "describe"]
+from cdi_gen.logs import fields
+from cdi_gen.metrics import Metrics
+
+__all__ = [
+    "FLOOR_SECONDS",
+    "NEW_MESSAGES",
+    "Backoff",
+    "Failures",
+    "Spawn",
+    "Tools",
+    "describe",
+    "keep_starting",
+]
+
+log = logging.getLogger("cdi_gen.agent.agent")
 
 #: Shortest wait between two attempts of anything.
 FLOOR_SECONDS = 0.1
@@ -84,3 +103,54 @@ def describe(exc: BaseException) -> str:
     if len(text) > DESCRIBE_LIMIT:
         text = text[:DESCRIBE_LIMIT] + f"... ({len(text)} characters)"
     return text
+
+
+#: ``spawn(work, name)``: run ``work`` as a task of the agent's group (cancelled on stop;
+#: closed unrun when the agent is not running).
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """What the agent lends its class runners and frontends: the metrics, the waits of one
+    retry loop (:meth:`~cdi_gen.agent.agent.Agent.backoff`) and its task group (``spawn``)."""
+
+    metrics: Metrics
+    backoff: Callable[[], Backoff]
+    spawn: Spawn
+
+
+class Failures:
+    """One class's failures (or one of its devices'): each counted in
+    ``cdi_gen_failures_total{resource, reason}`` and logged with the resource's fields."""
+
+    def __init__(self, metrics: Metrics, resource: str) -> None:
+        self.metrics = metrics
+        self.resource = resource
+
+    def __call__(
+        self, reason: str, message: str, *args: object, device: str = "", logged: bool = True
+    ) -> None:
+        """Count one failure and log it, unless not ``logged`` (a repeat its backoff leaves
+        out of the log)."""
+        self.metrics.failures.labels(self.resource, reason).inc()
+        if not logged:
+            return
+        extra = fields(
+            resource=self.resource, reason=reason, **({"device": device} if device else {})
+        )
+        if reason == "internal":
+            log.exception(message, *args, extra=extra)
+        elif reason in ("device-skipped", "version", "invalid-device"):
+            log.warning(message, *args, extra=extra)
+        else:
+            log.error(message, *args, extra=extra)
+
+
+async def keep_starting(start: Callable[[Backoff], Awaitable[bool]], backoff: Backoff) -> None:
+    """Retry ``start(backoff)`` (a frontend whose first attempt failed) after each of
+    ``backoff``'s waits until it returns True."""
+    while True:
+        await asyncio.sleep(backoff.delay)
+        if await start(backoff):
+            return

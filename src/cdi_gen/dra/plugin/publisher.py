@@ -1,7 +1,7 @@
 """The node's ResourceSlices kept equal to the DRA device pool.
 
-:class:`SlicePublisher` follows :class:`~cdi_gen.discovery.pool.DevicePool`: on every pool
-version it builds the slices (:func:`~cdi_gen.apiserver.slices.build_slices`) and writes
+:class:`SlicePublisher` follows :class:`~cdi_gen.dra.plugin.pool.DevicePool`: on every pool
+version it builds the slices (:func:`~cdi_gen.dra.plugin.slices.build_slices`) and writes
 what differs from what it last wrote. A change within one existing slice (a device's health or
 attributes, a device added to or removed from it) is one write of that slice, generation
 unchanged; any other change (slices to create or delete, two or more slices to write, so a
@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from cdi_gen.apiserver.slices import Slice, build_slices
-from cdi_gen.backoff import Backoff, describe
+from cdi_gen.dra.plugin.slices import Slice, build_slices
+from cdi_gen.retry import Backoff, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
-    from cdi_gen.discovery.pool import DevicePool
+    from cdi_gen.dra.plugin.pool import DevicePool
 
 __all__ = ["SlicePublisher"]
 

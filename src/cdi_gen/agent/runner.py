@@ -5,14 +5,14 @@ A :class:`ClassRunner` applies its class's changes (from
 (for the API server, a slow folder) never delays another, in the order that keeps the runtime
 and the kubelet consistent:
 
-1. withdraw from its :class:`~cdi_gen.discovery.board.DeviceBoard` and its
-   :class:`~cdi_gen.frontends.Frontend` every device that is gone or became unhealthy (and
+1. withdraw from its :class:`~cdi_gen.deviceplugin.board.DeviceBoard` and its
+   :class:`~cdi_gen.agent.frontend.Frontend` every device that is gone or became unhealthy (and
    wait, bounded, for a frontend that publishes asynchronously),
 2. write the class's spec file (or remove it when no device is left),
 3. publish the new list to both.
 
 A spec write that fails is retried with backoff and leaves step 3 undone. The runner is given
-what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.frontends.Tools`,
+what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.retry.Tools`,
 its frontend); it never holds the agent.
 """
 
@@ -25,21 +25,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdi_gen.backoff import Backoff, describe
+from cdi_gen.agent.frontend import Frontend
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.config.models import ClassConfig
-from cdi_gen.discovery.board import DeviceBoard
+from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.discovery.spec import Verdicts, class_spec
 from cdi_gen.errors import CdiGenError
-from cdi_gen.frontends import Failures, Frontend, Tools
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
+from cdi_gen.retry import Backoff, Failures, Tools, describe
 
 __all__ = ["ClassRunner"]
 
-log = logging.getLogger("cdi_gen.agent")
+log = logging.getLogger("cdi_gen.agent.agent")
 
 
 @dataclass(slots=True)

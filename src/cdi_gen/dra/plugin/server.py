@@ -12,12 +12,12 @@ registered across kubelet restarts.
 This is the gRPC side only, as the kubelet's own helper library splits a driver: it checks
 each request's shape, computes what the caller's deadline leaves, and answers; which claims
 are prepared, and with which devices, is the driver's state behind the
-:class:`~cdi_gen.kubelet.claims.ClaimPreparer` it is given
-(:class:`~cdi_gen.kubelet.preparer.PoolPreparer`). A claim's namespace, name and UID are
-checked first (:func:`~cdi_gen.kubelet.claims.check_reference`: they become an API path);
+:class:`~cdi_gen.dra.plugin.claims.ClaimPreparer` it is given
+(:class:`~cdi_gen.dra.driver.preparer.PoolPreparer`). A claim's namespace, name and UID are
+checked first (:func:`~cdi_gen.dra.plugin.claims.check_reference`: they become an API path);
 every claim of a request gets an entry; a claim that cannot be prepared gets its error, never
 the whole call. The health stream answers from the
-:class:`~cdi_gen.discovery.pool.DevicePool`.
+:class:`~cdi_gen.dra.plugin.pool.DevicePool`.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler
 lets an exception out. A slow API server must not take them all: the preparer lets at most
@@ -41,9 +41,7 @@ from cdi_gen._proto.dra.v1 import api_pb2 as dra_v1
 from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from cdi_gen.discovery.pool import DevicePool
-from cdi_gen.errors import InvalidNameError, RegistrationError
-from cdi_gen.kubelet.claims import (
+from cdi_gen.dra.plugin.claims import (
     ClaimPreparer,
     ClaimRef,
     ClaimRefused,
@@ -52,6 +50,8 @@ from cdi_gen.kubelet.claims import (
     check_reference,
     claim_label,
 )
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.errors import InvalidNameError, RegistrationError
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
@@ -104,7 +104,7 @@ _UNHEALTHY_MESSAGE = "the device failed its health check"
 _REFUSALS = frozenset(Refusal)
 
 #: ``on_prepare(outcome, reason)`` per claim: outcome ``"ok"`` or ``"error"``; reason ``""``,
-#: a :class:`~cdi_gen.kubelet.claims.Refusal` value, ``"claim-read"`` (the claim could not be
+#: a :class:`~cdi_gen.dra.plugin.claims.Refusal` value, ``"claim-read"`` (the claim could not be
 #: read, or was not: too many calls already wait for the API server, or another call holds
 #: it), ``"checkpoint"`` or ``"internal"``. Called on server threads.
 PrepareHook = Callable[[str, str], None]
@@ -181,7 +181,7 @@ class DraPlugin(SupervisedPlugin):
         """Load the preparer's state, serve both sockets, then register in the background.
 
         Raises what the preparer's ``load`` raises (a
-        :class:`~cdi_gen.kubelet.checkpoint.CheckpointError` when the checkpoint cannot be
+        :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be
         read as ours; it is left as it is) and :class:`~cdi_gen.errors.RegistrationError`
         when a socket cannot be served.
         """

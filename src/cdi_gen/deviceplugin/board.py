@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from cdi_gen.discovery.versioned import Versioned
+from cdi_gen.kubelet.boundary import Versioned
 from cdi_gen.model import AdvertisedDevice
 
 

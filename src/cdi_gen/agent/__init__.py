@@ -1,0 +1,10 @@
+"""The node agent (``cdi-gen run``): udev discovery in, CDI spec files out, and each class's
+devices handed to the feature that serves them to the kubelet.
+
+* :mod:`~cdi_gen.agent.agent`: the process: settings, the udev source, one class runner per
+  class, the metrics server, start and exit;
+* :mod:`~cdi_gen.agent.runner`: one class's loop: a device change becomes a spec write and a
+  publish to the class's frontend;
+* :mod:`~cdi_gen.agent.frontend`: what a runner publishes through, whichever feature
+  (:mod:`cdi_gen.deviceplugin` or :mod:`cdi_gen.dra`) is behind it.
+"""

@@ -1,0 +1,13 @@
+"""Serving classes through the node's DRA driver (``resource.k8s.io``), one driver per node.
+
+Split where Kubernetes' helper library for DRA drivers splits it:
+
+* :mod:`cdi_gen.dra.plugin`, the generic part: the kubelet plugin's gRPC service and
+  registration, the health stream, the node's ResourceSlices and their publishing, and
+  uninstall. It knows nothing of how a claim is prepared;
+* :mod:`cdi_gen.dra.driver`, this driver's own part: claim checks, prepare and unprepare,
+  the checkpoint, opaque configuration, per-claim CDI specs, device metadata, DeviceClasses.
+
+``.importlinter`` keeps the generic part from importing the driver's, and the whole package
+independent of :mod:`cdi_gen.deviceplugin`.
+"""

@@ -1,0 +1,15 @@
+"""cdi-gen's own DRA driver: what a claim gets and how it is prepared.
+
+* :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher);
+* :mod:`~cdi_gen.dra.driver.frontend`: the class runners' side of it;
+* :mod:`~cdi_gen.dra.driver.preparer`: which claims are prepared, and the decisions;
+* :mod:`~cdi_gen.dra.driver.claims`: what a claim gets (pure checks);
+* :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
+* :mod:`~cdi_gen.dra.driver.claimconfig`: a claim's opaque configuration;
+* :mod:`~cdi_gen.dra.driver.claimspec` and :mod:`~cdi_gen.dra.driver.claimspecs`: per-claim
+  CDI specs, built and written;
+* :mod:`~cdi_gen.dra.driver.devicemetadata` and :mod:`~cdi_gen.dra.driver.metadatafiles`:
+  device metadata for the pod, built and written;
+* :mod:`~cdi_gen.dra.driver.claimreader`: claims read from the API server;
+* :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes.
+"""

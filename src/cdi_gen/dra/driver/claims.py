@@ -1,0 +1,146 @@
+"""What NodePrepareResources answers for one claim: the checks and the devices (pure).
+
+The driver reads the claim the kubelet names through a
+:class:`~cdi_gen.dra.plugin.claims.ClaimReader` (the agent's, over the API server), and
+:func:`prepare_claim` decides, from that :class:`~cdi_gen.model.ClaimView` and a snapshot of
+the node's device pool, which devices the claim gets or why it cannot have them. Only this
+driver's allocation results count: a claim may hold devices of other drivers, which their
+own drivers prepare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cdi_gen.dra.plugin.claims import (
+    ClaimRef,
+    ClaimRefused,
+    PreparedDevice,
+    Refusal,
+    claim_label,
+)
+from cdi_gen.errors import quote
+from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from cdi_gen.names import is_dns_label
+
+__all__ = ["MAX_ALLOCATION_RESULTS", "is_request_name", "prepare_claim"]
+
+#: The API's limit on ``status.allocation.devices.results`` of one claim (resource/v1
+#: ``AllocationResultsMaxSize``). A claim over it is not one the API server stores; refusing
+#: it bounds what one prepared claim records in the checkpoint.
+MAX_ALLOCATION_RESULTS = 32
+
+
+def _check_device(
+    label: str, result: AllocatedDevice, pool_name: str, devices: Mapping[str, PoolDevice]
+) -> PoolDevice:
+    where = (
+        f"{label}: device {quote(result.device)} (pool {quote(result.pool)}) "
+        f"of request {quote(result.request)}"
+    )
+    if result.pool != pool_name:
+        raise ClaimRefused(
+            Refusal.OTHER_POOL,
+            f"{where} is in another pool; this node's pool is {quote(pool_name)}",
+        )
+    device = devices.get(result.device)
+    if device is None:
+        raise ClaimRefused(Refusal.UNKNOWN_DEVICE, f"{where} is not in this node's pool")
+    if device.gone:
+        raise ClaimRefused(Refusal.GONE, f"{where} is gone from the node")
+    if not device.healthy:
+        raise ClaimRefused(Refusal.UNHEALTHY, f"{where} is unhealthy")
+    return device
+
+
+def is_request_name(request: str) -> bool:
+    """Whether ``request`` is what an allocation result may name: a request (a DNS label)
+    or a subrequest of one (``main/sub``, two DNS labels), as the API validates them."""
+    main, slash, sub = request.partition("/")
+    return is_dns_label(main) and (not slash or is_dns_label(sub))
+
+
+def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice]) -> None:
+    """Refuse names from the API server that paths and messages are built from: request
+    names, and the pod's name for a claim made from a template (a folder inside the
+    container)."""
+    for result in results:
+        if not is_request_name(result.request):
+            raise ClaimRefused(
+                Refusal.INVALID_REQUEST,
+                f"{label}: its allocation names request {quote(result.request)}: want a DNS "
+                "label, or two joined by '/' for a subrequest (1-63 characters of a-z 0-9 -, "
+                "starting and ending alphanumeric)",
+            )
+    pod_claim = claim.pod_claim_name
+    if pod_claim is not None and not is_dns_label(pod_claim):
+        raise ClaimRefused(
+            Refusal.INVALID_NAME,
+            f"{label}: annotation resource.kubernetes.io/pod-claim-name {quote(pod_claim)} is "
+            "not a pod's claim name: want a DNS label",
+        )
+
+
+def prepare_claim(
+    ref: ClaimRef,
+    claim: ClaimView,
+    *,
+    driver: str,
+    pool_name: str,
+    devices: Mapping[str, PoolDevice],
+) -> list[PreparedDevice]:
+    """The devices to answer for the claim the kubelet asked for as ``ref``.
+
+    ``claim`` is what the API server answered for the kubelet's namespace/name, ``devices``
+    one snapshot of the pool (name -> device). Each of this driver's allocation results
+    becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
+    claim, the device and the rule when the claim is not the one asked for (namespace, name
+    and UID: the answer names files and paths), is not allocated, has more results than the
+    API allows, has no device of this driver, names a request that is not a request name,
+    or names a device this node cannot give.
+    """
+    uid = ref.uid
+    label = claim_label(ref.namespace, ref.name, uid)
+    if not uid:
+        raise ClaimRefused(Refusal.NO_UID, f"{label}: the request carries no claim UID")
+    if (claim.namespace, claim.name) != (ref.namespace, ref.name):
+        raise ClaimRefused(
+            Refusal.NAME_MISMATCH,
+            f"{label}: the API server answered claim {quote(claim.namespace)}/"
+            f"{quote(claim.name)}, not the one asked for",
+        )
+    if claim.uid != uid:
+        raise ClaimRefused(
+            Refusal.UID_MISMATCH,
+            f"{label}: the API server's claim of that name has uid {quote(claim.uid)} "
+            "(deleted and re-created?)",
+        )
+    if claim.results is None:
+        raise ClaimRefused(Refusal.NOT_ALLOCATED, f"{label}: not allocated")
+    if len(claim.results) > MAX_ALLOCATION_RESULTS:
+        raise ClaimRefused(
+            Refusal.TOO_MANY_RESULTS,
+            f"{label}: its allocation has {len(claim.results)} results; the API allows at "
+            f"most {MAX_ALLOCATION_RESULTS} per claim",
+        )
+    ours = [r for r in claim.results if r.driver == driver]
+    if not ours:
+        raise ClaimRefused(
+            Refusal.NO_DEVICES,
+            f"{label}: its allocation has no device of driver {quote(driver)}",
+        )
+    _check_names(label, claim, ours)
+    prepared = []
+    for result in ours:
+        device = _check_device(label, result, pool_name, devices)
+        prepared.append(
+            PreparedDevice(
+                request_names=(result.request,),
+                pool=result.pool,
+                device=result.device,
+                cdi_device_ids=(device.cdi_name,),
+                share_id=result.share_id,
+                admin_access=result.admin_access,
+            )
+        )
+    return prepared
