@@ -424,7 +424,7 @@ def check_dra(settings: Settings, config: AgentConfig) -> list[Check]:
     from cdi_gen.apiserver.client import load_config
 
     topic = "dra"
-    registry = settings.plugins_registry_dir
+    registry = settings.kubelet.plugins_registry_dir
     checks = [
         Check("OK", topic, f"{registry} is present (the kubelet's plugin watcher)")
         if registry.is_dir()
@@ -437,7 +437,7 @@ def check_dra(settings: Settings, config: AgentConfig) -> list[Check]:
         )
     ]
     try:
-        current = load_config(settings.kubeconfig).get()
+        current = load_config(settings.cluster.kubeconfig).get()
     except ConfigError as exc:
         checks.append(
             Check(
@@ -556,11 +556,13 @@ def diagnose(
     from cdi_gen.cdi import runtimes as rt
     from cdi_gen.cdi.cri import lookup
 
-    spec_dir = settings.spec_dir
-    runtimes, checks = _runtimes(settings.runtime, containerd_version, lookup(settings.cri_socket))
+    spec_dir = settings.paths.spec_dir
+    runtimes, checks = _runtimes(
+        settings.runtimes.refs, containerd_version, lookup(settings.runtimes.cri_sockets)
+    )
     containerd = next((r for r in runtimes if r.name == "containerd"), None)
     version = None if containerd is None else rt.parse_release(containerd.version)
-    dirs = settings.spec_dirs_for_runtime()
+    dirs = settings.paths.for_runtime()
     checks += check_containerd(containerd_config, spec_dir, version)
     checks += check_crio(
         crio_configs or (CRIO_CONFIG, CRIO_CONFIG.parent / "crio.conf.d"), spec_dir
@@ -577,7 +579,7 @@ def diagnose(
     registry = load_registry(dirs, keep_specs=True)  # check_runtimes reads each spec
     checks += check_spec_dirs(dirs, spec_dir, discovery.config.vendor, registry)
     checks += check_runtimes(runtimes, registry)
-    checks += check_kubelet(settings.device_plugin_dir)
+    checks += check_kubelet(settings.kubelet.device_plugin_dir)
     checks += check_dra(settings, discovery.config)
     checks += check_udev()
     checks += check_classes(

@@ -93,18 +93,18 @@ class Agent:
         self.settings = settings
         self.metrics = Metrics()
         self.discovery = Discovery(config)
-        self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
+        self.spec_cache = SpecCache(settings.paths.for_runtime())
         self._background = _Background()
         #: What the runners and frontends are lent: nothing that holds the agent itself.
         self.tools = Tools(
             metrics=self.metrics,
-            backoff=functools.partial(retry_backoff, settings.retry_max_seconds),
+            backoff=functools.partial(retry_backoff, settings.retry.max_seconds),
             spawn=self._background.spawn,
         )
         #: The DRA driver of the classes with ``api: dra`` (none in host mode). Imported
         #: only then: an agent of device plugins alone never loads the DRA modules.
         self._dra: DraFrontends | None = None
-        if settings.kubelet and any(c.api == "dra" for c in config.classes):
+        if settings.kubelet.enabled and any(c.api == "dra" for c in config.classes):
             from cdi_gen.dra.driver.frontend import DraFrontends
 
             self._dra = DraFrontends(config, settings, self.tools, self.spec_cache)
@@ -125,7 +125,7 @@ class Agent:
         frontend: Frontend | None = None
         if self._dra is not None and config.api == "dra":
             frontend = self._dra.of(config)
-        elif self.settings.kubelet and config.api != "dra":
+        elif self.settings.kubelet.enabled and config.api != "dra":
             # Imported here: an agent in host mode never needs it.
             from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
 
@@ -142,7 +142,7 @@ class Agent:
         return ClassRunner(
             config,
             vendor=self.config.vendor,
-            spec_dir=self.settings.spec_dir,
+            spec_dir=self.settings.paths.spec_dir,
             instance=self.settings.instance,
             tools=self.tools,
             board=board,
@@ -206,18 +206,18 @@ class Agent:
 
     async def _start(self) -> None:
         settings = self.settings
-        if settings.metrics_address:
-            host, port = parse_address(settings.metrics_address)
+        if settings.metrics.address:
+            host, port = parse_address(settings.metrics.address)
             try:
                 self._http = await serve_http(host, port, self.metrics, self.ready)
             except OSError as exc:  # in use, or an address this host does not have
                 raise ConfigError(
-                    f"--metrics-address {quote(settings.metrics_address)}: cannot listen: "
+                    f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
                     f"{os.strerror(exc.errno) if exc.errno else exc}"
                 ) from None
             log.info(
                 "serving /metrics /healthz /readyz",
-                extra=fields(address=settings.metrics_address),
+                extra=fields(address=settings.metrics.address),
             )
         # Off the event loop and bounded: /healthz is already served, and the folder may be
         # slow or hold anything.
@@ -226,7 +226,7 @@ class Agent:
         except TimeoutError:
             log.error(
                 "stale spec scan of %s took over %gs; going on without it",
-                settings.spec_dir,
+                settings.paths.spec_dir,
                 FOLDER_SCAN_SECONDS,
             )
         source = self.source
@@ -248,14 +248,14 @@ class Agent:
         )
         for change in self.discovery.replace(records):
             await self.runners[change.class_name].apply(change, None)
-        if settings.kubelet:
+        if settings.kubelet.enabled:
             await self._start_frontends()
-        if self.dra is not None and settings.daemonset is not None:
+        if self.dra is not None and settings.cluster.daemonset is not None:
             self._background.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
 
     def _remove_stale_specs(self) -> None:
-        spec_dir = self.settings.spec_dir
+        spec_dir = self.settings.paths.spec_dir
         removed_temps = writer.remove_stale_temps(spec_dir)
         if removed_temps:
             log.info("removed %d temporary files of an interrupted write", removed_temps)
@@ -279,7 +279,7 @@ class Agent:
 
     def backoff(self) -> Backoff:
         """The waits of one retry loop of the agent (see :func:`retry_backoff`)."""
-        return retry_backoff(self.settings.retry_max_seconds)
+        return retry_backoff(self.settings.retry.max_seconds)
 
     @property
     def running(self) -> bool:
@@ -334,7 +334,7 @@ class Agent:
             with contextlib.suppress(SpecWriteError):
                 if await asyncio.to_thread(
                     functools.partial(writer.remove_spec, instance=self.settings.instance),
-                    self.settings.spec_dir,
+                    self.settings.paths.spec_dir,
                     self.config.vendor,
                     runner.config.name,
                 ):

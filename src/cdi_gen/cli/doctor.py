@@ -58,11 +58,11 @@ def doctor(
     settings = load_settings(options.flags_of(flags))
     # A class pinned to 'runtime' is resolved as the agent resolves it (in a pod: by the CRI).
     discovery = discover_devices(
-        settings.config,
+        settings.paths.config,
         (),
         records_path,
-        runtime_refs=settings.runtime,
-        cri_sockets=settings.cri_socket,
+        runtime_refs=settings.runtimes.refs,
+        cri_sockets=settings.runtimes.cri_sockets,
     )
     checks = dr.diagnose(
         settings,

@@ -36,9 +36,9 @@ class _SettingOption(click.Option):
 
     @property
     def help(self) -> str:
-        from cdi_gen.config.settings import Settings
+        from cdi_gen.config.settings import field_info
 
-        info = Settings.model_fields[self.field]
+        info = field_info(self.field)
         text = info.description or ""
         out = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
         default = info.default

@@ -53,8 +53,8 @@ def run(**flags: Any) -> None:
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
-    config = settings.class_config(cri_lookup(settings.cri_socket))
-    setup_logging(settings.log_format, settings.log_level)
+    config = settings.class_config(cri_lookup(settings.runtimes.cri_sockets))
+    setup_logging(settings.logs.format, settings.logs.level)
     asyncio.run(Agent(config, settings).run())
 
 

@@ -102,9 +102,9 @@ class DevicePluginFrontend:
             self.config.name,
             self.board,
             self.resolver,
-            plugin_dir=settings.device_plugin_dir,
-            kubelet_socket=settings.kubelet_socket,
-            cdi_annotations=settings.cdi_annotations,
+            plugin_dir=settings.kubelet.device_plugin_dir,
+            kubelet_socket=settings.kubelet.socket,
+            cdi_annotations=settings.kubelet.cdi_annotations,
             physical_policy=self.config.sharing.policy,
             one_slot_per_device=self.config.sharing.fail_requests_greater_than_one,
             on_allocate=metrics.allocate_hook(resource, [*Refusal, "internal"]),
@@ -117,7 +117,7 @@ class DevicePluginFrontend:
         plugin = self.plugin
         assert plugin is not None
         try:
-            make_folder(self.settings.device_plugin_dir)
+            make_folder(self.settings.kubelet.device_plugin_dir)
             await plugin.start()
         except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.

@@ -167,15 +167,15 @@ class DraDriver:
 
         settings = self.settings
         if self.client is None:
-            self.client = await ApiClient.open(settings.kubeconfig)
+            self.client = await ApiClient.open(settings.cluster.kubeconfig)
         client = self.client
         try:
             if self.plugin is None:
                 self.plugin = self._make_plugin(client)
                 self.plugin.follow_serving(self._serving_changed)
             plugin = self.plugin
-            make_folder(settings.plugins_registry_dir)
-            make_folder(settings.kubelet_plugins_dir / self.name)
+            make_folder(settings.kubelet.plugins_registry_dir)
+            make_folder(settings.kubelet.plugins_dir / self.name)
             try:
                 await plugin.start()
             except BaseException:
@@ -218,16 +218,16 @@ class DraDriver:
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
             ],
-            state_dir=settings.state_dir,
+            state_dir=settings.paths.state_dir,
             max_reading_calls=MAX_READING_CALLS,
             resolver=self.resolver,
             # A claim's own specs sit beside its class's, written by the same instance.
             claim_specs=ClaimSpecs(
-                settings.spec_dir,
+                settings.paths.spec_dir,
                 settings.instance or self.config.vendor,
                 driver=self.name,
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
-                metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",
+                metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
             ),
         )
         return DraPlugin(
@@ -235,8 +235,8 @@ class DraDriver:
             self.pool,
             preparer,
             pool_name=self.node,
-            registry_dir=settings.plugins_registry_dir,
-            plugins_dir=settings.kubelet_plugins_dir,
+            registry_dir=settings.kubelet.plugins_registry_dir,
+            plugins_dir=settings.kubelet.plugins_dir,
             on_register=on_register,
             # Counted with the device plugins' allocations, under the driver's name: a
             # prepared claim is DRA's allocation on the node.
@@ -259,7 +259,7 @@ class DraDriver:
         else is a bug, logged and counted, and must not stop the agent (it would take the
         device plugins and the specs of every other class with it): start it over, after a
         wait that grows while it keeps failing (one traceback per doubling of the attempts)."""
-        longest = self.settings.retry_max_seconds
+        longest = self.settings.retry.max_seconds
         backoff = Backoff(min(RESTART_SECONDS, longest), longest)
         loop = asyncio.get_running_loop()
         while True:
