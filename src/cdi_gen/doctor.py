@@ -421,7 +421,7 @@ def check_dra(settings: Settings, config: AgentConfig) -> list[Check]:
     if not classes:
         return []
     # Only a node with DRA classes loads the API client.
-    from cdi_gen.apiserver.client import load_config
+    from cdi_gen.apiserver.kubeconfig import load_kubeconfig
 
     topic = "dra"
     registry = settings.plugins_registry_dir
@@ -437,7 +437,7 @@ def check_dra(settings: Settings, config: AgentConfig) -> list[Check]:
         )
     ]
     try:
-        current = load_config(settings.kubeconfig).get()
+        current = load_kubeconfig(settings.kubeconfig).get()
     except ConfigError as exc:
         checks.append(
             Check(

@@ -12,7 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.apiserver.client import ApiClient, claim_view
+from cdi_gen.apiserver.client import ApiClient
+from cdi_gen.apiserver.resourceclaim import claim_view
 from cdi_gen.dra.driver.claimreader import ClaimReader
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry

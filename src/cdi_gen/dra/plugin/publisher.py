@@ -249,7 +249,7 @@ class SlicePublisher:
     async def run(self) -> None:
         """Publish every pool version until the pool closes; never raises for an API failure.
         The slices stay when it ends (the kubelet removes them once our socket is gone)."""
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         watcher = asyncio.create_task(self._watch(), name=f"watch slices {self.driver}")
         backoff = Backoff(self._retry_initial, self._retry_max)
@@ -295,7 +295,7 @@ class SlicePublisher:
         self._dirty.clear()
 
     async def _list(self) -> None:
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         if self._node_uid is None:
             try:
@@ -390,7 +390,7 @@ class SlicePublisher:
         return build_slices(self.driver, self.node, devices, generation, node_uid=self._node_uid)
 
     async def _write(self, obj: Slice) -> None:
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         name = obj["metadata"]["name"]
         current = self._current.get(name)
@@ -474,7 +474,7 @@ class SlicePublisher:
         failure of the watch (no answer, an error, a line that is not an event, 410 Gone for
         a version too old) starts it again after a backoff from now; what happened meanwhile
         is found by listing again."""
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         loop = asyncio.get_running_loop()
         backoff = Backoff(self._retry_initial, self._retry_max)
