@@ -66,9 +66,9 @@ def cri_lookup(sockets: Sequence[str | Path] | None = None) -> Lookup:
     chosen = paths.CRI_SOCKETS if sockets is None else tuple(map(Path, sockets))
 
     def ask() -> tuple[list[Runtime], list[str]]:
-        from cdi_gen.cdi.cri import node_runtimes
+        from cdi_gen.cdi.cri import runtimes_at_sockets
 
-        return node_runtimes(chosen)
+        return runtimes_at_sockets(chosen)
 
     return ask
 

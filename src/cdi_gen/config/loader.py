@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
-from cdi_gen.cdi.runtimes import Lookup, node_limit, node_runtimes
+from cdi_gen.cdi.runtimes import Lookup, node_limit, runtimes_or_fallback
 from cdi_gen.cdi.version import normalize
 from cdi_gen.config.models import RUNTIME_PIN, AgentConfig, FieldError
 from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, fragment, quote
@@ -282,7 +282,7 @@ def resolve_version(
     if value is None:
         return None
     if value == RUNTIME_PIN:
-        return node_limit(*node_runtimes(runtime_refs, fallback))
+        return node_limit(*runtimes_or_fallback(runtime_refs, fallback))
     try:
         return normalize(value)
     except ValueError as exc:
