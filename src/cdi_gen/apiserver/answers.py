@@ -3,9 +3,9 @@
 Each answer is read up to a bound (:data:`MAX_ANSWER_BYTES` an object or a watch line,
 :data:`LIST_PAGE` objects a list page) and refused beyond it, decoded as JSON and checked for
 the shape the driver relies on, so a proxy's HTML page, a truncated line or an object of
-gigabytes is one :class:`~cdi_gen.apiserver.errors.ApiServerError` that says so, never a
-traceback or an agent grown by the size of the answer. :func:`bound_answer` is the HTTP
-client's response hook; the rest reads what it let through.
+gigabytes is one refusal that says so (an :class:`~cdi_gen.apiserver.errors.ApiServerError`
+to the caller), never a traceback or an agent grown by the size of the answer.
+:func:`bound_answer` is the HTTP client's response hook; the rest reads what it let through.
 """
 
 from __future__ import annotations

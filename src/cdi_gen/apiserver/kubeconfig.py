@@ -6,7 +6,7 @@ authentication scheme (tokens, token files re-read on 401, client certificates, 
 plugins). The kubeconfig and the files it names are read with the same bound as other
 configs (:data:`~cdi_gen.files.CONFIG_MAX_BYTES`) before lightkube reads them, and a
 configuration that cannot be loaded is one :class:`~cdi_gen.apiserver.errors.KubeConfigError`
-naming what was tried, never the file's text.
+naming what was tried.
 """
 
 from __future__ import annotations
