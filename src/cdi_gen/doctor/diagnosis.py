@@ -12,8 +12,8 @@ from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.doctor.check import Check
 from cdi_gen.doctor.devices import check_classes, check_udev
 from cdi_gen.doctor.kubernetes import check_dra, check_kubelet
+from cdi_gen.doctor.runtimechecks import check_runtimes, find_runtimes
 from cdi_gen.doctor.runtimeconfigs import check_containerd, check_crio, same_dir
-from cdi_gen.doctor.runtimes import check_runtimes, find_runtimes
 from cdi_gen.doctor.specfolders import check_spec_dirs
 from cdi_gen.paths import CRIO_CONFIG
 

@@ -77,7 +77,7 @@ def check_spec_dirs(
     """Folders present and readable, our files valid and world-readable, conflicts, shadowing.
 
     ``reg``: the folders already scanned (the same scan serves
-    :func:`~cdi_gen.doctor.runtimes.check_runtimes`)."""
+    :func:`~cdi_gen.doctor.runtimechecks.check_runtimes`)."""
     topic = "spec folders"
     checks = _folder_checks(spec_dirs, ours)
     reg = reg if reg is not None else load_registry(spec_dirs)
