@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from cdi_gen.dra.driver import driver as driver_module
 from cdi_gen.dra.driver.driver import DraDriver
 from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice
+from cdi_gen.retry import Tools
 
 CONFIG = parse_config(
     {
@@ -22,8 +25,13 @@ CONFIG = parse_config(
 )
 
 
-def _driver() -> DraDriver:
-    return DraDriver(CONFIG, load_settings({"node_name": "node-1"}), Metrics())
+def _unrun(work: Coroutine[Any, Any, None], name: str) -> None:
+    work.close()
+
+
+def _driver(**settings: object) -> DraDriver:
+    loaded = load_settings({"node_name": "node-1", **settings})
+    return DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry_max_seconds, _unrun))
 
 
 def test_publish_puts_the_class_into_the_pool() -> None:
@@ -72,19 +80,16 @@ def test_a_start_that_fails_without_a_message_still_names_its_cause(
     """An exception whose str() is empty (an assert, a bare raise) is named in the log and
     in /readyz on every attempt, not "failed to start (attempt 2): " and "not serving: )"."""
     from cdi_gen.agent.agent import Agent
-    from cdi_gen.retry import Backoff
 
     agent = Agent(CONFIG, load_settings({"node_name": "node-1"}))
     assert agent.dra is not None
 
-    async def start(spawn: object) -> None:
+    async def serve() -> None:
         raise AssertionError
 
-    monkeypatch.setattr(agent.dra, "start", start)
-    backoff = Backoff()
+    monkeypatch.setattr(agent.dra, "_serve", serve)
     for _ in range(2):
-        assert agent._dra is not None
-        assert not asyncio.run(agent._dra.attempt(backoff))
+        assert not asyncio.run(agent.dra.attempt())
         why = agent.dra.waiting()
         assert why == (
             "DRA driver example.com (not serving: AssertionError without a message: "

@@ -12,7 +12,7 @@ from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
 from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
-from cdi_gen.dra.driver.frontend import DraFrontend
+from cdi_gen.dra.driver.driver import DraDriver
 
 CONFIG = parse_config(
     {
@@ -54,9 +54,9 @@ def test_each_class_has_the_frontend_of_its_api() -> None:
     plain, fpga, gpu = (agent.runners[n].frontend for n in ("plain", "fpga", "gpu"))
     assert isinstance(plain, DevicePluginFrontend)
     assert plain.board is agent.runners["plain"].board
-    assert isinstance(fpga, DraFrontend) and isinstance(gpu, DraFrontend)
-    assert fpga.shared is gpu.shared
-    assert fpga.shared.driver is agent.dra
+    assert isinstance(fpga, DraDriver) and isinstance(gpu, DraDriver)
+    assert fpga is gpu
+    assert fpga is agent.dra
 
 
 def test_no_runner_or_frontend_leads_back_to_the_agent() -> None:

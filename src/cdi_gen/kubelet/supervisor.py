@@ -12,9 +12,10 @@ while registration is in flight), register in the background with backoff while 
 is absent or refuses, then watch the socket files; when one of ours disappears or the
 kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
 again. A restart noticed while registration is in flight abandons that attempt at once.
-Failed attempts wait through one :class:`~cdi_gen.retry.Backoff` (never less than its
-floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
-what must follow it (a DRA driver offers its devices only while it serves).
+Failed attempts go through one :class:`~cdi_gen.retry.Retry` (waits never less than its
+floor nor more than the plugin's bound, the agent's ``retry_max_seconds``; a repeat logged
+once per doubling), and :attr:`Supervisor.serving` says whether every socket is served, with
+a hook for what must follow it (a DRA driver offers its devices only while it serves).
 
 It sleeps until told: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
 one of its socket files or one of the registrar's kubelet files changes, and the registrar
@@ -42,7 +43,7 @@ from typing import Literal, Protocol, Self
 
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
-from cdi_gen.retry import Backoff, describe
+from cdi_gen.retry import Backoff, Retry, describe
 
 __all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
 
@@ -202,7 +203,7 @@ class Supervisor:
         return any(s.gone() for s in self.servers)
 
     async def _run(self) -> None:
-        backoff = Backoff(0.1, self._max_backoff)
+        retrying = Retry(Backoff(0.1, self._max_backoff), logger=log)
         fresh_servers = False
         while True:
             try:
@@ -212,16 +213,14 @@ class Supervisor:
                 # Serving failed (folder gone, bind refused...): keep trying, the kubelet
                 # folder may come back; the hook lets the agent decide to give up.
                 why = describe(exc)
-                if backoff.failed(why):
-                    log.error(
-                        "kubelet plugin %s cannot serve (attempt %d, next in %gs): %s",
-                        self.name,
-                        backoff.attempts,
-                        backoff.delay,
-                        why,
-                    )
+                retrying.failed(
+                    why,
+                    "kubelet plugin %(name)s cannot serve (attempt %(attempt)d, next in "
+                    "%(delay)gs): %(why)s",
+                    name=self.name,
+                )
                 self._call_hook(False, why)
-                await asyncio.sleep(backoff.delay)
+                await asyncio.sleep(retrying.delay)
                 continue
             if outcome == "interrupted":
                 # The kubelet restarted while registration was in flight: its answer no
@@ -231,21 +230,20 @@ class Supervisor:
                 continue
             restarted = functools.partial(self._kubelet_restarted, kubelet_id)
             if outcome == "failed":
-                if backoff.failed(error):
-                    log.warning(
-                        "registering %s with the kubelet failed (attempt %d, next in %gs): %s",
-                        self.name,
-                        backoff.attempts,
-                        backoff.delay,
-                        error,
-                    )
+                retrying.failed(
+                    error,
+                    "registering %(name)s with the kubelet failed (attempt %(attempt)d, next "
+                    "in %(delay)gs): %(why)s",
+                    level=logging.WARNING,
+                    name=self.name,
+                )
                 # Retry after the backoff, or at once when the kubelet is no longer the one
                 # just tried. Its identity was taken before the attempt: read after the
                 # failure it could already be the new kubelet's, which would then look
                 # unchanged and cost the whole backoff.
-                await self._poll(restarted, backoff.delay)
+                await self._poll(restarted, retrying.delay)
                 continue
-            backoff.succeeded()
+            retrying.succeeded()
             await self._poll(restarted)
             log.info("kubelet restarted; registering %s again", self.name)
             self._registered.clear()

@@ -13,8 +13,10 @@ generation stays within the API's int64: when another writer has set one so high
 next would not fit, the pool's slices are deleted and published again from generation 1 (a
 new generation line; the scheduler takes the highest generation, so no old slice may remain).
 
-It never stops the agent: a failing API server is retried with backoff (one log line per retry
-step naming the cause, one when it answers again). A watch notices when our slices are deleted
+It never stops the agent: a failing API server is retried through a
+:class:`~cdi_gen.retry.Retry` bounded by ``retry_max`` (the agent's ``retry_max_seconds``;
+a repeated failure logged once per doubling of its attempts, a new cause at once, and one
+line when it answers again). A watch notices when our slices are deleted
 or changed behind our back — the kubelet deletes every slice of the node when it starts, and a
 driver's slices when its socket goes; another writer may edit them — and publishes the pool
 again; the echo of our own writes (the resourceVersion or the content we wrote) is not taken
@@ -50,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from cdi_gen.dra.plugin.slices import Slice, build_slices
-from cdi_gen.retry import Backoff, describe
+from cdi_gen.retry import Retry, bounded, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -252,7 +254,7 @@ class SlicePublisher:
         from cdi_gen.apiserver.client import ApiServerError
 
         watcher = asyncio.create_task(self._watch(), name=f"watch slices {self.driver}")
-        backoff = Backoff(self._retry_initial, self._retry_max)
+        retrying = self._retry(logging.WARNING)
         try:
             while not self._pool.closed:
                 target = self._pool.version
@@ -260,24 +262,26 @@ class SlicePublisher:
                     await self._sync(tuple(self._pool.devices.values()))
                 except ApiServerError as exc:
                     self._need_list = True
-                    backoff.failed(str(exc))
-                    # One line per retry step, naming the cause each time.
-                    log.warning(
-                        "publishing ResourceSlices of %s failed, retrying in %.3gs: %s",
-                        self.driver,
-                        backoff.delay,
-                        exc,
+                    retrying.failed(
+                        str(exc),
+                        "publishing ResourceSlices of %(driver)s failed, retrying in "
+                        "%(delay).3gs: %(why)s",
+                        driver=self.driver,
                     )
-                    await self._wait_change(target, backoff.delay)
+                    await self._wait_change(target, retrying.delay)
                     continue
-                if backoff.attempts:
+                if retrying.attempts:
                     log.info("ResourceSlices of %s published again", self.driver)
-                backoff.succeeded()
+                retrying.succeeded()
                 self._mark_published(target)
                 await self._wait_change(target, None)
         finally:
             await _stop(watcher)
             self._published_changed.set()
+
+    def _retry(self, level: int) -> Retry:
+        """A retry loop of the publisher: its waits bounded by ``retry_max``."""
+        return Retry(bounded(self._retry_max, self._retry_initial), logger=log, level=level)
 
     async def _wait_change(self, version: int, limit: float | None) -> None:
         """Until the pool moves past ``version``, a slice is deleted behind our back, or
@@ -477,7 +481,7 @@ class SlicePublisher:
         from cdi_gen.apiserver.client import ApiServerError
 
         loop = asyncio.get_running_loop()
-        backoff = Backoff(self._retry_initial, self._retry_max)
+        retrying = self._retry(logging.WARNING)
         while True:
             started = loop.time()
             since = self._watch_version
@@ -513,26 +517,30 @@ class SlicePublisher:
                 self._watch_version = None
             if self._watch_version is None:
                 self._relist()
-            if loop.time() - started >= backoff.maximum:
-                backoff.succeeded()  # it ran long enough to count as healthy
-            backoff.failed("" if failed is None else describe(failed))
-            if isinstance(failed, ApiServerError) and failed.status == 410:
+            retrying.ran(loop.time() - started)  # long enough to count as healthy
+            if failed is None:
+                # The API server ended the watch: no failure, but watching again waits too.
+                retrying.backoff.failed("")
+            elif isinstance(failed, ApiServerError) and failed.status == 410:
                 # Expected after a quiet spell longer than the API server keeps history.
-                log.info(
-                    "watching ResourceSlices of %s: version too old, listing again: %s",
-                    self.driver,
-                    failed,
-                )
-            elif failed is not None:
-                log.warning(
-                    "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
-                    self.driver,
-                    backoff.delay,
+                retrying.failed(
                     describe(failed),
+                    "watching ResourceSlices of %(driver)s: version too old, listing again: "
+                    "%(error)s",
+                    level=logging.INFO,
+                    driver=self.driver,
+                    error=failed,
+                )
+            else:
+                retrying.failed(
+                    describe(failed),
+                    "watching ResourceSlices of %(driver)s failed, watching again in "
+                    "%(delay).3gs: %(why)s",
+                    driver=self.driver,
                     # A failure the client did not name (a bug here) keeps its traceback.
                     exc_info=None if isinstance(failed, ApiServerError) else failed,
                 )
-            await asyncio.sleep(backoff.delay)
+            await asyncio.sleep(retrying.delay)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
