@@ -115,7 +115,8 @@ class Supervisor:
         self._on_register = on_register
         # A poll interval of 0 would spin the loop.
         self._watch_interval = max(watch_interval, MIN_WATCH_INTERVAL)
-        self._max_backoff = max_backoff
+        #: Serving and registering again: waits from 0.1 s up to ``max_backoff``.
+        self.retrying = Retry(Backoff(0.1, max_backoff), logger=log)
         self._serve_anew = serve_anew_on_restart
         self._task: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
@@ -138,6 +139,7 @@ class Supervisor:
             server.start()
         self._set_serving(True, "")
         self._follow()
+        self.retrying.succeeded()  # a new start: its failures are new ones
         self._task = asyncio.create_task(self._run(), name=f"kubelet plugin {self.name}")
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -203,7 +205,7 @@ class Supervisor:
         return any(s.gone() for s in self.servers)
 
     async def _run(self) -> None:
-        retrying = Retry(Backoff(0.1, self._max_backoff), logger=log)
+        retrying = self.retrying
         fresh_servers = False
         while True:
             try:
@@ -347,6 +349,11 @@ class SupervisedPlugin:
 
     async def start(self) -> None:
         raise NotImplementedError
+
+    @property
+    def retrying(self) -> Retry:
+        """The retry loop of serving and registering (its waits, its failures in a row)."""
+        return self._supervisor.retrying
 
     @property
     def serving(self) -> bool:

@@ -193,7 +193,8 @@ class SlicePublisher:
         self.node = node
         self._pool = pool
         self._retry_initial = retry_initial
-        self._retry_max = retry_max
+        #: The longest wait of its retries (the agent's ``retry_max_seconds``).
+        self.retry_max = retry_max
         #: Our slices in the API as last seen (name -> what is kept of it), and the digest of
         #: what we last sent.
         self._current: dict[str, _Held] = {}
@@ -281,7 +282,7 @@ class SlicePublisher:
 
     def _retry(self, level: int) -> Retry:
         """A retry loop of the publisher: its waits bounded by ``retry_max``."""
-        return Retry(bounded(self._retry_max, self._retry_initial), logger=log, level=level)
+        return Retry(bounded(self.retry_max, self._retry_initial), logger=log, level=level)
 
     async def _wait_change(self, version: int, limit: float | None) -> None:
         """Until the pool moves past ``version``, a slice is deleted behind our back, or
