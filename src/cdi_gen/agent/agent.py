@@ -286,7 +286,7 @@ class Agent:
             )
 
     async def _start_frontends(self) -> None:
-        # Each start is one attempt; the retries run on the group (see keep_starting).
+        # Each start is one attempt; the retries run on the group (see Retry.until).
         for runner in self.runners.values():
             await runner.start()
 
