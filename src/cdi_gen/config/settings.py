@@ -169,11 +169,10 @@ class Settings(BaseModel):
         description="the namespace of --daemonset; default: the service account's (in a pod), "
         "else the kubeconfig context's",
     )
-    #: Longest wait, in seconds, between the agent's retries of a class's spec write or device
-    #: plugin start, of the DRA driver's start, and between restarts of a DRA slice publisher
-    #: that failed unexpectedly (not the kubelet registrations or the publisher's own API
-    #: retries, which keep their bounds); from the floor of every backoff (0.1 s) to an hour,
-    #: refused outside.
+    #: Longest wait, in seconds, between the attempts of every retry loop of the agent (a
+    #: class's spec write or device plugin start, the DRA driver's start, the kubelet
+    #: registrations, the DRA slice publisher's API retries and its restarts); from the floor
+    #: of every backoff (0.1 s) to an hour, refused outside.
     retry_max_seconds: float = Field(default=30.0, allow_inf_nan=False)
 
     @model_validator(mode="before")

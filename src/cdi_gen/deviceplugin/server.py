@@ -119,6 +119,7 @@ class DevicePlugin(SupervisedPlugin):
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
         watch_interval: float = WATCH_INTERVAL,
+        max_backoff: float = 2.0,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
         self.vendor = vendor
@@ -142,6 +143,7 @@ class DevicePlugin(SupervisedPlugin):
             _KubeletRegistration(self),
             on_register=on_register,
             watch_interval=watch_interval,
+            max_backoff=max_backoff,
         )
 
     @property
