@@ -195,7 +195,7 @@ class DraDriver:
         )
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.dra.driver.claimreader import ClaimReader
+        from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
@@ -213,7 +213,7 @@ class DraDriver:
         preparer = PoolPreparer(
             self.name,
             self.pool,
-            ClaimReader(client, asyncio.get_running_loop()),
+            ApiClaimReader(client, asyncio.get_running_loop()),
             pool_name=self.node,
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
