@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
@@ -69,8 +70,11 @@ class DraDriver:
         settings: Settings,
         metrics: Metrics,
         resolver: SpecResolver | None = None,
+        specs: SpecStore | None = None,
     ) -> None:
         self.config = config
+        #: The class specs the agent wrote: what a configured claim's own spec starts from.
+        self.specs = SpecStore() if specs is None else specs
         self.settings = settings
         self.metrics = metrics
         #: The runtime's view of the spec folders: a claim is prepared only when its CDI
@@ -225,6 +229,7 @@ class DraDriver:
             claim_specs=ClaimSpecs(
                 settings.spec_dir,
                 settings.instance or self.config.vendor,
+                store=self.specs,
                 driver=self.name,
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
                 metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",

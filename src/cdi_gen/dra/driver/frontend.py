@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.driver.driver import DraDriver
@@ -32,10 +33,15 @@ class DraFrontends:
     """The node's DRA driver, as the frontend of every ``api: dra`` class."""
 
     def __init__(
-        self, config: AgentConfig, settings: Settings, tools: Tools, resolver: SpecResolver
+        self,
+        config: AgentConfig,
+        settings: Settings,
+        tools: Tools,
+        resolver: SpecResolver,
+        specs: SpecStore | None = None,
     ) -> None:
         self.tools = tools
-        self.driver = DraDriver(config, settings, tools.metrics, resolver)
+        self.driver = DraDriver(config, settings, tools.metrics, resolver, specs)
         self._started = False
         self._stopped = False
 
