@@ -191,7 +191,7 @@ def _configured_files(
     """The files one configured claim's prepare writes, as the plugin wrote them."""
     request = _request(number, configured=True)
     prepare(request)
-    tag = f"_k-uid-{number}.json"
+    tag = f"@k-uid-{number}.json"  # a transient spec's name (see writer.transient_filename)
     specs = folder / "cdi"
     metadata = folder / "plugins" / DRIVER / "dra-device-metadata"
     found = {

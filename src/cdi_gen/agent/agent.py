@@ -59,6 +59,7 @@ from cdi_gen.agent.frontend import ClassPool, Frontend
 from cdi_gen.agent.runner import ClassRunner
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.deviceplugin.board import DeviceBoard
@@ -96,6 +97,8 @@ class Agent:
         self.metrics = Metrics()
         self.discovery = Discovery(config)
         self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
+        #: The class specs as written: a DRA claim's own spec is built from them in memory.
+        self.specs = SpecStore()
         self._background = _Background()
         #: What the runners and frontends are lent: nothing that holds the agent itself.
         self.tools = Tools(
@@ -109,7 +112,7 @@ class Agent:
         if settings.kubelet and any(c.api == "dra" for c in config.classes):
             from cdi_gen.dra.driver.driver import DraDriver
 
-            self.dra = DraDriver(config, settings, self.tools, self.spec_cache)
+            self.dra = DraDriver(config, settings, self.tools, self.spec_cache, self.specs)
         self.runners = {c.name: self._runner(c) for c in config.classes}
         #: The DaemonSet running the agent, read at start by a DRA agent (see _uninstalling).
         self.owner: Owner | None = None
@@ -159,6 +162,7 @@ class Agent:
             tools=self.tools,
             board=board,
             pool=pool,
+            specs=self.specs,
             frontend=frontend,
         )
 

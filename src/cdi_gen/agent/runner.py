@@ -30,6 +30,7 @@ from pathlib import Path
 from cdi_gen.agent.frontend import ClassPool, Frontend
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.sharing import expand_change
@@ -61,6 +62,8 @@ class ClassRunner:
     tools: Tools
     board: DeviceBoard | None = None
     pool: ClassPool | None = None
+    #: Where the class's spec is written, and kept for the DRA driver's claim specs.
+    specs: SpecStore = field(default_factory=SpecStore)
     frontend: Frontend | None = None
     #: Each device's entry, or why it is left out, judged once per edits (see class_spec).
     verdicts: Verdicts = field(default_factory=dict)
@@ -192,7 +195,7 @@ class ClassRunner:
         data = None if doc is None else dump_document(doc)
         instance = self.instance
         outcome = await asyncio.to_thread(
-            functools.partial(writer.sync_spec, instance=instance), spec_dir, vendor, cls, data
+            functools.partial(self.specs.sync, instance=instance), spec_dir, vendor, cls, data
         )
         if outcome == "removed":
             log.info(

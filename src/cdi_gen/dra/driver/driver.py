@@ -32,6 +32,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
@@ -72,8 +73,11 @@ class DraDriver:
         settings: Settings,
         tools: Tools,
         resolver: SpecResolver | None = None,
+        specs: SpecStore | None = None,
     ) -> None:
         self.config = config
+        #: The class specs the agent wrote: what a configured claim's own spec starts from.
+        self.specs = SpecStore() if specs is None else specs
         self.settings = settings
         self.tools = tools
         self.metrics = metrics = tools.metrics
@@ -239,7 +243,7 @@ class DraDriver:
         )
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.dra.driver.claimreader import ClaimReader
+        from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
@@ -257,7 +261,7 @@ class DraDriver:
         preparer = PoolPreparer(
             self.name,
             self.pool,
-            ClaimReader(client, asyncio.get_running_loop()),
+            ApiClaimReader(client, asyncio.get_running_loop()),
             pool_name=self.node,
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
@@ -269,6 +273,7 @@ class DraDriver:
             claim_specs=ClaimSpecs(
                 settings.spec_dir,
                 settings.instance or self.config.vendor,
+                store=self.specs,
                 driver=self.name,
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
                 metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",

@@ -26,6 +26,10 @@ for the record and then removes it, instead of finding nothing and leaving the r
 after it (a claim the kubelet believes unprepared, kept for ever). The claims of one call are
 locked together (all or none, so two calls never deadlock) and read together, within the
 call's timeout; a claim whose lock stays taken that long gets an error the kubelet retries.
+Kubernetes' helper library reads a call's claims before any lock; here the read is inside
+the claim's lock on purpose: what it buys (a second prepare of a claim being read reads
+nothing, an unprepare during the read waits for the record) needs the UID held while the
+API server answers. Every other lock (``_holding``, the checkpoint's) is taken after the read.
 
 A slow API server must not take every server thread: at most ``max_reading_calls`` calls
 wait for it at once (a call beyond that gets an error for the claims it would read), so the
