@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi_gen.agent.frontend import Frontend
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import specnames, writer
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.deviceplugin.board import DeviceBoard
@@ -199,7 +199,7 @@ class ClassRunner:
                     resource=self.resource,
                     devices=len(doc["devices"]),
                     cdiVersion=doc["cdiVersion"],
-                    file=str(spec_dir / writer.spec_filename(vendor, cls)),
+                    file=str(spec_dir / specnames.spec_filename(vendor, cls)),
                 ),
             )
         return outcome in ("written", "removed")

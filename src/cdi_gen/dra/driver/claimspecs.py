@@ -35,16 +35,13 @@ from typing import Any
 import orjson
 
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.writer import (
-    migrate_transient_names,
+from cdi_gen.cdi.ownerrecords import (
     owned_transient_payloads,
     owned_transient_specs,
     remove_lone_transient_records,
-    remove_spec,
-    spec_filename,
-    transient_filename,
-    write_bytes,
 )
+from cdi_gen.cdi.specnames import spec_filename, transient_filename
+from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
 from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
