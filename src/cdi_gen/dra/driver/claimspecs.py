@@ -43,6 +43,7 @@ from cdi_gen.cdi.ownerrecords import (
 from cdi_gen.cdi.specnames import spec_filename, transient_filename
 from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
 from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
+from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
     DeviceConfigError,
@@ -51,7 +52,6 @@ from cdi_gen.dra.driver.claimconfig import (
     parse_device_config,
 )
 from cdi_gen.dra.driver.claimconfig import selects as config_selects
-from cdi_gen.dra.driver.claims import is_request_name
 from cdi_gen.dra.driver.claimspec import (
     HostMode,
     Widening,

@@ -49,7 +49,7 @@ from cdi_gen.dra.driver.checkpoint import (
     PreparedClaim,
     checkpoint_path,
 )
-from cdi_gen.dra.driver.claims import prepare_claim
+from cdi_gen.dra.driver.claimcheck import prepare_claim
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
