@@ -45,8 +45,9 @@ StepHook = Callable[[str], None]
 
 @contextlib.contextmanager
 def folder(spec_dir: Path, create: bool = False) -> Iterator[int]:
-    """A descriptor of the spec folder (the folder itself may be reached through links, as
-    ``/var/run`` is; what is inside it never is)."""
+    """A descriptor of the folder (a spec folder, or any folder a file is replaced in), created
+    when missing with ``create``. The folder itself may be reached through links, as
+    ``/var/run`` is; what is inside it never is."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     try:
         fd = os.open(spec_dir, flags)

@@ -46,7 +46,7 @@ _TRANSIENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 #: Joins a transient spec's class and ID: a character no vendor, class or ID holds.
 TRANSIENT_SEPARATOR = "@"
 #: The separator of transient names before :data:`TRANSIENT_SEPARATOR` (the CDI library's).
-LEGACY_SEPARATOR = "_"
+_LEGACY_SEPARATOR = "_"
 
 
 def transient_filename(vendor: str, cls: str, transient: str) -> str:
@@ -62,7 +62,7 @@ def legacy_transient_filename(vendor: str, cls: str, transient: str) -> str:
     """``<vendor>-<class>_<transient>.json``, the name an older agent gave a transient spec
     (the CDI library's); raises :class:`~cdi_gen.errors.InvalidNameError` as
     :func:`transient_filename` does."""
-    return _transient_name(vendor, cls, transient, LEGACY_SEPARATOR)
+    return _transient_name(vendor, cls, transient, _LEGACY_SEPARATOR)
 
 
 def _transient_name(vendor: str, cls: str, transient: str, separator: str) -> str:
