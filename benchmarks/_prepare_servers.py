@@ -168,6 +168,9 @@ async def _serve_plugin(folder: Path) -> None:
 def main() -> None:
     mode, folder = sys.argv[1], Path(sys.argv[2])
     if mode == "plugin":
+        from cdi_gen.kubelet import apply_grpc_experiments
+
+        apply_grpc_experiments()  # as `cdi-gen run` does, before grpc loads
         asyncio.run(_serve_plugin(folder))
     elif mode == "floor":
         _serve_floor(folder)

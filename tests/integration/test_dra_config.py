@@ -17,9 +17,10 @@ import pytest
 
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.ownerrecords import OWNER_SUFFIX
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.store import SpecStore
-from cdi_gen.cdi.writer import OWNER_SUFFIX, write_bytes
+from cdi_gen.cdi.writer import write_bytes
 from cdi_gen.dra.driver.checkpoint import checkpoint_path
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs
 from cdi_gen.dra.driver.devicemetadata import metadata_stream

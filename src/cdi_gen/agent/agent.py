@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdi_gen.agent.frontend import ClassPool, Frontend
 from cdi_gen.agent.runner import ClassRunner
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import atomicfile, writer
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
@@ -273,7 +273,7 @@ class Agent:
 
     def _remove_stale_specs(self) -> None:
         spec_dir = self.settings.spec_dir
-        removed_temps = writer.remove_stale_temps(spec_dir)
+        removed_temps = atomicfile.remove_stale_temps(spec_dir)
         if removed_temps:
             log.info("removed %d temporary files of an interrupted write", removed_temps)
         configured = {(self.config.vendor, c) for c in self.runners}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi_gen.agent.frontend import ClassPool, Frontend
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import specnames
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import ClassConfig
@@ -209,7 +209,7 @@ class ClassRunner:
                     resource=self.resource,
                     devices=len(doc["devices"]),
                     cdiVersion=doc["cdiVersion"],
-                    file=str(spec_dir / writer.spec_filename(vendor, cls)),
+                    file=str(spec_dir / specnames.spec_filename(vendor, cls)),
                 ),
             )
         return outcome in ("written", "removed")

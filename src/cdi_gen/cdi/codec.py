@@ -17,7 +17,7 @@ from cdi_gen.cdi.validation import check_spec
 from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
 
     from cdi_gen.cdi.spec import Spec
 
@@ -48,19 +48,13 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def validation_problems(exc: ValidationError) -> list[Problem]:
-    """One :class:`Problem` per pydantic error, with the document path of the field."""
-    problems = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden":
-            message = f"unknown field {quote(loc[-1])}"
-        elif err["type"] == "missing":
-            message = f"missing required field {quote(loc[-1])}"
-        else:
-            message = f"{err['msg']} (got {quote(err.get('input'))})"
-        problems.append(Problem(_loc_path(loc), message))
-    return problems
+def _message(err: ErrorDetails) -> str:
+    loc = err["loc"]
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {quote(loc[-1])}"
+    if err["type"] == "missing":
+        return f"missing required field {quote(loc[-1])}"
+    return f"{err['msg']} (got {quote(err.get('input'))})"
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -260,11 +254,12 @@ def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:
     from pydantic import ValidationError
 
     from cdi_gen.cdi.spec import Spec
+    from cdi_gen.strictmodel import problems as field_problems
 
     try:
         spec = Spec.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(validation_problems(exc), source) from None
+        raise SpecError(field_problems(exc, where=_loc_path, message=_message), source) from None
     problems = check_spec(spec)
     if problems:
         raise SpecError(problems, source)

@@ -25,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.cdi.writer import SyncOutcome, spec_filename, sync_spec
+from cdi_gen.cdi.specnames import spec_filename
+from cdi_gen.cdi.writer import SyncOutcome, sync_spec
 from cdi_gen.errors import SpecWriteError
 
 __all__ = ["SpecStore", "WrittenSpec"]

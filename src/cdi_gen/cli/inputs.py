@@ -129,9 +129,9 @@ def emit_document(
     written), :class:`~cdi_gen.errors.ConfigError` when ``output`` names something that is
     not a regular file, :class:`~cdi_gen.errors.SpecWriteError` when it cannot be written.
     """
+    from cdi_gen.cdi.atomicfile import write_file
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.validation import check_document
-    from cdi_gen.cdi.writer import write_file
     from cdi_gen.errors import ConfigError, SpecError
 
     problems = check_document(doc)

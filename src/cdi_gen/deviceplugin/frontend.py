@@ -78,7 +78,7 @@ class DevicePluginFrontend:
 
     def _make_plugin(self) -> DevicePlugin:
         # grpc loads here, with the device plugin, and only when a kubelet is used.
-        from cdi_gen.deviceplugin.allocation import Refusal
+        from cdi_gen.deviceplugin.allocation import AllocationRefusal
         from cdi_gen.deviceplugin.server import DevicePlugin
 
         metrics, settings, resource = self.tools.metrics, self.settings, self.resource
@@ -100,7 +100,7 @@ class DevicePluginFrontend:
             cdi_annotations=settings.cdi_annotations,
             physical_policy=self.config.sharing.policy,
             one_slot_per_device=self.config.sharing.fail_requests_greater_than_one,
-            on_allocate=metrics.allocate_hook(resource, [*Refusal, "internal"]),
+            on_allocate=metrics.allocate_hook(resource, [*AllocationRefusal, "internal"]),
             on_register=on_register,
             max_backoff=settings.retry_max_seconds,
         )

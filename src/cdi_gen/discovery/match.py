@@ -13,11 +13,8 @@ import re
 from collections.abc import Mapping
 from functools import lru_cache
 
-from cdi_gen.config.models import (
-    ClassConfig,
-    HealthConfig,
-    MatchRule,
-)
+from cdi_gen.config.models import ClassConfig
+from cdi_gen.config.rules import HealthConfig, MatchRule
 from cdi_gen.model import (
     DeviceRecord,
 )
@@ -64,7 +61,7 @@ def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:
 
 def is_healthy(health: HealthConfig | None, record: DeviceRecord) -> bool:
     """Whether ``record`` is a healthy member of its device: its node exists and it passes
-    the class's health check (:class:`~cdi_gen.config.models.HealthConfig`), if any."""
+    the class's health check (:class:`~cdi_gen.config.rules.HealthConfig`), if any."""
     if not record.node_exists:
         return False
     if health is None:

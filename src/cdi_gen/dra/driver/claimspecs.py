@@ -34,17 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.store import SpecStore, WrittenSpec
-from cdi_gen.cdi.writer import (
-    migrate_transient_names,
+from cdi_gen.cdi.ownerrecords import (
     owned_transient_payloads,
     owned_transient_specs,
     remove_lone_transient_records,
-    remove_spec,
-    transient_filename,
-    write_bytes,
 )
+from cdi_gen.cdi.specnames import transient_filename
+from cdi_gen.cdi.store import SpecStore, WrittenSpec
+from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
 from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
+from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
     DeviceConfigError,
@@ -53,7 +52,6 @@ from cdi_gen.dra.driver.claimconfig import (
     parse_device_config,
 )
 from cdi_gen.dra.driver.claimconfig import selects as config_selects
-from cdi_gen.dra.driver.claims import is_request_name
 from cdi_gen.dra.driver.claimspec import (
     HostMode,
     Widening,

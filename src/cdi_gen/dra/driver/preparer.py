@@ -8,7 +8,7 @@ Preparing a claim: a claim already in the :class:`~cdi_gen.dra.driver.checkpoint
 under its UID is answered from it (the kubelet may ask again, also after our restart, and
 the claim may be gone from the API server by then); otherwise it is read through the
 :class:`~cdi_gen.dra.plugin.claims.ClaimReader`, checked against a snapshot of the
-:class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claims.prepare_claim`),
+:class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claimcheck.prepare_claim`),
 refused (``in-use``) when a device it would hold exclusively is held so by another claim
 prepared here (the API server's view may be stale; admin access and shared devices hold
 nothing), its CDI names checked by the same resolver as Allocate's
@@ -53,7 +53,7 @@ from cdi_gen.dra.driver.checkpoint import (
     PreparedClaim,
     checkpoint_path,
 )
-from cdi_gen.dra.driver.claims import prepare_claim
+from cdi_gen.dra.driver.claimcheck import prepare_claim
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
