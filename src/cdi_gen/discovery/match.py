@@ -3,7 +3,9 @@
 Matching follows udev: ``subsystem`` is exact, the other keys are shell globs where ``|``
 separates alternatives; ``driver`` matches the device or any parent (DRIVERS); all
 ``parentAttributes`` of a rule must hold on one device of the chain, the device itself
-included (ATTRS). A class's ``health`` check uses the same attribute semantics.
+included (ATTRS). A class's ``health`` check uses the same attribute semantics. One key
+goes beyond udev's DEVNAME: ``devnode`` also tries the device's udev links (DEVLINKS, see
+:mod:`cdi_gen.discovery.links`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from cdi_gen.config.models import (
     HealthConfig,
     MatchRule,
 )
+from cdi_gen.discovery.links import device_links, link_match
 from cdi_gen.model import (
     DeviceRecord,
 )
@@ -48,11 +51,26 @@ def matches(rule: MatchRule, record: DeviceRecord) -> bool:
     return (
         (rule.subsystem is None or record.subsystem == rule.subsystem)
         and (rule.kernel is None or glob_match(rule.kernel, record.sys_name))
-        and (rule.devnode is None or glob_match(rule.devnode, record.devnode))
+        and (rule.devnode is None or devnode_match(rule.devnode, record))
         and (rule.driver is None or any(glob_match(rule.driver, d) for d in record.drivers))
         and all(glob_match(g, record.properties.get(k)) for k, g in rule.properties.items())
         and (not rule.attributes or _attrs_match(rule.attributes, record.attributes))
         and (not rule.parent_attributes or _chain_match(rule.parent_attributes, record))
+    )
+
+
+def devnode_match(pattern: str, record: DeviceRecord) -> bool:
+    """Whether ``pattern`` matches the device node (udev's DEVNAME glob) or one of its links.
+
+    The one ``devnode`` key rather than a separate key for links (udev's SYMLINK): the path a
+    user copies from /dev/serial/by-id or /dev/disk/by-id names the node as surely as DEVNAME
+    does, it is what they write first, and a second key would leave that first try matching
+    nothing. Links are matched one path component at a time, so a pattern reaches a device
+    through a link only by spelling out the link's folders (``/dev/s*`` never reaches
+    /dev/serial/by-id/...): what a node pattern matched before, it matches still.
+    """
+    return glob_match(pattern, record.devnode) or any(
+        link_match(pattern, link) for link in device_links(record)
     )
 
 

@@ -1,0 +1,144 @@
+"""udev links on recorded data: records keep a device's links, and a ``devnode`` pattern that
+names a link (/dev/serial/by-id/...) matches its device."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdi_gen.config.loader import parse_config
+from cdi_gen.config.models import AgentConfig
+from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.links import device_links, link_match
+from cdi_gen.discovery.match import match_record
+from cdi_gen.model import DeviceRecord
+from cdi_gen.sources.records import records_from_export_db
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
+SERIAL = DATA / "export-db-serial.txt"
+FTDI_ID = "/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0"
+FTDI_PATH = "/dev/serial/by-path/pci-0000:00:14.0-usb-0:2:1.0-port0"
+
+
+@pytest.fixture(scope="module")
+def records() -> list[DeviceRecord]:
+    return records_from_export_db(SERIAL.read_text())
+
+
+def _record(records: list[DeviceRecord], name: str) -> DeviceRecord:
+    return next(r for r in records if r.sys_name == name and r.subsystem == "tty")
+
+
+def _config(*classes: dict[str, Any]) -> AgentConfig:
+    return parse_config({"vendor": "example.com", "classes": list(classes)}, "test.yaml")
+
+
+def _discover(records: list[DeviceRecord], **cls: Any) -> Discovery:
+    discovery = Discovery(_config({"name": "serial", **cls}))
+    discovery.replace(records)
+    return discovery
+
+
+# --- records ------------------------------------------------------------------------------------
+
+
+def test_export_db_records_keep_their_links(records: list[DeviceRecord]) -> None:
+    ftdi = _record(records, "ttyUSB0")
+    assert device_links(ftdi) == (
+        FTDI_PATH,
+        FTDI_ID,
+        "/dev/serial/by-path/pci-0000:00:14.0-usbv2-0:2:1.0-port0",
+    )
+    assert device_links(_record(records, "ttyS0")) == ()
+
+
+def test_export_db_links_given_only_as_s_lines_become_devlinks() -> None:
+    text = (
+        "P: /devices/pnp0/00:01/tty/ttyUSB7\nM: ttyUSB7\nU: tty\nN: ttyUSB7\n"
+        "S: serial/by-id/usb-FTDI_X-if00-port0\nS: serial/by-path/pci-0:1-port0\n"
+        "E: SUBSYSTEM=tty\nE: DEVNAME=/dev/ttyUSB7\n"
+    )
+    (record,) = records_from_export_db(text)
+    assert record.properties["DEVLINKS"] == (
+        "/dev/serial/by-id/usb-FTDI_X-if00-port0 /dev/serial/by-path/pci-0:1-port0"
+    )
+
+
+def test_links_outside_dev_or_with_dot_dot_are_no_links() -> None:
+    record = DeviceRecord(
+        sys_path="/sys/x",
+        subsystem="tty",
+        sys_name="x",
+        devnode="/dev/x",
+        properties={
+            "DEVLINKS": "/etc/shadow /dev/serial/../../etc/shadow /dev//x /dev/./x /dev/serial/ok"
+        },
+    )
+    assert device_links(record) == ("/dev/serial/ok",)
+
+
+#: Link components as udev writes them, and glob characters, which a pattern must escape.
+_COMPONENT = st.text(st.sampled_from("abcAZ019_.:+-@=#*?[]"), min_size=1, max_size=12).filter(
+    lambda c: c not in (".", "..")
+)
+
+
+@given(st.lists(_COMPONENT, min_size=1, max_size=5, unique=True))
+def test_devlinks_round_trip(names: list[str]) -> None:
+    links = [f"/dev/serial/by-id/{n}" for n in names]
+    record = DeviceRecord(
+        sys_path="/sys/x", subsystem="tty", sys_name="x", properties={"DEVLINKS": " ".join(links)}
+    )
+    assert device_links(record) == tuple(links)
+
+
+# --- matching -----------------------------------------------------------------------------------
+
+
+def test_devnode_pattern_matches_a_by_id_link(records: list[DeviceRecord]) -> None:
+    discovery = _discover(records, match={"devnode": "/dev/serial/by-id/usb-FTDI*"})
+    (device,) = discovery.devices("serial")
+    assert device.name == "ttyUSB0"
+    assert [(n.host_path, n.container_path) for n in device.nodes] == [
+        ("/dev/ttyUSB0", "/dev/ttyUSB0")
+    ]
+    assert discovery.warnings("serial") == ()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "names"),
+    [
+        # Node patterns keep matching only nodes: "*" does not reach into link folders.
+        ("/dev/s*", []),
+        ("/dev/*", ["ttyACM0", "ttyS0", "ttyUSB0"]),
+        ("/dev/serial/*", []),
+        ("/dev/serial/*/*", ["ttyACM0", "ttyUSB0"]),
+        ("/dev/serial/by-path/*-usb-0:3:1.0", ["ttyACM0"]),
+        ("/dev/ttyS*|/dev/serial/by-id/usb-Arduino*", ["ttyACM0", "ttyS0"]),
+    ],
+)
+def test_link_globs_stay_within_a_folder(
+    records: list[DeviceRecord], pattern: str, names: list[str]
+) -> None:
+    config = _config({"name": "serial", "match": {"subsystem": "tty", "devnode": pattern}})
+    matched = [r.sys_name for r in records if match_record(config.classes[0], r) is not None]
+    assert sorted(matched) == names
+
+
+@given(st.lists(_COMPONENT, min_size=1, max_size=4), st.data())
+def test_link_glob_round_trip(parts: list[str], data: st.DataObject) -> None:
+    link = "/dev/" + "/".join(parts)
+    escaped = ["dev", *(glob.escape(p) for p in parts)]
+    assert link_match("/" + "/".join(escaped), link)
+    i = data.draw(st.integers(1, len(escaped) - 1))
+    starred = [*escaped[:i], "*", *escaped[i + 1 :]]
+    assert link_match("/" + "/".join(starred), link)
+    # One "*" never stands for two levels, nor for a level that is not there.
+    if i + 1 < len(escaped):
+        assert not link_match("/" + "/".join([*escaped[:i], "*", *escaped[i + 2 :]]), link)
+    assert not link_match("/" + "/".join([*escaped, "*"]), link)
