@@ -1,8 +1,10 @@
-"""udev links on recorded data: records keep a device's links, and a ``devnode`` pattern that
-names a link (/dev/serial/by-id/...) matches its device."""
+"""udev links on recorded data: records keep a device's links, a ``devnode`` pattern that names
+a link (/dev/serial/by-id/...) matches its device, and ``{devlink}`` and ``{devlink_name}``
+render it."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ from hypothesis import strategies as st
 
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
+from cdi_gen.config.templates import DEVICE_NAME_FIELDS, EDIT_FIELDS, parse_template
 from cdi_gen.discovery.inventory import Discovery
-from cdi_gen.discovery.links import device_links, link_match
+from cdi_gen.discovery.links import chosen_link, device_links, link_match
 from cdi_gen.discovery.match import match_record
 from cdi_gen.model import DeviceRecord
 from cdi_gen.sources.records import records_from_export_db
@@ -142,3 +145,73 @@ def test_link_glob_round_trip(parts: list[str], data: st.DataObject) -> None:
     if i + 1 < len(escaped):
         assert not link_match("/" + "/".join([*escaped[:i], "*", *escaped[i + 2 :]]), link)
     assert not link_match("/" + "/".join([*escaped, "*"]), link)
+
+
+# --- templates ----------------------------------------------------------------------------------
+
+
+def test_devlink_templates_name_the_device_and_its_container_path(
+    records: list[DeviceRecord],
+) -> None:
+    discovery = _discover(
+        records,
+        match={"devnode": "/dev/serial/by-id/usb-FTDI*"},
+        deviceName="{devlink_name}",
+        node={"path": "{devlink}"},
+        containerEdits={"env": ["SERIAL_PORT={devlink}"]},
+    )
+    (device,) = discovery.devices("serial")
+    assert device.name == "usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0"
+    assert device.edits == {
+        "env": [f"SERIAL_PORT={FTDI_ID}"],
+        "deviceNodes": [{"path": FTDI_ID, "hostPath": "/dev/ttyUSB0"}],
+    }
+
+
+def test_devlink_is_the_link_the_rule_matched_else_the_by_id_one(
+    records: list[DeviceRecord],
+) -> None:
+    ftdi = _record(records, "ttyUSB0")
+    # DEVLINKS lists a by-path link first; the rule's pattern picks, then by-id.
+    assert chosen_link(ftdi, "/dev/serial/by-path/*-usb-0:2:1.0-port0") == FTDI_PATH
+    assert chosen_link(ftdi, "/dev/ttyUSB*") == FTDI_ID
+    assert chosen_link(ftdi, None) == FTDI_ID
+    assert chosen_link(_record(records, "ttyS0"), None) is None
+    discovery = _discover(
+        records,
+        match=[{"kernel": "ttyUSB*"}, {"devnode": "/dev/serial/by-path/*-usb-0:3:1.0"}],
+        node={"path": "{devlink}"},
+    )
+    assert [d.nodes[0].container_path for d in discovery.devices("serial")] == [
+        "/dev/serial/by-path/pci-0000:00:14.0-usb-0:3:1.0",
+        FTDI_ID,
+    ]
+
+
+def test_devlink_without_links_skips_the_device_saying_why(records: list[DeviceRecord]) -> None:
+    discovery = _discover(records, match={"kernel": "ttyS*"}, node={"path": "{devlink}"})
+    assert discovery.devices("serial") == ()
+    (warning,) = discovery.warnings("serial")
+    assert "{devlink}: the device has no udev link (DEVLINKS; is /run/udev mounted?)" in str(
+        warning
+    )
+
+
+def test_devlink_with_a_control_character_is_refused(records: list[DeviceRecord]) -> None:
+    ftdi = _record(records, "ttyUSB0")
+    evil = dataclasses.replace(
+        ftdi, properties={**ftdi.properties, "DEVLINKS": "/dev/serial/by-id/usb-\x1b[2J-port0"}
+    )
+    discovery = _discover(
+        [evil], match={"devnode": "/dev/serial/by-id/*"}, node={"path": "{devlink}"}
+    )
+    assert discovery.devices("serial") == ()
+    (warning,) = discovery.warnings("serial")
+    assert "has control character '\\x1b'" in str(warning)
+
+
+def test_devlink_is_an_edit_field_and_only_its_name_a_name_field() -> None:
+    assert {"devlink", "devlink_name"} <= EDIT_FIELDS
+    parse_template("{devlink_name}", DEVICE_NAME_FIELDS)
+    with pytest.raises(ValueError, match=r"unknown field \{devlink\}"):
+        parse_template("{devlink}", DEVICE_NAME_FIELDS)
