@@ -1,6 +1,6 @@
-"""udev links on recorded data: records keep a device's links, a ``devnode`` pattern that names
-a link (/dev/serial/by-id/...) matches its device, and ``{devlink}`` and ``{devlink_name}``
-render it."""
+"""udev links on recorded data: a ``devnode`` pattern that names a link (/dev/serial/by-id/...)
+matches its device, ``{devlink}`` and ``{devlink_name}`` render it, and a link pattern that
+matches nothing gets a hint naming the class, the pattern and the rule."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ import glob
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdi_gen.cli.main import main
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.config.templates import DEVICE_NAME_FIELDS, EDIT_FIELDS, parse_template
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.links import chosen_link, device_links, link_match
-from cdi_gen.discovery.match import match_record
+from cdi_gen.discovery.match import link_hints, match_record
 from cdi_gen.model import DeviceRecord
 from cdi_gen.sources.records import records_from_export_db
 
@@ -26,6 +28,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 SERIAL = DATA / "export-db-serial.txt"
 FTDI_ID = "/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0"
 FTDI_PATH = "/dev/serial/by-path/pci-0000:00:14.0-usb-0:2:1.0-port0"
+ARDUINO_ID = "/dev/serial/by-id/usb-Arduino__www.arduino.cc__0043_7523230313535161C0B1-if00"
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,11 @@ def _discover(records: list[DeviceRecord], **cls: Any) -> Discovery:
     discovery = Discovery(_config({"name": "serial", **cls}))
     discovery.replace(records)
     return discovery
+
+
+def _without_links(record: DeviceRecord) -> DeviceRecord:
+    props = {k: v for k, v in record.properties.items() if k != "DEVLINKS"}
+    return dataclasses.replace(record, properties=props)
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -215,3 +223,111 @@ def test_devlink_is_an_edit_field_and_only_its_name_a_name_field() -> None:
     parse_template("{devlink_name}", DEVICE_NAME_FIELDS)
     with pytest.raises(ValueError, match=r"unknown field \{devlink\}"):
         parse_template("{devlink}", DEVICE_NAME_FIELDS)
+
+
+# --- the hint -----------------------------------------------------------------------------------
+
+
+def _hints(records: list[DeviceRecord], *rules: dict[str, Any]) -> list[str]:
+    (cls,) = _config({"name": "serial", "match": list(rules)}).classes
+    return link_hints(cls, records)
+
+
+def test_hint_when_no_record_has_links(records: list[DeviceRecord]) -> None:
+    bare = [_without_links(r) for r in records]
+    assert _hints(bare, {"subsystem": "tty", "devnode": "/dev/serial/by-id/usb-FTDI*"}) == [
+        "class 'serial': devnode '/dev/serial/by-id/usb-FTDI*' (rule SUBSYSTEM==\"tty\", "
+        'DEVNAME=="/dev/serial/by-id/usb-FTDI*") names a udev link, and no device read here '
+        "has udev links (DEVLINKS come from udevd's database: is /run/udev mounted? the "
+        "kernel source has none)"
+    ]
+
+
+def test_hint_when_a_star_would_have_to_cross_a_folder(records: list[DeviceRecord]) -> None:
+    (hint,) = _hints(records, {"devnode": "/dev/serial/*FTDI*"})
+    assert hint.startswith("class 'serial': devnode '/dev/serial/*FTDI*' (rule DEVNAME==")
+    assert hint.endswith(
+        f"names a udev link, and it matches link {FTDI_ID!r} only if '*' crosses '/': in a "
+        "link path each '*' stays within one folder, so write one per level"
+    )
+
+
+def test_hint_names_the_links_seen_in_the_folder(records: list[DeviceRecord]) -> None:
+    (hint,) = _hints(records, {"devnode": "/dev/serial/by-id/usb-Prolific*"})
+    assert hint.endswith(
+        f"no link of the devices read matches it; links seen: {ARDUINO_ID!r}, {FTDI_ID!r}"
+    )
+
+
+def test_hint_when_the_link_matches_but_another_condition_does_not(
+    records: list[DeviceRecord],
+) -> None:
+    (hint,) = _hints(records, {"devnode": "/dev/serial/by-id/usb-FTDI*", "driver": "cdc_acm"})
+    assert hint.endswith(f"the device of link {FTDI_ID!r} fails the rule's other conditions")
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"devnode": "/dev/ttyUSB9"},  # a node pattern: no link involved
+        {"devnode": "/dev/serial/by-id/usb-FTDI*"},  # it matches
+        {"kernel": "ttyUSB9"},  # no devnode at all
+    ],
+)
+def test_no_hint(records: list[DeviceRecord], rule: dict[str, Any]) -> None:
+    assert _hints(records, rule) == []
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def test_discover_and_render_an_ftdi_adapter_by_its_by_id_link(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "vendor: example.com\nclasses:\n"
+        "  - name: ftdi\n"
+        '    match: {devnode: "/dev/serial/by-id/usb-FTDI*"}\n'
+        '    deviceName: "{devlink_name}"\n'
+        '    node: {path: "{devlink}"}\n'
+        "  - name: prolific\n"
+        '    match: {subsystem: tty, devnode: "/dev/serial/by-id/usb-Prolific*"}\n'
+    )
+    code, out, err = _cli(capsys, "discover", "--records", str(SERIAL), "--config", str(config))
+    assert code == 0
+    assert out.splitlines() == [
+        "example.com/ftdi: 1 device",
+        "  usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0  /dev/ttyUSB0(188:0)  numa=-  "
+        '[DEVNAME=="/dev/serial/by-id/usb-FTDI*"]',
+        "example.com/prolific: no device",
+    ]
+    assert err == (
+        "hint: class 'prolific': devnode '/dev/serial/by-id/usb-Prolific*' (rule "
+        'SUBSYSTEM=="tty", DEVNAME=="/dev/serial/by-id/usb-Prolific*") names a udev link, and '
+        f"no link of the devices read matches it; links seen: {ARDUINO_ID!r}, {FTDI_ID!r}\n"
+    )
+    code, out, err = _cli(
+        capsys, "render", "--records", str(SERIAL), "--config", str(config), "--class", "ftdi"
+    )
+    assert (code, err) == (0, "")
+    doc = orjson.loads(out)
+    assert doc["devices"] == [
+        {
+            "name": "usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0",
+            "containerEdits": {"deviceNodes": [{"path": FTDI_ID, "hostPath": "/dev/ttyUSB0"}]},
+        }
+    ]
+    code, out, err = _cli(
+        capsys, "render", "--records", str(SERIAL), "--config", str(config), "--class", "prolific"
+    )
+    assert (code, out) == (1, "")
+    assert err.splitlines()[0].startswith("hint: class 'prolific': devnode ")
+    assert err.splitlines()[1].startswith("error: class 'prolific' (example.com/prolific) has no")

@@ -1,4 +1,5 @@
-"""Matching udev records against class rules, and the health check of a matched record.
+"""Matching udev records against class rules, the health check of a matched record, and
+the hint for a link pattern that matched nothing.
 
 Matching follows udev: ``subsystem`` is exact, the other keys are shell globs where ``|``
 separates alternatives; ``driver`` matches the device or any parent (DRIVERS); all
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 from cdi_gen.config.models import (
@@ -20,7 +21,8 @@ from cdi_gen.config.models import (
     HealthConfig,
     MatchRule,
 )
-from cdi_gen.discovery.links import device_links, link_match
+from cdi_gen.discovery.links import LINK_FOLDERS, device_links, link_match
+from cdi_gen.errors import quote
 from cdi_gen.model import (
     DeviceRecord,
 )
@@ -109,3 +111,52 @@ def could_match(rule: MatchRule, subsystem: str, sys_name: str) -> bool:
     return (rule.subsystem is None or rule.subsystem == subsystem) and (
         rule.kernel is None or glob_match(rule.kernel, sys_name)
     )
+
+
+def link_hints(cls: ClassConfig, records: Iterable[DeviceRecord]) -> list[str]:
+    """One line for each rule of ``cls`` whose ``devnode`` pattern names a udev link and
+    that matched none of ``records``: why, as far as the records tell.
+
+    A pattern names a link when it lies in a folder of links (:data:`LINK_FOLDERS`) or when,
+    with ``*`` crossing ``/`` as in DEVNAME, it matches some record's link.
+    """
+    recs = [r for r in records if r.devnode]
+    hints = []
+    for rule in cls.match:
+        pattern = rule.devnode
+        if pattern is None:
+            continue
+        near = [r for r in recs if could_match(rule, r.subsystem, r.sys_name)]
+        if any(matches(rule, r) for r in near):
+            continue
+        links = sorted({link for r in near for link in device_links(r)})
+        matched = [link for link in links if link_match(pattern, link)]
+        crossed = [link for link in links if glob_match(pattern, link)]
+        in_folder = any(p.startswith(LINK_FOLDERS) for p in pattern.split("|"))
+        if not (in_folder or crossed):
+            continue
+        if matched:
+            why = f"the device of link {quote(matched[0])} fails the rule's other conditions"
+        elif crossed:
+            why = (
+                f"it matches link {quote(crossed[0])} only if '*' crosses '/': in a link "
+                "path each '*' stays within one folder, so write one per level"
+            )
+        elif not links:
+            why = (
+                "no device read here has udev links (DEVLINKS come from udevd's database: "
+                "is /run/udev mounted? the kernel source has none)"
+            )
+        else:
+            folder = pattern.split("|")[0].rsplit("/", 1)[0] + "/"
+            seen = [link for link in links if link.startswith(folder)] or links
+            why = "no link of the devices read matches it; links seen: " + ", ".join(
+                quote(link) for link in seen[:3]
+            )
+            if len(seen) > 3:
+                why += f" and {len(seen) - 3} more"
+        hints.append(
+            f"class {cls.name!r}: devnode {quote(pattern)} (rule {rule.describe()}) names "
+            f"a udev link, and {why}"
+        )
+    return hints
