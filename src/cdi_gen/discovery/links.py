@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from cdi_gen.model import DeviceRecord
 
-__all__ = ["LINK_FOLDERS", "chosen_link", "device_links", "link_match"]
+__all__ = ["LINK_FOLDERS", "any_link_matches", "chosen_link", "device_links", "link_match"]
 
 #: Folders under /dev whose entries udev's stock rules make as links, never as device nodes.
 #: A pattern under one of them can only mean a link.
@@ -32,16 +32,13 @@ LINK_FOLDERS = (
 )
 
 
-@lru_cache(maxsize=4096)
-def _links(raw: str) -> tuple[str, ...]:
+def _is_link(path: str) -> bool:
     # udev only ever makes links under /dev; anything else in a record (which a recording can
     # say) is no link of ours, and a ".." or empty component could name another file.
-    return tuple(
-        link
-        for link in raw.split()
-        if link.startswith("/dev/")
-        and all(part not in ("", ".", "..") for part in link[5:].split("/"))
-    )
+    return path.startswith("/dev/") and not _BAD_PART.intersection(path[5:].split("/"))
+
+
+_BAD_PART = frozenset({"", ".", ".."})
 
 
 def device_links(record: DeviceRecord) -> tuple[str, ...]:
@@ -50,24 +47,56 @@ def device_links(record: DeviceRecord) -> tuple[str, ...]:
     Only udevd's database has them: a record of the kernel source (raw uevents) has none.
     """
     raw = record.properties.get("DEVLINKS")
-    return _links(raw) if raw else ()
+    return tuple(link for link in raw.split() if _is_link(link)) if raw else ()
+
+
+def any_link_matches(pattern: str, record: DeviceRecord) -> bool:
+    """Whether one of the record's links matches ``pattern`` (see :func:`link_match`)."""
+    raw = record.properties.get("DEVLINKS")
+    if not raw:
+        return False
+    # Matching runs for every record a rule sees: the cheap glob checks come before the
+    # link's own check.
+    alternatives = _path_glob(pattern)
+    return any(_matches(alternatives, link) and _is_link(link) for link in raw.split())
+
+
+#: One ``|`` alternative of a pattern: its literal start, its number of "/", and one
+#: compiled fnmatch per path component.
+_Alternative = tuple[str, int, tuple[re.Pattern[str], ...]]
+#: The text before the first glob character (fnmatch has no escape character).
+_LITERAL_START = re.compile(r"[^*?\[]*")
 
 
 @lru_cache(maxsize=4096)
-def _path_glob(pattern: str) -> tuple[tuple[re.Pattern[str], ...], ...]:
-    # Per "|" alternative (as udev), one fnmatch per path component.
-    return tuple(
-        tuple(re.compile(fnmatch.translate(part)) for part in alternative.split("/"))
-        for alternative in pattern.split("|")
-    )
+def _path_glob(pattern: str) -> tuple[_Alternative, ...]:
+    # Per "|" alternative, as udev; the literal start and the count of "/" turn most links
+    # away before any regex runs.
+    out: list[_Alternative] = []
+    for alternative in pattern.split("|"):
+        start = _LITERAL_START.match(alternative)
+        parts = alternative.split("/")
+        out.append(
+            (
+                start.group() if start is not None else "",
+                len(parts) - 1,
+                tuple(re.compile(fnmatch.translate(part)) for part in parts),
+            )
+        )
+    return tuple(out)
 
 
 def link_match(pattern: str, link: str) -> bool:
     """Whether ``link`` matches ``pattern`` component by component (``*`` stops at ``/``)."""
-    parts = link.split("/")
+    return _matches(_path_glob(pattern), link)
+
+
+def _matches(alternatives: tuple[_Alternative, ...], link: str) -> bool:
     return any(
-        len(globs) == len(parts) and all(g.match(p) for g, p in zip(globs, parts, strict=True))
-        for globs in _path_glob(pattern)
+        link.startswith(start)
+        and link.count("/") == slashes
+        and all(g.match(p) for g, p in zip(globs, link.split("/"), strict=True))
+        for start, slashes, globs in alternatives
     )
 
 

@@ -21,7 +21,7 @@ from cdi_gen.config.models import (
     HealthConfig,
     MatchRule,
 )
-from cdi_gen.discovery.links import LINK_FOLDERS, device_links, link_match
+from cdi_gen.discovery.links import LINK_FOLDERS, any_link_matches, device_links, link_match
 from cdi_gen.errors import quote
 from cdi_gen.model import (
     DeviceRecord,
@@ -71,9 +71,7 @@ def devnode_match(pattern: str, record: DeviceRecord) -> bool:
     through a link only by spelling out the link's folders (``/dev/s*`` never reaches
     /dev/serial/by-id/...): what a node pattern matched before, it matches still.
     """
-    return glob_match(pattern, record.devnode) or any(
-        link_match(pattern, link) for link in device_links(record)
-    )
+    return glob_match(pattern, record.devnode) or any_link_matches(pattern, record)
 
 
 def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:
