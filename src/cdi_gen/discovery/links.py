@@ -2,10 +2,11 @@
 and the one link a template's ``{devlink}`` stands for.
 
 Links are what people copy from ``ls -l /dev/serial/by-id`` into a config, so a ``devnode``
-pattern is tried on them too (:func:`cdi_gen.discovery.match.matches`). They are matched as
-a shell matches a path, one ``/``-separated component at a time (``*`` never crosses a
-``/``): a pattern written for device nodes (``/dev/s*``, ``/dev/*``) keeps matching only the
-nodes it always matched, and only a pattern that spells out a link's folders reaches it.
+pattern is tried on them too (:func:`cdi_gen.discovery.match.devnode_match`). They are
+matched as a shell matches a path, one ``/``-separated component at a time (``*`` never
+crosses a ``/``): a pattern written for device nodes reaches a device through a link only in
+the folder it names (``/dev/s*`` never reaches /dev/serial/by-id/..., though ``/dev/c*``
+does reach a /dev/cdrom link), and a link deeper down only when it spells out its folders.
 """
 
 from __future__ import annotations
