@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import discover_devices, warn_skipped
+from cdi_gen.cli.inputs import discover_devices, hint_links, warn_skipped
 
 if TYPE_CHECKING:
     from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.model import DeviceRecord
 
 
 @click.command()
@@ -24,7 +25,8 @@ def discover(
     config_path: Path | None, classes: tuple[str, ...], as_json: bool, records_path: Path | None
 ) -> None:
     """The devices each class matches now: names, nodes, major:minor, NUMA, matching rule."""
-    discovery = discover_devices(config_path, classes, records_path)
+    records: list[DeviceRecord] = []
+    discovery = discover_devices(config_path, classes, records_path, seen=records)
     vendor = discovery.config.vendor
     if as_json:
         import orjson
@@ -69,6 +71,7 @@ def discover(
         if not devices:
             click.echo(f"{vendor}/{cls}: no device")
             warn_skipped(discovery, cls)
+            hint_links(discovery, cls, records)
             continue
         click.echo(f"{vendor}/{cls}: {len(devices)} device{'s' if len(devices) > 1 else ''}")
         width = max(len(d.name) for d in devices)

@@ -31,10 +31,11 @@ def discover_devices(
     cdi_version: str | None = None,
     runtime_refs: Sequence[str] = (),
     cri_sockets: Sequence[str | Path] | None = None,
+    seen: list[DeviceRecord] | None = None,
 ) -> Discovery:
     """Load the config (pins resolved; the ``runtime`` pin asks ``cri_sockets``, default
     containerd's and CRI-O's, when no runtime binary answers), read the devices and return a
-    fed :class:`Discovery`."""
+    fed :class:`Discovery`; the records read are added to ``seen`` when given."""
     from cdi_gen.config.loader import load_config, pin_versions
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.sources.udev import enumerate_records
@@ -54,6 +55,9 @@ def discover_devices(
         )
     else:
         records = load_records_file(records_path)
+    if seen is not None:
+        records = list(records)
+        seen.extend(records)
     discovery.replace(records)
     return discovery
 
@@ -101,6 +105,16 @@ def warn_skipped(discovery: Discovery, cls: str) -> int:
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     return len(warnings)
+
+
+def hint_links(discovery: Discovery, cls: str, records: Sequence[DeviceRecord]) -> None:
+    """A ``hint:`` line on stderr for each rule of ``cls`` whose ``devnode`` pattern names a
+    udev link and matched none of ``records``: "no device" alone does not say that links
+    come from udevd's database, or that in a link ``*`` stops at ``/``."""
+    from cdi_gen.discovery.match import link_hints
+
+    for hint in link_hints(discovery.config_of(cls), records):
+        click.echo(f"hint: {hint}", err=True)
 
 
 def warn_left_out(cls: str, spec: ClassSpec) -> int:

@@ -42,7 +42,9 @@ class MatchRule(ConfigModel):
         default=None, description="glob on the kernel name (KERNEL), e.g. loop*"
     )
     devnode: str | None = Field(
-        default=None, description="glob on the device node path, e.g. /dev/net/*"
+        default=None,
+        description="glob on the device node path or one of its udev links (DEVLINKS), e.g. "
+        "/dev/net/* or /dev/serial/by-id/usb-FTDI*; in a link, * stays within one folder",
     )
     driver: str | None = Field(
         default=None,

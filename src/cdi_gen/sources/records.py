@@ -142,11 +142,23 @@ def _sys_number(sys_name: str) -> str | None:
     return sys_name[-digits:] if digits else None
 
 
+def _properties(entry: Mapping[str, Any]) -> dict[str, str]:
+    """An entry's ``E:`` properties, with DEVLINKS made of its ``S:`` lines (links relative
+    to /dev) when it has those and no DEVLINKS of its own."""
+    props: dict[str, str] = entry.get("E", {})
+    links = entry.get("S")
+    if links and "DEVLINKS" not in props:
+        props = {**props, "DEVLINKS": " ".join(f"/dev/{link}" for link in links)}
+    return props
+
+
 def records_from_export_db(text: str) -> list[DeviceRecord]:
     """Records from ``udevadm info --export-db`` output, of the devices with a device node.
 
     The database has properties but no sysfs attributes; parents are rebuilt from the other
-    entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property.
+    entries of the same dump (the longest DEVPATH prefixes), with their DRIVER property. A
+    device's links are its DEVLINKS property; an entry that lists them only as ``S:`` lines
+    (relative to /dev) gets DEVLINKS made of those.
     """
     entries: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
@@ -167,7 +179,7 @@ def records_from_export_db(text: str) -> list[DeviceRecord]:
     by_path = {e["P"]: e for e in entries}
     records = []
     for e in entries:
-        props: dict[str, str] = e.get("E", {})
+        props = _properties(e)
         devpath = e["P"]
         devnode = props.get("DEVNAME") or (f"/dev/{e['N']}" if "N" in e else None)
         if not devnode:
