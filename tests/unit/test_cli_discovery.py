@@ -66,6 +66,21 @@ def test_render_yaml_with_vendor(capsys: pytest.CaptureFixture[str]) -> None:
     assert [d["name"] for d in doc["devices"]] == ["ttyACM0", "ttyUSB0", "ttyUSB1"]
 
 
+def test_render_yaml_of_a_shared_class_has_no_anchors(capsys: pytest.CaptureFixture[str]) -> None:
+    # tun is shared (sharing: {replicas: 110}): its slots share one edits object, which a
+    # plain safe_dump writes as &id001 once and *id001 in every other slot.
+    code, out, _ = _cli(capsys, "render", "--records", VM, "--class", "tun", "--format", "yaml")
+    assert code == 0
+    assert "&id" not in out
+    assert "*id" not in out
+    code, as_json, _ = _cli(capsys, "render", "--records", VM, "--class", "tun")
+    assert code == 0
+    doc = yaml.safe_load(out)
+    assert doc == orjson.loads(as_json)
+    assert len(doc["devices"]) == 110
+    assert doc["devices"][109]["containerEdits"] == {"deviceNodes": [{"path": "/dev/net/tun"}]}
+
+
 def test_render_without_device_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _cli(capsys, "render", "--records", VM, "--class", "serial")
     assert (code, out) == (1, "")
