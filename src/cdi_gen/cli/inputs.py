@@ -1,7 +1,7 @@
 """What the one-shot commands read and print: the config, the devices (udev or a
 recording), a warning per class that reads what the recording lacks, a warning per device
 skipped or left out of a spec (and the error that makes the exit status say so), and a spec
-document to stdout or a file."""
+document (or a recording) to stdout or a file."""
 
 from __future__ import annotations
 
@@ -189,13 +189,23 @@ def emit_document(
     """
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.validation import check_document
-    from cdi_gen.cdi.writer import write_file
-    from cdi_gen.errors import ConfigError, SpecError
+    from cdi_gen.errors import SpecError
 
     problems = check_document(doc)
     if problems:
         raise SpecError(problems, str(doc.get("kind", "")))
-    data = dump_document(dict(doc), fmt)
+    emit(dump_document(dict(doc), fmt), output)
+
+
+def emit(data: bytes, output: Path | None = None) -> None:
+    """Print ``data`` or write it atomically to ``output``.
+
+    Raises :class:`~cdi_gen.errors.ConfigError` when ``output`` names something that is not
+    a regular file, :class:`~cdi_gen.errors.SpecWriteError` when it cannot be written.
+    """
+    from cdi_gen.cdi.writer import write_file
+    from cdi_gen.errors import ConfigError
+
     if output is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
