@@ -68,7 +68,11 @@ from cdi_gen.model import DeviceRecord, ParentRecord
 from cdi_gen.sources import property_int
 
 __all__ = [
+    "EXPORT_DB",
+    "JSON_LIST",
+    "JSON_RECORDING",
     "RECORDING_FORMAT",
+    "RECORDING_VERSION",
     "Recording",
     "load_recording",
     "parse_recording",
