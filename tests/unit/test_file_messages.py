@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.apiserver.client import KubeConfigError, load_config
-from cdi_gen.cli.inputs import load_recording_file
+from cdi_gen.cli.inputs import load_records_file
 from cdi_gen.config.loader import parse_config
 from cdi_gen.errors import ConfigError, fragment
 
@@ -44,7 +44,7 @@ def test_records_errors_quote_no_secret(tmp_path: Path, content: object) -> None
     path = tmp_path / "records.json"
     path.write_bytes(orjson.dumps(content))
     with pytest.raises(ConfigError) as info:
-        load_recording_file(path)
+        load_records_file(path)
     assert "not udev records" in str(info.value)
     assert not _leaks(str(info.value)), str(info.value)
 

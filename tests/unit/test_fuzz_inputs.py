@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdi_gen.cdi.registry import load_file
-from cdi_gen.cli.inputs import load_recording_file
+from cdi_gen.cli.inputs import load_records_file
 from cdi_gen.config.loader import catalogue_text, load_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
@@ -244,7 +244,7 @@ DISCOVERY_CONFIG = load_config(None)
 def check_records(data: str, suffix: str) -> None:
     with written(data, f".{suffix}") as path, cpu_bound():
         try:
-            records = load_recording_file(path).records
+            records = load_records_file(path).records
         except ConfigError as exc:
             assert "\n" not in str(exc)
             short_lines(str(exc))

@@ -55,7 +55,7 @@ def discover_devices(
             subsystems=discovery.subsystems, interest=discovery.interest, wants=discovery.wants
         )
     else:
-        recording = load_recording_file(records_path)
+        recording = load_records_file(records_path)
         records = list(recording.records)
         for cls in discovery.class_names:
             warn_unanswered(cls, discovery.config_of(cls), recording)
@@ -78,7 +78,7 @@ def cri_lookup(sockets: Sequence[str | Path] | None = None) -> Lookup:
     return ask
 
 
-def load_recording_file(path: Path) -> Recording:
+def load_records_file(path: Path) -> Recording:
     """The recording of a ``--records`` file; ConfigError (exit 2) naming the file and why."""
     from cdi_gen.cdi.codec import one_line
     from cdi_gen.errors import ConfigError
