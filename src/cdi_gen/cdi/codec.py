@@ -32,9 +32,31 @@ def dump_document(doc: dict[str, Any], fmt: Format = "json") -> bytes:
     if fmt == "yaml":
         import yaml  # lazy: only YAML users pay for the import
 
-        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        text = yaml.dump(
+            doc,
+            Dumper=_plain_dumper(),
+            sort_keys=False,
+            default_flow_style=False,
+            allow_unicode=True,
+        )
         return b"---\n" + text.encode()
     raise ValueError(f"unknown format {fmt!r}, should be one of {', '.join(FORMATS)}")
+
+
+def _plain_dumper() -> Any:
+    """PyYAML's safe dumper without anchors and aliases.
+
+    The slots of a shared device share one edits object; the safe dumper would write it once
+    as ``&id001`` and then ``*id001``, which readers of a spec (people, ``yq``, grep) should
+    not have to resolve. Every value is written out where it is used instead.
+    """
+    import yaml
+
+    class PlainDumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return PlainDumper
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:

@@ -69,7 +69,7 @@ def discover(
     for cls in discovery.class_names:
         devices = discovery.devices(cls)
         if not devices:
-            click.echo(f"{vendor}/{cls}: no device")
+            click.echo(f"{vendor}/{cls}: no device{_left_out_note(discovery, cls)}")
             warn_skipped(discovery, cls)
             hint_links(discovery, cls, records)
             continue
@@ -87,6 +87,15 @@ def discover(
             shared = f"  slots={len(slots)} ({slots[0]}..{slots[-1]})" if len(slots) > 1 else ""
             click.echo(f"  {d.name:<{width}}  {nodes}  numa={numa}{health}{shared}  [{rules}]")
         warn_skipped(discovery, cls)
+
+
+def _left_out_note(discovery: Discovery, cls: str) -> str:
+    """For a class without devices: how many matched and were left out, so that "no device"
+    is not read as "nothing matched" (the warnings that follow say why, one per device)."""
+    skipped = len({w.sys_path for w in discovery.warnings(cls)})
+    if not skipped:
+        return ""
+    return f": {skipped} matched, {skipped} left out (why: the warnings below)"
 
 
 def slot_ids(discovery: Discovery, cls: str, device: str) -> list[str]:
