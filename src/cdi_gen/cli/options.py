@@ -96,8 +96,8 @@ RECORDS = click.option(
     "--records",
     "records_path",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Use recorded udev data (`udevadm info --export-db` text or a JSON list of "
-    "records) instead of this machine's devices.",
+    help="Use recorded udev data (`udevadm info --export-db` text, a JSON list of records, "
+    "or what `cdi-gen record` writes) instead of this machine's devices.",
 )
 #: The pins of the one-shot commands: they read the agent's variables for these three only,
 #: so `cdi-gen write` in the agent's environment pins what the agent pins.

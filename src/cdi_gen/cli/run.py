@@ -47,6 +47,12 @@ def run(**flags: Any) -> None:
     """
     import asyncio
 
+    from cdi_gen.kubelet import apply_grpc_experiments
+
+    # First: grpc reads its settings once, when it loads, and this process will serve the
+    # kubelet's plugins (a CRI socket asked for a "runtime" pin may load it earliest).
+    apply_grpc_experiments()
+
     from cdi_gen.agent.agent import Agent
     from cdi_gen.cli.inputs import cri_lookup
     from cdi_gen.config.settings import load_settings

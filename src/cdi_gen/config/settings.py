@@ -21,7 +21,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -34,6 +34,10 @@ from cdi_gen.config.models import AgentConfig
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
 from cdi_gen.names import is_dns_label, is_dns_subdomain, validate_driver_name
 from cdi_gen.retry import FLOOR_SECONDS
+from cdi_gen.strictmodel import Loc, problems
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = [
     "ENV_PREFIX",
@@ -495,24 +499,26 @@ def load_settings(flags: Mapping[str, Any] | None = None, **given: Any) -> Setti
 
 
 def _lines(exc: ValidationError, explicit: Mapping[str, Any]) -> Sequence[str]:
-    lines = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(str(part) for part in err["loc"])
+    def field(loc: Loc) -> str:
         # A group's field is named by its flat name, the one its flag and variable carry.
-        field = (
-            _FLAT.get((loc[0], loc[1]) if len(loc) > 1 else (None, loc[0]), ".".join(loc))
-            if loc
-            else ""
-        )
-        message = str(err.get("ctx", {}).get("error", err["msg"]))
-        env = ENV_PREFIX + field.upper()
-        if message == _EMPTY:
-            lines.append(
-                f"{_flag(field)}: an empty path is not a folder"
-                if field in explicit
-                else f"{env} is set but empty: give a folder or unset it"
-            )
-            continue
-        where = _flag(field) if field in explicit else env
-        lines.append(f"{where}: {message} (got {quote(str(err.get('input', '')))})")
-    return lines
+        parts = tuple(str(part) for part in loc)
+        if not parts:
+            return ""
+        place = (parts[0], parts[1]) if len(parts) > 1 else (None, parts[0])
+        return _FLAT.get(place, parts[0])
+
+    def where(loc: Loc) -> str:
+        name = field(loc)
+        return _flag(name) if name in explicit else ENV_PREFIX + name.upper()
+
+    def message(err: ErrorDetails) -> str:
+        text = str(err.get("ctx", {}).get("error", err["msg"]))
+        if text == _EMPTY:
+            # A variable set but empty is said in a sentence of its own (below).
+            return "an empty path is not a folder" if field(err["loc"]) in explicit else _EMPTY
+        return f"{text} (got {quote(str(err.get('input', '')))})"
+
+    return [
+        f"{p.path} is set but empty: give a folder or unset it" if p.message == _EMPTY else str(p)
+        for p in problems(exc, where=where, message=message)
+    ]

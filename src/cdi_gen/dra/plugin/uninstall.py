@@ -108,7 +108,8 @@ class Owner:
 
     async def _answer(self, timeout: float) -> _Answer:  # noqa: ASYNC109
         """One GET of the DaemonSet, within ``timeout`` seconds in all."""
-        from cdi_gen.apiserver.client import ApiClient, ApiServerError
+        from cdi_gen.apiserver.client import ApiClient
+        from cdi_gen.apiserver.errors import ApiServerError
 
         settings = self.settings
         name = settings.cluster.daemonset
@@ -185,7 +186,8 @@ class Owner:
 async def delete_slices(settings: Settings, driver: str, node: str) -> str:
     """Delete the ResourceSlices of ``driver`` on ``node``, within :data:`SLICES_SECONDS`;
     what happened, in words for the log."""
-    from cdi_gen.apiserver.client import ApiClient, ApiServerError
+    from cdi_gen.apiserver.client import ApiClient
+    from cdi_gen.apiserver.errors import ApiServerError
 
     client: ApiClient | None = None
 
