@@ -36,7 +36,7 @@ def _unrun(work: Coroutine[Any, Any, None], name: str) -> None:
 
 def _driver(**settings: object) -> DraDriver:
     loaded = load_settings({"node_name": "node-1", **settings})
-    return DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry_max_seconds, _unrun))
+    return DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry.max_seconds, _unrun))
 
 
 def test_publish_puts_the_class_into_the_pool() -> None:
@@ -176,7 +176,7 @@ async def test_the_publisher_is_bounded_by_the_retry_setting(
         tasks.append(asyncio.create_task(work, name=name))
 
     loaded = load_settings({"node_name": API_NODE, "retry_max_seconds": 0.1})
-    driver = DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry_max_seconds, spawn))
+    driver = DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry.max_seconds, spawn))
     monkeypatch.setattr(driver, "_make_plugin", no_plugin)
     assert not await driver.attempt()  # the plugin failed; the publisher runs all the same
     publisher = driver.publisher
