@@ -116,6 +116,9 @@ def main() -> None:
     mode, folder = sys.argv[1], Path(sys.argv[2])
     name = sys.argv[3] if len(sys.argv) > 3 else mode
     if mode == "plugin":
+        from cdi_gen.kubelet import apply_grpc_experiments
+
+        apply_grpc_experiments()  # as `cdi-gen run` does, before grpc loads
         asyncio.run(_serve_plugin(folder))
     elif mode in ("floor-bytes", "floor-protobuf"):
         _serve_floor(mode, folder / f"{name}.sock")

@@ -100,7 +100,7 @@ class _Claims:
 async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document
-    from cdi_gen.cdi.writer import write_bytes
+    from cdi_gen.cdi.store import SpecStore
     from cdi_gen.dra.driver.claimspecs import ClaimSpecs
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.pool import DevicePool
@@ -118,9 +118,9 @@ async def _serve_plugin(folder: Path) -> None:
         for i in range(POOL_DEVICES)
     ]
     spec_dir = folder / "cdi"
-    write_bytes(
-        spec_dir, "example.com", "fpga", dump_document(assemble("example.com/fpga", entries))
-    )
+    specs = SpecStore()  # the agent's runners write through it
+    data = dump_document(assemble("example.com/fpga", entries))
+    specs.sync(spec_dir, "example.com", "fpga", data, instance=None)
 
     pool = DevicePool()
     pool.publish(
@@ -142,6 +142,7 @@ async def _serve_plugin(folder: Path) -> None:
         claim_specs=ClaimSpecs(
             spec_dir,
             "example.com",
+            store=specs,
             driver=DRIVER,
             metadata_dir=folder / "plugins" / DRIVER / "dra-device-metadata",
         ),
@@ -167,6 +168,9 @@ async def _serve_plugin(folder: Path) -> None:
 def main() -> None:
     mode, folder = sys.argv[1], Path(sys.argv[2])
     if mode == "plugin":
+        from cdi_gen.kubelet import apply_grpc_experiments
+
+        apply_grpc_experiments()  # as `cdi-gen run` does, before grpc loads
         asyncio.run(_serve_plugin(folder))
     elif mode == "floor":
         _serve_floor(folder)

@@ -28,7 +28,8 @@ from pathlib import Path
 from _table import Row, best_ms, percentile, print_table
 
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.writer import spec_filename, sync_spec
+from cdi_gen.cdi.specnames import spec_filename
+from cdi_gen.cdi.writer import sync_spec
 from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.model import DeviceRecord

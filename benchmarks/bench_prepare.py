@@ -49,7 +49,7 @@ from _serverproc import ServerProcess
 from _table import Row, percentile, print_table, timed
 
 from cdi_gen._proto.dra.v1 import api_pb2
-from cdi_gen.cdi.writer import OWNER_SUFFIX
+from cdi_gen.cdi.ownerrecords import OWNER_SUFFIX
 
 HERE = Path(__file__).resolve().parent
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
@@ -191,7 +191,7 @@ def _configured_files(
     """The files one configured claim's prepare writes, as the plugin wrote them."""
     request = _request(number, configured=True)
     prepare(request)
-    tag = f"_k-uid-{number}.json"
+    tag = f"@k-uid-{number}.json"  # a transient spec's name (see writer.transient_filename)
     specs = folder / "cdi"
     metadata = folder / "plugins" / DRIVER / "dra-device-metadata"
     found = {

@@ -1,8 +1,12 @@
-"""Retries: a wait that doubles between a floor and a bound, and the log lines a repeated failure
-is worth.
+"""Retries: a wait that doubles between a floor and a bound, the log lines a repeated failure
+is worth, and the one guarded retry every loop goes through.
 
 Every retry loop of the agent (a spec write, a plugin or the DRA driver that cannot start, a
-registration the kubelet refuses, a publisher that failed) waits through one :class:`Backoff`.
+registration the kubelet refuses, a publisher that failed) is a :class:`Retry`: its waits are
+one :class:`Backoff` bounded by the run's ``retry_max_seconds`` (:func:`bounded`), and each
+failure goes through :meth:`Retry.failed`, which counts it (in
+``cdi_gen_failures_total{resource, reason}`` where the loop counts) and logs it on
+:meth:`Backoff.failed`'s rule.
 Its waits never go below :data:`FLOOR_SECONDS`, whatever the caller or a setting asks: a wait
 of 1e-9 s once made 46,765 start attempts in 2 s, at full CPU, with 163 MiB of log. (The
 run's setting ``retry_max_seconds`` is refused below the floor at load; the clamp here is for
@@ -21,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +37,11 @@ __all__ = [
     "NEW_MESSAGES",
     "Backoff",
     "Failures",
+    "Retry",
     "Spawn",
     "Tools",
+    "bounded",
     "describe",
-    "keep_starting",
 ]
 
 log = logging.getLogger("cdi_gen.agent.agent")
@@ -105,6 +110,12 @@ def describe(exc: BaseException) -> str:
     return text
 
 
+def bounded(longest: float, first: float = 0.5) -> Backoff:
+    """The waits of one retry loop of the agent: from ``first`` (or less, when that is the
+    bound) up to ``longest`` (the run's ``retry_max_seconds``)."""
+    return Backoff(min(first, longest), longest)
+
+
 #: ``spawn(work, name)``: run ``work`` as a task of the agent's group (cancelled on stop;
 #: closed unrun when the agent is not running).
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
@@ -112,12 +123,16 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 @dataclass(frozen=True, slots=True)
 class Tools:
-    """What the agent lends its class runners and frontends: the metrics, the waits of one
-    retry loop (:meth:`~cdi_gen.agent.agent.Agent.backoff`) and its task group (``spawn``)."""
+    """What the agent lends its class runners and frontends: the metrics, the bound of every
+    retry loop (``retry_max_seconds``) and its task group (``spawn``)."""
 
     metrics: Metrics
-    backoff: Callable[[], Backoff]
+    retry_max_seconds: float
     spawn: Spawn
+
+    def backoff(self, first: float = 0.5) -> Backoff:
+        """The waits of one retry loop (see :func:`bounded`)."""
+        return bounded(self.retry_max_seconds, first)
 
 
 class Failures:
@@ -147,10 +162,92 @@ class Failures:
             log.error(message, *args, extra=extra)
 
 
-async def keep_starting(start: Callable[[Backoff], Awaitable[bool]], backoff: Backoff) -> None:
-    """Retry ``start(backoff)`` (a frontend whose first attempt failed) after each of
-    ``backoff``'s waits until it returns True."""
-    while True:
-        await asyncio.sleep(backoff.delay)
-        if await start(backoff):
-            return
+class Retry:
+    """One guarded retry loop: its waits (``backoff``), and each failure counted and logged.
+
+    A failure is reported in one of two ways, as the loop always did: through a class's
+    ``failures`` (counted under its resource and ``reason``, logged with its fields), or
+    through ``logger`` at ``level`` with ``extra``, counted by ``count`` when given (a loop
+    below the agent has no metrics; its caller counts through a hook). Either way it is
+    logged only when :meth:`Backoff.failed` says so (a repeat once per doubling).
+
+    Messages are ``%``-templates over a mapping: ``%(attempt)d``, ``%(delay)g`` and
+    ``%(why)s`` are the failure's, the rest the caller's (:meth:`failed`'s ``values``).
+    """
+
+    def __init__(
+        self,
+        backoff: Backoff,
+        *,
+        logger: logging.Logger | None = None,
+        level: int = logging.ERROR,
+        extra: Mapping[str, object] | None = None,
+        failures: Failures | None = None,
+        reason: str = "",
+        count: Callable[[], None] | None = None,
+    ) -> None:
+        self.backoff = backoff
+        self.logger = logger or log
+        self.level = level
+        self.extra = extra
+        self.failures = failures
+        self.reason = reason
+        self.count = count
+
+    @property
+    def attempts(self) -> int:
+        """Failures in a row (0 after a success)."""
+        return self.backoff.attempts
+
+    @property
+    def delay(self) -> float:
+        """The wait before the next attempt."""
+        return self.backoff.delay
+
+    def failed(
+        self,
+        why: str,
+        message: str,
+        *,
+        reason: str | None = None,
+        level: int | None = None,
+        exc_info: BaseException | bool | None = None,
+        **values: object,
+    ) -> bool:
+        """Count one failure (``why`` is its message), step the wait up and log ``message``
+        if the backoff says this one deserves a line; whether it did."""
+        logged = self.backoff.failed(why)
+        args = {"attempt": self.backoff.attempts, "delay": self.backoff.delay, "why": why}
+        args.update(values)
+        if self.failures is not None:
+            self.failures(reason or self.reason, message, args, logged=logged)
+            return logged
+        if self.count is not None:
+            self.count()
+        if logged:
+            self.logger.log(
+                self.level if level is None else level,
+                message,
+                args,
+                extra=dict(self.extra) if self.extra else None,
+                exc_info=exc_info,
+            )
+        return logged
+
+    def succeeded(self) -> None:
+        """Back to the first wait: the next failure is a new one."""
+        self.backoff.succeeded()
+
+    def ran(self, seconds: float) -> None:
+        """An attempt that ran ``seconds`` before it failed: as long as the longest wait,
+        it counts as healthy, and its failure as a new one."""
+        if seconds >= self.backoff.maximum:
+            self.backoff.succeeded()
+
+    async def until(self, attempt: Callable[[], Awaitable[bool]]) -> None:
+        """Retry ``attempt()`` (whose first try failed) after each wait until it returns
+        True."""
+        while True:
+            await asyncio.sleep(self.backoff.delay)
+            if await attempt():
+                return

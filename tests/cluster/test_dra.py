@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from loopdev import LoopDevice, LoopDevices
 
-from cdi_gen.cdi.writer import spec_filename
+from cdi_gen.cdi.specnames import spec_filename
 from tests.waiting import until_sync
 
 from .agent import DRIVER, VENDOR, NodeAgent, class_config

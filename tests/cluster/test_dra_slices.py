@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.dra.driver.claimreader import ClaimReader
+from cdi_gen.dra.driver.claimreader import ApiClaimReader
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.errors import ClaimError
@@ -257,7 +257,7 @@ async def test_claim_read_with_uid_and_missing_claim_named(
             await client.get_claim("default", f"{name}-x")
 
         # From a gRPC-like thread, through the agent's loop.
-        reader = ClaimReader(client, asyncio.get_running_loop(), timeout=10)
+        reader = ApiClaimReader(client, asyncio.get_running_loop(), timeout=10)
         seen, missing = await asyncio.to_thread(
             reader.read_claims, [("default", name), ("default", f"{name}-x")], 10
         )

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from loopdev import LoopDevices
 
-from cdi_gen.cdi.writer import OWNER_SUFFIX
+from cdi_gen.cdi.ownerrecords import OWNER_SUFFIX
 from tests.waiting import until_sync
 
 from .agent import DRIVER, VENDOR

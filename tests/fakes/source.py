@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cdi_gen.model import DeviceRecord
 from cdi_gen.sources import RecordBatch
-from cdi_gen.sources.records import load_records
+from cdi_gen.sources.records import load_recording
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -42,7 +42,7 @@ class PipeSource:
     def from_data(cls, name: str, *, only: Iterable[str] | None = None) -> PipeSource:
         """A source whose enumeration is ``tests/data/udev/<name>`` (only the ``sys_name`` s
         in ``only``, when given)."""
-        records = load_records(DATA / name)
+        records = load_recording(DATA / name).records
         wanted = None if only is None else set(only)
         return cls(r for r in records if wanted is None or r.sys_name in wanted)
 

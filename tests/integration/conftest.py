@@ -1,4 +1,8 @@
-"""Fixtures of the integration tests that create kernel devices."""
+"""Fixtures of the integration tests: kernel devices, and the thread boundary watched.
+
+Every test here that drives the real gRPC handlers over a unix socket fails when a handler
+changed loop-owned state (a board, the pool) from its server thread: the boundary's guard
+refuses the change, and :func:`thread_boundary_kept` finds it counted."""
 
 from __future__ import annotations
 
@@ -7,7 +11,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from cdi_gen.kubelet.boundary import wrong_thread_changes
 from tests.loopdev import LoopDevices
+
+
+@pytest.fixture(autouse=True)
+def thread_boundary_kept() -> Iterator[None]:
+    """Fail the test if loop-owned state was changed off its loop's thread during it (a
+    handler may swallow the guard's error into an answer the test does not look at)."""
+    before = len(wrong_thread_changes())
+    yield
+    refused = wrong_thread_changes()[before:]
+    assert not refused, f"loop-owned state changed off its loop's thread: {refused}"
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.apiserver.client import ApiClient, claim_view
-from cdi_gen.dra.driver.claimreader import ClaimReader
+from cdi_gen.apiserver.client import ApiClient
+from cdi_gen.apiserver.resourceclaim import claim_view
+from cdi_gen.dra.driver.claimreader import ApiClaimReader
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.fakes.claimserver import ClaimServer, claim_body
@@ -24,21 +25,21 @@ RESULT = {"request": "r", "driver": "cdi-gen.example.com", "pool": "node-a", "de
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[ClaimServer, ClaimReader]]:
+async def served(tmp_path: Path) -> AsyncIterator[tuple[ClaimServer, ApiClaimReader]]:
     with ClaimServer.running(tmp_path) as server:
         client = ApiClient(server.kubeconfig)
         try:
-            yield server, ClaimReader(client, asyncio.get_running_loop(), timeout=10)
+            yield server, ApiClaimReader(client, asyncio.get_running_loop(), timeout=10)
         finally:
             await client.close()
 
 
-async def read(reader: ClaimReader, *refs: tuple[str, str], within: float = 5) -> list[object]:
+async def read(reader: ApiClaimReader, *refs: tuple[str, str], within: float = 5) -> list[object]:
     # From a thread, as the gRPC server's threads call it: the client runs on this loop.
     return list(await asyncio.to_thread(reader.read_claims, refs, within))
 
 
-async def test_a_claim_is_read(served: tuple[ClaimServer, ClaimReader]) -> None:
+async def test_a_claim_is_read(served: tuple[ClaimServer, ApiClaimReader]) -> None:
     server, reader = served
     server.bodies["ns", "c"] = claim_body("ns", "c", "u1", {**RESULT, "shareID": "s"})
     [view] = await read(reader, ("ns", "c"))
@@ -54,7 +55,7 @@ PARAMETERS = {"apiVersion": "cdi-gen.io/v1alpha1", "kind": "DeviceConfig", "env"
 
 
 async def test_config_entries_and_admin_access_are_read(
-    served: tuple[ClaimServer, ClaimReader],
+    served: tuple[ClaimServer, ApiClaimReader],
 ) -> None:
     # Before: the allocation's config and adminAccess were dropped, so a claim's
     # configuration was silently ignored.
@@ -91,7 +92,7 @@ async def test_config_entries_and_admin_access_are_read(
     ],
 )
 async def test_a_malformed_config_entry_is_that_claims_error(
-    served: tuple[ClaimServer, ClaimReader], config: object, rule: str
+    served: tuple[ClaimServer, ApiClaimReader], config: object, rule: str
 ) -> None:
     server, reader = served
     body = orjson.loads(claim_body("ns", "c", "u1", RESULT))
@@ -111,7 +112,7 @@ async def test_a_malformed_config_entry_is_that_claims_error(
     ],
 )
 async def test_the_pod_claim_name_of_a_template_claim_is_read(
-    served: tuple[ClaimServer, ClaimReader], annotation: object, outcome: str
+    served: tuple[ClaimServer, ApiClaimReader], annotation: object, outcome: str
 ) -> None:
     # The device metadata's path in the container is built from it: a DNS label or nothing.
     server, reader = served
@@ -143,7 +144,7 @@ NOT_CLAIMS = [
 
 @pytest.mark.parametrize(("body", "rule"), NOT_CLAIMS)
 async def test_an_answer_that_is_not_a_claim_is_that_claims_error(
-    served: tuple[ClaimServer, ClaimReader], body: bytes, rule: str
+    served: tuple[ClaimServer, ApiClaimReader], body: bytes, rule: str
 ) -> None:
     server, reader = served
     server.bodies["ns", "c"] = body
@@ -159,7 +160,7 @@ async def test_an_answer_that_is_not_a_claim_is_that_claims_error(
 
 
 async def test_a_stalled_answer_ends_within_the_time_given(
-    served: tuple[ClaimServer, ClaimReader],
+    served: tuple[ClaimServer, ApiClaimReader],
 ) -> None:
     server, reader = served
     server.bodies["ns", "slow"] = claim_body("ns", "slow", "u1", RESULT)
@@ -184,7 +185,7 @@ async def test_a_stalled_answer_ends_within_the_time_given(
     ],
 )
 async def test_a_name_that_is_not_a_kubernetes_name_is_never_sent(
-    served: tuple[ClaimServer, ClaimReader], namespace: str, name: str
+    served: tuple[ClaimServer, ApiClaimReader], namespace: str, name: str
 ) -> None:
     server, reader = served
     [refused] = await read(reader, (namespace, name))

@@ -238,12 +238,12 @@ def test_run_without_a_runtime_anywhere_exits_2_with_the_cri_reason_in_its_line(
 def test_the_cri_sockets_default_to_containerd_and_cri_o(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert load_settings({}).cri_socket == (
+    assert load_settings({}).runtimes.cri_sockets == (
         Path("/run/containerd/containerd.sock"),
         Path("/var/run/crio/crio.sock"),
     )
     monkeypatch.setenv("CDI_GEN_CRI_SOCKET", "/a.sock /b.sock")
-    assert load_settings({}).cri_socket == (Path("/a.sock"), Path("/b.sock"))
+    assert load_settings({}).runtimes.cri_sockets == (Path("/a.sock"), Path("/b.sock"))
 
 
 async def test_run_pins_the_limit_of_the_runtime_the_cri_names(

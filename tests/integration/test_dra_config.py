@@ -17,8 +17,10 @@ import pytest
 
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.ownerrecords import OWNER_SUFFIX
 from cdi_gen.cdi.registry import SpecCache
-from cdi_gen.cdi.writer import OWNER_SUFFIX, write_bytes
+from cdi_gen.cdi.store import SpecStore
+from cdi_gen.cdi.writer import write_bytes
 from cdi_gen.dra.driver.checkpoint import checkpoint_path
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs
 from cdi_gen.dra.driver.devicemetadata import metadata_stream
@@ -93,6 +95,7 @@ class Node:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.spec_dir = root / "cdi"
+        self.specs = SpecStore()  # the agent's: what its runners wrote
         self.write_class_spec()
         self.pool = DevicePool()
         self.pool.publish(
@@ -118,7 +121,7 @@ class Node:
         return dump_document(doc)
 
     def write_class_spec(self) -> None:
-        write_bytes(self.spec_dir, "example.com", "fpga", self.spec_bytes())
+        self.specs.sync(self.spec_dir, "example.com", "fpga", self.spec_bytes(), instance=None)
 
     def plugin(self) -> DraPlugin:
         preparer = PoolPreparer(
@@ -131,7 +134,11 @@ class Node:
             max_reading_calls=draplugin.MAX_READING_CALLS,
             resolver=self.resolver,
             claim_specs=ClaimSpecs(
-                self.spec_dir, "example.com", driver=DRIVER, metadata_dir=self.metadata_dir
+                self.spec_dir,
+                "example.com",
+                store=self.specs,
+                driver=DRIVER,
+                metadata_dir=self.metadata_dir,
             ),
         )
         return DraPlugin(
@@ -412,7 +419,7 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
         # The agent rewrites the class's spec (a udev change, a new config).
         edits = {"deviceNodes": [{"path": "/dev/zero"}], "env": ["MODE=changed"]}
         doc = assemble("example.com/fpga", [build_entry("0", edits), build_entry("1", edits)])
-        write_bytes(node.spec_dir, "example.com", "fpga", dump_document(doc))
+        node.specs.sync(node.spec_dir, "example.com", "fpga", dump_document(doc), instance=None)
         assert (await connection.prepare([second])).claims["uid-2"].error == ""
         spec = orjson.loads((node.spec_dir / "example.com-fpga@uid-2.json").read_bytes())
         [device] = spec["devices"]
@@ -450,3 +457,27 @@ async def test_a_claim_whose_spec_fails_leaves_no_record_behind(node: Node) -> N
         # Nothing of it is left to get in the way: once the class's spec is back, it prepares.
         node.write_class_spec()
         assert (await connection.prepare([claim])).claims[UID].error == ""
+
+
+async def test_a_class_spec_someone_else_replaced_is_never_built_on(node: Node) -> None:
+    # The claim's spec is built from what the agent wrote, in memory; the file at the
+    # class's name must still be that write's, or the claim is refused.
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        foreign = {"deviceNodes": [{"path": "/dev/mem"}], "env": ["MODE=foreign"]}
+        doc = assemble("example.com/fpga", [build_entry("0", foreign), build_entry("1", foreign)])
+        planted = node.spec_dir / ".planted"
+        planted.write_bytes(dump_document(doc))
+        planted.rename(node.spec_dir / "example.com-fpga.json")
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert "its own CDI spec cannot be written" in answer.error
+        assert "is not the file this agent wrote" in answer.error
+        assert node.spec_files() == ["example.com-fpga.json"]
+        # Once the foreign file is gone and the agent writes its spec again, the claim
+        # starts from that.
+        (node.spec_dir / "example.com-fpga.json").unlink()
+        node.write_class_spec()
+        assert (await connection.prepare([claim])).claims[UID].error == ""
+        env = node.claim_spec()["devices"][0]["containerEdits"]["env"]
+        assert "MODE=class" in env and "MODE=foreign" not in env

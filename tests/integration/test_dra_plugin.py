@@ -21,7 +21,7 @@ from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.cdi.resolution import SpecResolver
 from cdi_gen.dra.driver.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
-from cdi_gen.dra.driver.claimreader import ClaimReader
+from cdi_gen.dra.driver.claimreader import ApiClaimReader
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin import server as draplugin
 from cdi_gen.dra.plugin.claims import ClaimReader as KubeletClaimReader
@@ -561,7 +561,7 @@ async def test_whatever_the_api_server_answers_each_claim_gets_one_line(node: No
         for name, body in bodies.items():
             server.bodies["default", name] = body
         client = ApiClient(server.kubeconfig)
-        reader = ClaimReader(client, asyncio.get_running_loop())
+        reader = ApiClaimReader(client, asyncio.get_running_loop())
         try:
             async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(reader):
                 connection = await kubelet.next_registration()
@@ -695,7 +695,7 @@ async def test_an_unprepare_during_the_prepare_of_that_claim_leaves_no_stale_rec
         server.bodies["default", "c1"] = claim_body("default", "c1", "uid-1", result)
         server.stalled.add(("default", "c1"))
         client = ApiClient(server.kubeconfig)
-        reader = ClaimReader(client, asyncio.get_running_loop())
+        reader = ApiClaimReader(client, asyncio.get_running_loop())
         try:
             async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(reader):
                 connection = await kubelet.next_registration()

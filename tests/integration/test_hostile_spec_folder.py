@@ -220,7 +220,7 @@ async def test_runtime_spec_dir_given_twice_still_allocates(short_dir: Path) -> 
     spec_dir.mkdir()
     (spec_dir / "example.com-loop.json").write_text(json.dumps(GOOD))
     options = Settings(spec_dir=spec_dir, runtime_spec_dirs=(spec_dir, Path(f"{spec_dir}/")))
-    assert options.spec_dirs_for_runtime() == (spec_dir,)
+    assert options.paths.for_runtime() == (spec_dir,)
     kubelet = FakeKubelet(short_dir / "dp")
     await kubelet.start()
     # Even handed straight to the cache, a folder named twice does not conflict with itself.

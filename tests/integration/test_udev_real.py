@@ -22,7 +22,8 @@ import pytest
 from loopdev import LoopDevices
 
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.writer import spec_filename, sync_spec
+from cdi_gen.cdi.specnames import spec_filename
+from cdi_gen.cdi.writer import sync_spec
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from cdi_gen.deviceplugin.allocation import (
     AllocationError,
+    AllocationRefusal,
     PhysicalPolicy,
-    Refusal,
     annotation_key,
     build_cdi_annotations,
     check_request,
@@ -47,26 +47,31 @@ def test_check_request_accepts_known_healthy_distinct_ids() -> None:
 @pytest.mark.parametrize(
     ("ids", "reason", "device", "message"),
     [
-        (["loop9"], Refusal.UNKNOWN, "loop9", "unknown device 'loop9' for resource " + RESOURCE),
+        (
+            ["loop9"],
+            AllocationRefusal.UNKNOWN,
+            "loop9",
+            "unknown device 'loop9' for resource " + RESOURCE,
+        ),
         (
             ["loop200", "loop200"],
-            Refusal.DUPLICATE,
+            AllocationRefusal.DUPLICATE,
             "loop200",
             "device 'loop200' requested more than once for resource " + RESOURCE,
         ),
         (
             ["loop202"],
-            Refusal.UNHEALTHY,
+            AllocationRefusal.UNHEALTHY,
             "loop202",
             "device 'loop202' of resource example.com/loop is unhealthy",
         ),
         # The first bad ID in request order is the one reported.
-        (["loop200", "loop202", "loop9"], Refusal.UNHEALTHY, "loop202", None),
+        (["loop200", "loop202", "loop9"], AllocationRefusal.UNHEALTHY, "loop202", None),
     ],
     ids=["unknown", "duplicate", "unhealthy", "first-wins"],
 )
 def test_check_request_names_the_bad_id(
-    ids: list[str], reason: Refusal, device: str, message: str | None
+    ids: list[str], reason: AllocationRefusal, device: str, message: str | None
 ) -> None:
     with pytest.raises(AllocationError) as caught:
         check_request(ids, BOARD, RESOURCE)

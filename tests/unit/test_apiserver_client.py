@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.apiserver.client import (
-    MAX_ANSWER_BYTES,
-    ApiClient,
-    ApiServerError,
-    KubeConfigError,
-)
+from cdi_gen.apiserver.answers import MAX_ANSWER_BYTES
+from cdi_gen.apiserver.client import ApiClient
+from cdi_gen.apiserver.errors import ApiServerError, KubeConfigError
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.errors import ClaimError
@@ -219,7 +216,7 @@ async def test_a_token_file_the_kubeconfig_names_is_bounded_too(
 async def test_the_kubeconfig_is_read_off_the_event_loop(
     api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cdi_gen.apiserver.client as module
+    import cdi_gen.apiserver.kubeconfig as module
 
     readers: list[int] = []
     real = module.read_regular

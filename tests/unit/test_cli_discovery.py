@@ -66,6 +66,21 @@ def test_render_yaml_with_vendor(capsys: pytest.CaptureFixture[str]) -> None:
     assert [d["name"] for d in doc["devices"]] == ["ttyACM0", "ttyUSB0", "ttyUSB1"]
 
 
+def test_render_yaml_of_a_shared_class_has_no_anchors(capsys: pytest.CaptureFixture[str]) -> None:
+    # tun is shared (sharing: {replicas: 110}): its slots share one edits object, which a
+    # plain safe_dump writes as &id001 once and *id001 in every other slot.
+    code, out, _ = _cli(capsys, "render", "--records", VM, "--class", "tun", "--format", "yaml")
+    assert code == 0
+    assert "&id" not in out
+    assert "*id" not in out
+    code, as_json, _ = _cli(capsys, "render", "--records", VM, "--class", "tun")
+    assert code == 0
+    doc = yaml.safe_load(out)
+    assert doc == orjson.loads(as_json)
+    assert len(doc["devices"]) == 110
+    assert doc["devices"][109]["containerEdits"] == {"deviceNodes": [{"path": "/dev/net/tun"}]}
+
+
 def test_render_without_device_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _cli(capsys, "render", "--records", VM, "--class", "serial")
     assert (code, out) == (1, "")
@@ -136,3 +151,30 @@ def test_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
         f"error: {bad}: classes[0].match: unknown key 'subsytem', allowed: subsystem, kernel, "
         "devnode, driver, attributes, parentAttributes, properties\n"
     )
+
+
+def test_discover_counts_what_matched_but_was_left_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Every tty device of the recording matches, and none has the property the name needs:
+    # "no device" alone read as "nothing matched" (issue 37, trap 6).
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "classes:\n  - name: serial\n    match: {subsystem: tty}\n"
+        "    deviceName: '{property[NO_SUCH_PROPERTY]}'\n"
+    )
+    code, out, err = _cli(capsys, "discover", "--records", HW, "--config", str(config))
+    assert code == 0
+    assert out == "cdi-gen.io/serial: no device: 3 matched, 3 left out (why: the warnings below)\n"
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert all(
+        line.startswith("warning: class 'serial': device ")
+        and "the device has no udev property NO_SUCH_PROPERTY" in line
+        for line in lines
+    )
+
+
+def test_discover_no_device_when_nothing_matched(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "discover", "--records", VM, "--class", "serial")
+    assert (code, out, err) == (0, "cdi-gen.io/serial: no device\n", "")

@@ -143,7 +143,7 @@ def test_runtime_pin_component_mounts_the_cri_sockets_the_agent_asks_read_only()
     assert {"name": "CDI_GEN_CDI_VERSION", "value": "runtime"} in container["env"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    for socket in load_settings({}).cri_socket:
+    for socket in load_settings({}).runtimes.cri_sockets:
         mount = mounts[str(socket.parent)]
         assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
         assert hosts[mount["name"]] == str(socket.parent)

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen import doctor
 from cdi_gen.cdi import writer
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
+from cdi_gen.doctor.check import Check
+from cdi_gen.doctor.runtimeconfigs import check_containerd, check_crio
+from cdi_gen.doctor.specfolders import check_spec_dirs
 
 RUN = Path("/var/run/cdi")
 
@@ -44,7 +46,7 @@ V1_ON = """[plugins.cri]
 """
 
 
-def _statuses(checks: list[doctor.Check]) -> list[str]:
+def _statuses(checks: list[Check]) -> list[str]:
     return [c.status for c in checks]
 
 
@@ -71,27 +73,27 @@ def test_containerd_configs(
 ) -> None:
     config = tmp_path / "config.toml"
     config.write_text(text)
-    checks = doctor.check_containerd(config, RUN, version)
+    checks = check_containerd(config, RUN, version)
     assert _statuses(checks) == expected
     assert any(needle in c.line() for c in checks), [c.line() for c in checks]
 
 
 def test_containerd_without_config(tmp_path: Path) -> None:
     missing = tmp_path / "none.toml"
-    assert _statuses(doctor.check_containerd(missing, RUN, (1, 7, 24))) == ["FAIL"]
-    assert _statuses(doctor.check_containerd(missing, RUN, (2, 0, 5))) == ["OK"]
-    assert _statuses(doctor.check_containerd(missing, RUN, (1, 6, 20))) == ["FAIL"]
-    assert _statuses(doctor.check_containerd(missing, RUN, None)) == ["WARN"]
+    assert _statuses(check_containerd(missing, RUN, (1, 7, 24))) == ["FAIL"]
+    assert _statuses(check_containerd(missing, RUN, (2, 0, 5))) == ["OK"]
+    assert _statuses(check_containerd(missing, RUN, (1, 6, 20))) == ["FAIL"]
+    assert _statuses(check_containerd(missing, RUN, None)) == ["WARN"]
 
 
 def test_crio_dropins(tmp_path: Path) -> None:
     (tmp_path / "crio.conf.d").mkdir()
     (tmp_path / "crio.conf").write_text('[crio.runtime]\ncdi_spec_dirs = ["/etc/cdi"]\n')
-    assert _statuses(doctor.check_crio([tmp_path / "crio.conf"], RUN)) == ["FAIL"]
+    assert _statuses(check_crio([tmp_path / "crio.conf"], RUN)) == ["FAIL"]
     (tmp_path / "crio.conf.d" / "10-cdi.conf").write_text(
         '[crio.runtime]\ncdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]\n'
     )
-    checks = doctor.check_crio([tmp_path / "crio.conf", tmp_path / "crio.conf.d"], RUN)
+    checks = check_crio([tmp_path / "crio.conf", tmp_path / "crio.conf.d"], RUN)
     assert _statuses(checks) == ["OK"]
 
 
@@ -103,7 +105,7 @@ def test_spec_dirs_report_conflicts_shadowing_and_our_broken_files(tmp_path: Pat
     etc.mkdir()
     (etc / "old.json").write_bytes((run / "example.com-loop.json").read_bytes())
     (run / "example.com-broken.json").write_text("{")
-    lines = [c.line() for c in doctor.check_spec_dirs([etc, run], run, "example.com")]
+    lines = [c.line() for c in check_spec_dirs([etc, run], run, "example.com")]
     assert any(line.startswith("WARN shadowing: example.com/loop=loop200") for line in lines)
     assert any(line.startswith("FAIL spec files:") and "broken" in line for line in lines)
 
@@ -119,7 +121,7 @@ def test_files_that_crash_old_runtimes_are_a_failure(tmp_path: Path) -> None:
         '{"cdiVersion": "0.3.0", "kind": "o/bb", "devices": [{"name": "x", '
         '"containerEdits": {"env": ["A=1"]}}]}'
     )
-    lines = [c.line() for c in doctor.check_spec_dirs([run], run, "example.com")]
+    lines = [c.line() for c in check_spec_dirs([run], run, "example.com")]
     crashes = [line for line in lines if "crashes podman" in line]
     assert len(crashes) == 2 and all(line.startswith("FAIL") for line in crashes)
 
@@ -127,7 +129,7 @@ def test_files_that_crash_old_runtimes_are_a_failure(tmp_path: Path) -> None:
 def test_dra_classes_need_an_api_server_config(tmp_path: Path) -> None:
     from cdi_gen.config.loader import parse_config
     from cdi_gen.config.settings import load_settings
-    from cdi_gen.doctor import check_dra
+    from cdi_gen.doctor.kubernetes import check_dra
 
     config = parse_config(
         {"vendor": "example.com", "classes": [{"name": "fpga", "match": {"subsystem": "x"}}]},

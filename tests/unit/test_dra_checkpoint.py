@@ -26,7 +26,7 @@ from cdi_gen.dra.driver.checkpoint import (
     claim_record,
     read_claim_record,
 )
-from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS
+from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from tests.conftest import examples
 

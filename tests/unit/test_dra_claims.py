@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS, prepare_claim
+from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,

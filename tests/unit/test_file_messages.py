@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdi_gen.apiserver.client import KubeConfigError, load_config
+from cdi_gen.apiserver.errors import KubeConfigError
+from cdi_gen.apiserver.kubeconfig import load_kubeconfig
 from cdi_gen.cli.inputs import load_records_file
 from cdi_gen.config.loader import parse_config
 from cdi_gen.errors import ConfigError, fragment
@@ -62,7 +63,7 @@ def test_kubeconfig_errors_quote_no_secret(tmp_path: Path, text: str) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(text)
     with pytest.raises(KubeConfigError) as info:
-        load_config(path)
+        load_kubeconfig(path)
     assert "not a usable kubeconfig" in str(info.value)
     assert not _leaks(str(info.value)), str(info.value)
 

@@ -5,14 +5,20 @@ and frontends are given what they need and never reach back into the agent (the 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import types
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
 from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
-from cdi_gen.dra.driver.frontend import DraFrontend
+from cdi_gen.dra.driver.driver import DraDriver
+
+if TYPE_CHECKING:
+    from cdi_gen.apiserver.client import ApiClient
 
 CONFIG = parse_config(
     {
@@ -54,9 +60,9 @@ def test_each_class_has_the_frontend_of_its_api() -> None:
     plain, fpga, gpu = (agent.runners[n].frontend for n in ("plain", "fpga", "gpu"))
     assert isinstance(plain, DevicePluginFrontend)
     assert plain.board is agent.runners["plain"].board
-    assert isinstance(fpga, DraFrontend) and isinstance(gpu, DraFrontend)
-    assert fpga.shared is gpu.shared
-    assert fpga.shared.driver is agent.dra
+    assert isinstance(fpga, DraDriver) and isinstance(gpu, DraDriver)
+    assert fpga is gpu
+    assert fpga is agent.dra
 
 
 def test_no_runner_or_frontend_leads_back_to_the_agent() -> None:
@@ -79,3 +85,40 @@ def test_readiness_names_the_shared_driver_once() -> None:
     ready, why = agent.ready()
     assert not ready
     assert why.count("DRA driver example.com") == 1, why
+
+
+def test_a_dra_class_has_no_board_and_publishes_into_the_driver_pool() -> None:
+    """The board is the device plugin's: a DRA class publishes once, into the pool."""
+    agent = _agent()
+    for name in ("fpga", "gpu"):
+        runner = agent.runners[name]
+        assert runner.board is None
+        assert runner.pool is agent.dra
+    assert agent.runners["plain"].pool is None
+    assert agent.runners["plain"].board is not None
+
+
+def test_registration_is_bounded_by_the_retry_setting(short_dir: Path) -> None:
+    """CDI_GEN_RETRY_MAX_SECONDS bounds the kubelet registration's retries too (they were
+    held at a hard-coded 2 s), for a device plugin and the DRA driver alike."""
+    settings = load_settings(
+        {
+            "node_name": "node-1",
+            "retry_max_seconds": 7,
+            "device_plugin_dir": short_dir / "dp",
+            "kubelet_plugins_dir": short_dir / "plugins",
+            "plugins_registry_dir": short_dir / "registry",
+            "state_dir": short_dir / "state",
+        }
+    )
+    agent = Agent(CONFIG, settings)
+    plain = agent.runners["plain"].frontend
+    assert isinstance(plain, DevicePluginFrontend)
+    assert plain._make_plugin().retrying.backoff.maximum == 7
+    assert agent.dra is not None
+    dra = agent.dra
+
+    async def make() -> float:
+        return dra._make_plugin(cast("ApiClient", object())).retrying.backoff.maximum
+
+    assert asyncio.run(make()) == 7

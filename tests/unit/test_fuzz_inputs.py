@@ -245,7 +245,7 @@ DISCOVERY_CONFIG = load_config(None)
 def check_records(data: str, suffix: str) -> None:
     with written(data, f".{suffix}") as path, cpu_bound():
         try:
-            records = load_records_file(path)
+            records = load_records_file(path).records
         except ConfigError as exc:
             assert "\n" not in str(exc)
             short_lines(str(exc))

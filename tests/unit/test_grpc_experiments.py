@@ -18,6 +18,7 @@ from cdi_gen.kubelet import GRPC_EXPERIMENTS
 _SERVE_AND_CALL = """
 import concurrent.futures, os, sys
 import cdi_gen.kubelet
+cdi_gen.kubelet.apply_grpc_experiments()
 import grpc
 print(os.environ.get("GRPC_EXPERIMENTS", ""))
 socket = sys.argv[1]
@@ -67,6 +68,31 @@ def test_an_operators_choice_for_the_experiment_wins(short_dir: Path) -> None:
     value, stderr = _run(short_dir, "event_engine_listener")
     assert value == "event_engine_listener"
     assert "Unknown experiment" not in stderr
+
+
+def test_importing_the_kubelet_package_leaves_the_environment_alone(short_dir: Path) -> None:
+    # The agent imports it for the device boards even when no class is served by a plugin.
+    code = (
+        "import os, cdi_gen.kubelet, cdi_gen.agent.agent\n"
+        "print(os.environ.get('GRPC_EXPERIMENTS', '-'))"
+    )
+    value, _ = _run(short_dir, None, code)
+    assert value == "-"
+
+
+def test_cdi_gen_run_sets_it_first(short_dir: Path) -> None:
+    # Before its settings are read: a refused flag still leaves the setting made.
+    code = (
+        "import os\n"
+        "from cdi_gen.cli.main import main\n"
+        "try:\n"
+        "    main(['run', '--spec-dir', ''])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(os.environ.get('GRPC_EXPERIMENTS', '-'))"
+    )
+    value, _ = _run(short_dir, None, code)
+    assert value.splitlines()[-1] == GRPC_EXPERIMENTS
 
 
 def test_nothing_is_set_once_grpc_is_loaded(short_dir: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import ownerrecords, writer
 from cdi_gen.errors import CdiGenError
 
 CONFIG = """\
@@ -68,7 +68,7 @@ def test_forged_record_is_not_listed_and_logged(
 ) -> None:
     spec_dir, victim = plant(tmp_path)
     with caplog.at_level(logging.WARNING, logger="cdi_gen.cdi.writer"):
-        assert writer.owned_specs(spec_dir) == []
+        assert ownerrecords.owned_specs(spec_dir) == []
     assert victim.exists()
     assert any(".planted.cdi-gen-owner" in r.getMessage() for r in caplog.records)
 
@@ -78,7 +78,7 @@ def test_remove_with_a_climbing_class_touches_nothing(tmp_path: Path) -> None:
     with pytest.raises(CdiGenError, match="class"):
         writer.remove_spec(spec_dir, "example.com", "x/../../victim/important")
     assert victim.exists()
-    assert writer.owned_specs(spec_dir) == []
+    assert ownerrecords.owned_specs(spec_dir) == []
 
 
 def test_cli_write_leaves_the_file_elsewhere(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_record_whose_name_does_not_match_is_ignored(tmp_path: Path) -> None:
         "sha256": [hashlib.sha256(b"{}").hexdigest()],
     }
     (tmp_path / ".example.com-loop.json.cdi-gen-owner").write_bytes(orjson.dumps(record))
-    assert writer.owned_specs(tmp_path) == []
+    assert ownerrecords.owned_specs(tmp_path) == []
     assert spec.exists()
 
 
@@ -154,6 +154,6 @@ def test_spec_name_that_is_a_link_or_folder_is_never_followed(tmp_path: Path) ->
             }
         )
     )
-    assert writer.owned_specs(spec_dir) == []
+    assert ownerrecords.owned_specs(spec_dir) == []
     assert writer.remove_spec(spec_dir, "example.com", "loop") is False
     assert outside.exists() and (spec_dir / "example.com-loop.json").is_symlink()

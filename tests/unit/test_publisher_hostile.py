@@ -333,3 +333,24 @@ async def test_an_invalid_slice_list_is_one_line_per_retry_step(
     assert failed
     assert all(r.exc_info is None and "\n" not in r.getMessage() for r in failed)
     assert "ResourceSlices of drv.example.com on n1: list" in failed[0].getMessage()
+
+
+async def test_a_repeated_publishing_failure_is_logged_once_per_doubling(
+    api: FakeApiServer, client: ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same refusal on every attempt is logged on attempts 1, 2, 4, 8 (Backoff's rule),
+    not once per retry; every attempt is still made, and the recovery is said once."""
+    refused = {"kind": "Status", "status": "Failure", "message": "etcd busy", "code": 500}
+    api.answers[("POST", SLICES)] = Answer(500, json.dumps(refused).encode(), times=9)
+    pool = pool_of("a")
+    caplog.set_level(logging.INFO, LOG)
+    async with publishing(client, pool) as (publisher, _):
+        assert await publisher.published(pool.version, 20)
+    failed = [
+        r.getMessage() for r in caplog.records if "publishing ResourceSlices" in r.getMessage()
+    ]
+    assert sum(method == "POST" for method, _, _ in api.requests) == 10
+    assert len(failed) == 4, failed
+    assert all("etcd busy" in line for line in failed), failed
+    again = [r for r in caplog.records if "published again" in r.getMessage()]
+    assert len(again) == 1

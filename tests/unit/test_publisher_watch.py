@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.apiserver.client import ApiClient, ApiServerError
+from cdi_gen.apiserver.client import ApiClient
+from cdi_gen.apiserver.errors import ApiServerError
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.dra.plugin.slices import slice_name

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cdi_gen import paths
 from cdi_gen.cli.main import cli
-from cdi_gen.config.settings import Settings, load_settings
+from cdi_gen.config.settings import NAMES, load_settings
 from cdi_gen.errors import ConfigError
 
 
@@ -25,10 +25,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults() -> None:
     s = load_settings({})
-    assert s.spec_dir == paths.DYNAMIC_SPEC_DIR
-    assert s.device_plugin_dir == paths.DEVICE_PLUGIN_DIR
-    assert s.metrics_address == ":9400" and s.kubelet and not s.cleanup_on_exit
-    assert s.spec_dirs_for_runtime() == (paths.STATIC_SPEC_DIR, paths.DYNAMIC_SPEC_DIR)
+    assert s.paths.spec_dir == paths.DYNAMIC_SPEC_DIR
+    assert s.kubelet.device_plugin_dir == paths.DEVICE_PLUGIN_DIR
+    assert s.metrics.address == ":9400" and s.kubelet.enabled and not s.cleanup_on_exit
+    assert s.paths.for_runtime() == (paths.STATIC_SPEC_DIR, paths.DYNAMIC_SPEC_DIR)
 
 
 def test_flag_over_variable_over_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,10 +36,10 @@ def test_flag_over_variable_over_default(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("CDI_GEN_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("CDI_GEN_CLEANUP_ON_EXIT", "1")
     s = load_settings({"spec_dir": "/from/flag", "log_format": None, "runtime": ()})
-    assert s.spec_dir == Path("/from/flag")  # the flag wins
-    assert s.log_level == "debug"  # the variable, case-insensitive like the flag
+    assert s.paths.spec_dir == Path("/from/flag")  # the flag wins
+    assert s.logs.level == "debug"  # the variable, case-insensitive like the flag
     assert s.cleanup_on_exit is True
-    assert s.log_format == "text"  # neither: the default
+    assert s.logs.format == "text"  # neither: the default
 
 
 def test_lists_come_space_separated_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,10 +48,10 @@ def test_lists_come_space_separated_from_the_environment(monkeypatch: pytest.Mon
     s = load_settings({})
     # A folder named twice would conflict with itself and fail every Allocate: it is kept
     # once, at its last (highest-priority) place, as the runtimes' library ranks it.
-    assert s.runtime_spec_dirs == (Path("/var/run/cdi"), Path("/etc/cdi"))
-    assert s.runtime == ("podman@4.3.1", "containerd@1.7.0")
+    assert s.paths.runtime_spec_dirs == (Path("/var/run/cdi"), Path("/etc/cdi"))
+    assert s.runtimes.refs == ("podman@4.3.1", "containerd@1.7.0")
     flagged = load_settings({"runtime_spec_dirs": (Path("/a"),)})
-    assert flagged.spec_dirs_for_runtime() == (Path("/a"),)
+    assert flagged.paths.for_runtime() == (Path("/a"),)
 
 
 def test_an_empty_folder_is_an_error_naming_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,9 +79,9 @@ def test_bad_values_name_the_flag_or_variable(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_an_empty_metrics_address_disables_the_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert load_settings({"metrics_address": ""}).metrics_address is None
+    assert load_settings({"metrics_address": ""}).metrics.address is None
     monkeypatch.setenv("CDI_GEN_METRICS_ADDRESS", "")
-    assert load_settings({}).metrics_address is None
+    assert load_settings({}).metrics.address is None
 
 
 @pytest.mark.parametrize("command", ["run", "doctor"])
@@ -92,7 +92,7 @@ def test_every_settings_flag_names_its_variable(command: str) -> None:
     for field in ("config", "spec_dir", "runtime_spec_dirs", "device_plugin_dir", "runtime"):
         assert f"CDI_GEN_{field.upper()}" in result.output, field
     if command == "run":
-        assert set(Settings.model_fields) - {"kubelet_socket", "retry_max_seconds"} <= {
+        assert set(NAMES) - {"kubelet_socket", "retry_max_seconds"} <= {
             p.name
             for p in cli.get_command(None, "run").params  # type: ignore[union-attr]
         }
@@ -125,7 +125,7 @@ def test_the_owner_daemonset_is_a_name_and_its_namespace_a_label(
 ) -> None:
     """What the agent asks the API server about at exit (an uninstall takes its specs) goes
     into a URL path: refused, quoted, before the agent starts."""
-    assert load_settings({}).daemonset is None  # nothing named: specs kept at every exit
+    assert load_settings({}).cluster.daemonset is None  # nothing named: specs kept at every exit
     with pytest.raises(ConfigError) as info:
         load_settings({"daemonset": "../secrets"})
     assert str(info.value).startswith("--daemonset: '../secrets' is not a DNS subdomain")
@@ -138,7 +138,10 @@ def test_the_owner_daemonset_is_a_name_and_its_namespace_a_label(
     monkeypatch.setenv("CDI_GEN_DAEMONSET_NAMESPACE", "kube-system")
     monkeypatch.setenv("CDI_GEN_DAEMONSET", "cdi-gen")
     settings = load_settings({})
-    assert (settings.daemonset, settings.daemonset_namespace) == ("cdi-gen", "kube-system")
+    assert (settings.cluster.daemonset, settings.cluster.daemonset_namespace) == (
+        "cdi-gen",
+        "kube-system",
+    )
 
 
 LONG_DRIVER = "d" * 61 + ".io"  # a DNS subdomain of 64 characters

@@ -6,7 +6,7 @@ import pytest
 
 from cdi_gen.deviceplugin.allocation import (
     AllocationError,
-    Refusal,
+    AllocationRefusal,
     check_request,
     preferred_allocation,
 )
@@ -41,7 +41,7 @@ def test_one_slot_per_device_rule() -> None:
     check_request(["a-0", "b-1"], devices, "example.com/x", one_per_physical=True)
     with pytest.raises(AllocationError) as info:
         check_request(["a-0", "b-0", "a-2"], devices, "example.com/x", one_per_physical=True)
-    assert info.value.reason is Refusal.SAME_PHYSICAL
+    assert info.value.reason is AllocationRefusal.SAME_PHYSICAL
     assert "'a-0' and 'a-2'" in str(info.value) and "/sys/a" in str(info.value)
 
 

@@ -29,8 +29,8 @@ from cdi_gen.dra.plugin.slices import (
 )
 from cdi_gen.model import DeviceRecord, PoolDevice
 from cdi_gen.names import is_dns_label, is_dns_subdomain
+from cdi_gen.sources.records import record_to_json
 from tests.conftest import examples
-from tests.recordfiles import record_to_json
 from tests.slicerules import pool_problems, slice_problems
 
 DRIVER = "cdi-gen.example.com"

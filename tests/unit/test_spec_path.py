@@ -27,7 +27,7 @@ from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.spec import Verdicts, class_spec, spec_devices
 from cdi_gen.errors import SpecError
 from cdi_gen.model import DiscoveredDevice
-from cdi_gen.sources.records import load_records
+from cdi_gen.sources.records import load_recording
 from tests.fakes.source import DATA, PipeSource
 
 HW = str(DATA / "hardware.json")
@@ -199,7 +199,9 @@ def _serials(cdi_version: str | None = None) -> tuple[Discovery, list[Discovered
     """The three serial devices of the recording, in spec order (class pinned or not)."""
     text = PINNED if cdi_version is None else PINNED.replace('"0.4.0"', f'"{cdi_version}"')
     discovery = Discovery(parse_config(yaml.safe_load(text), "test.yaml"))
-    discovery.replace(r for r in load_records(DATA / "hardware.json") if r.sys_name in SERIALS)
+    discovery.replace(
+        r for r in load_recording(DATA / "hardware.json").records if r.sys_name in SERIALS
+    )
     return discovery, spec_devices(discovery.config_of("serial"), discovery.devices("serial"))
 
 

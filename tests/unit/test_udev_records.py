@@ -1,4 +1,5 @@
-"""udev records from recorded data, their JSON form, and the choice of netlink source."""
+"""udev records from recorded data, their JSON forms (a record, a recording), and the choice
+of netlink source."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen.model import DeviceRecord, ParentRecord
-from cdi_gen.sources.records import record_from_json, records_from_export_db
+from cdi_gen.sources.records import (
+    JSON_RECORDING,
+    parse_recording,
+    record_from_json,
+    record_to_json,
+    recording_to_json,
+    records_from_export_db,
+)
 from cdi_gen.sources.udev import UdevWatcher, resolve_source
-from tests.recordfiles import record_to_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "udev"
 
@@ -89,6 +96,21 @@ _records = st.builds(
 def test_record_json_round_trip(record: DeviceRecord) -> None:
     data = json.loads(json.dumps(record_to_json(record)))
     assert record_from_json(data) == record
+
+
+@given(
+    st.lists(_records, max_size=4),
+    st.frozensets(_names, max_size=3),
+    st.frozensets(_names, max_size=3),
+)
+def test_json_recording_round_trip(
+    records: list[DeviceRecord], attributes: frozenset[str], parents: frozenset[str]
+) -> None:
+    recording = parse_recording(recording_to_json(records, attributes, parents))
+    assert recording.records == tuple(records)
+    assert recording.format == JSON_RECORDING
+    assert (recording.attributes, recording.parent_attributes) == (attributes, parents)
+    assert recording.numa
 
 
 def test_source_auto_needs_a_live_udevd() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import atomicfile, ownerrecords, writer
 from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document, load_spec
 from cdi_gen.errors import SpecWriteError
@@ -78,13 +78,13 @@ def test_foreign_file_is_never_replaced_or_removed(tmp_path: Path) -> None:
         write(tmp_path, make_spec("loop200"))
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
     assert foreign.read_bytes() == b'{"foreign": true}'
-    assert writer.owned_specs(tmp_path) == []
+    assert ownerrecords.owned_specs(tmp_path) == []
 
 
 def test_replaced_by_someone_else_becomes_foreign(tmp_path: Path) -> None:
     write(tmp_path, make_spec("loop200"))
     (tmp_path / "example.com-loop.json").write_bytes(make_spec("other"))
-    assert writer.owned_specs(tmp_path) == []
+    assert ownerrecords.owned_specs(tmp_path) == []
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
     assert (tmp_path / "example.com-loop.json").exists()
 
@@ -103,10 +103,13 @@ def test_symlink_planted_at_target_is_not_followed(tmp_path: Path) -> None:
 def test_remove_ours_and_list_owned(tmp_path: Path) -> None:
     write(tmp_path, make_spec("loop200"))
     write(tmp_path, make_spec("x", kind="example.com/fpga.v2"))
-    assert writer.owned_specs(tmp_path) == [("example.com", "fpga.v2"), ("example.com", "loop")]
+    assert ownerrecords.owned_specs(tmp_path) == [
+        ("example.com", "fpga.v2"),
+        ("example.com", "loop"),
+    ]
     assert writer.remove_spec(tmp_path, "example.com", "loop") is True
     assert writer.remove_spec(tmp_path, "example.com", "loop") is False
-    assert writer.owned_specs(tmp_path) == [("example.com", "fpga.v2")]
+    assert ownerrecords.owned_specs(tmp_path) == [("example.com", "fpga.v2")]
 
 
 def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -143,11 +146,11 @@ def test_kill_at_any_step_leaves_old_or_new_file(tmp_path: Path, step: str) -> N
     assert on_disk in (old, new)
     load_spec(on_disk)  # complete and valid
     # Whatever is on disk is still recognised as ours...
-    assert writer.owned_specs(tmp_path) == [("example.com", "loop")]
+    assert ownerrecords.owned_specs(tmp_path) == [("example.com", "loop")]
     # ...and the next run finishes the job and leaves no temporary file behind.
     write(tmp_path, new)
     assert (tmp_path / "example.com-loop.json").read_bytes() == new
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(writer.TEMP_SUFFIX)]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(atomicfile.TEMP_SUFFIX)]
 
 
 def test_write_file_is_atomic_and_readable_wherever_it_goes(tmp_path: Path) -> None:
@@ -155,21 +158,21 @@ def test_write_file_is_atomic_and_readable_wherever_it_goes(tmp_path: Path) -> N
     target = tmp_path / "new" / "folder" / "spec.json"
     old = os.umask(0o077)
     try:
-        writer.write_file(target, b"first")
+        atomicfile.write_file(target, b"first")
     finally:
         os.umask(old)
     assert target.read_bytes() == b"first"
-    assert target.stat().st_mode & 0o777 == writer.SPEC_MODE  # not 0600 under umask 077
+    assert target.stat().st_mode & 0o777 == atomicfile.SPEC_MODE  # not 0600 under umask 077
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
     link = target.parent / "link.json"
     link.symlink_to(victim)
-    writer.write_file(link, b"second")  # the link is replaced by the file, not followed
+    atomicfile.write_file(link, b"second")  # the link is replaced by the file, not followed
     assert victim.read_bytes() == b"keep" and link.read_bytes() == b"second"
     assert not link.is_symlink()
     assert sorted(p.name for p in target.parent.iterdir()) == ["link.json", "spec.json"]
     with pytest.raises(SpecWriteError, match="not a file name"):
-        writer.write_file(tmp_path / "..", b"x")
+        atomicfile.write_file(tmp_path / "..", b"x")
 
 
 def test_sync_and_remove_unconfigured_touch_only_ours(tmp_path: Path) -> None:
@@ -200,8 +203,8 @@ def test_an_instance_never_replaces_or_removes_another_instances_spec(tmp_path: 
         writer.write_bytes(tmp_path, "example.com", "loop", b"{}", instance="team-b")
     assert writer.remove_spec(tmp_path, "example.com", "loop", instance="team-b") is False
     assert writer.remove_unconfigured(tmp_path, set(), instance="team-b") == []
-    assert writer.owned_specs(tmp_path, instance="team-b") == []
-    assert writer.owned_specs(tmp_path, instance="team-a") == [("example.com", "loop")]
+    assert ownerrecords.owned_specs(tmp_path, instance="team-b") == []
+    assert ownerrecords.owned_specs(tmp_path, instance="team-a") == [("example.com", "loop")]
     assert (tmp_path / "example.com-loop.json").read_bytes() == data
     assert writer.remove_unconfigured(tmp_path, set(), instance="team-a") == [
         ("example.com", "loop", None)
@@ -232,11 +235,11 @@ def test_transient_specs_are_named_apart_from_class_specs(tmp_path: Path) -> Non
     assert (tmp_path / "example.com-loop.json").read_bytes() == class_spec
     # A class spec list never holds a claim's spec: the agent's start-up removal of classes
     # no longer configured must not take it (the DRA driver owns it through its checkpoint).
-    assert writer.owned_specs(tmp_path) == [("example.com", "loop")]
-    assert writer.owned_transient_specs(tmp_path, instance="me") == [
+    assert ownerrecords.owned_specs(tmp_path) == [("example.com", "loop")]
+    assert ownerrecords.owned_transient_specs(tmp_path, instance="me") == [
         ("example.com", "loop", "3f2a-11")
     ]
-    assert writer.owned_transient_specs(tmp_path, instance="other") == []
+    assert ownerrecords.owned_transient_specs(tmp_path, instance="other") == []
     assert writer.remove_unconfigured(tmp_path, [], instance="me") == []
     assert (tmp_path / "example.com-loop@3f2a-11.json").exists()
     assert not writer.remove_spec(
@@ -259,16 +262,16 @@ def test_a_transient_specs_payload_lives_and_goes_with_it(tmp_path: Path) -> Non
     assert writer.write_bytes(
         tmp_path, "example.com", "loop", data, transient="x", instance="other", payload={"a": 1}
     )
-    assert writer.owned_transient_payloads(tmp_path, instance="me") == [
+    assert ownerrecords.owned_transient_payloads(tmp_path, instance="me") == [
         ("example.com", "loop", "3f2a-11", first)
     ]
     # The same bytes with the same payload are no write; a new payload alone is one.
     assert not write(transient="3f2a-11", payload=first)
     second = {"uid": "3f2a-11", "devices": [2]}
     assert write(transient="3f2a-11", payload=second)
-    assert writer.owned_transient_payloads(tmp_path, instance="me")[0][3] == second
+    assert ownerrecords.owned_transient_payloads(tmp_path, instance="me")[0][3] == second
     assert writer.remove_spec(tmp_path, "example.com", "loop", transient="3f2a-11", instance="me")
-    assert writer.owned_transient_payloads(tmp_path, instance="me") == []
+    assert ownerrecords.owned_transient_payloads(tmp_path, instance="me") == []
 
 
 def test_removing_a_spec_already_gone_removes_its_record(tmp_path: Path) -> None:
@@ -292,7 +295,7 @@ def test_a_transient_record_whose_spec_is_gone_is_removed_for_its_instance_only(
     for name in ("example.com-loop@lone.json", "example.com-loop@theirs.json"):
         (tmp_path / name).unlink()
     (tmp_path / "example.com-loop.json").unlink()
-    assert writer.remove_lone_transient_records(tmp_path, instance="me") == [
+    assert ownerrecords.remove_lone_transient_records(tmp_path, instance="me") == [
         "example.com-loop@lone.json"
     ]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
@@ -300,7 +303,7 @@ def test_a_transient_record_whose_spec_is_gone_is_removed_for_its_instance_only(
         ".example.com-loop@kept.json.cdi-gen-owner",
         ".example.com-loop@theirs.json.cdi-gen-owner",
     ]
-    assert writer.remove_lone_transient_records(tmp_path / "absent", instance="me") == []
+    assert ownerrecords.remove_lone_transient_records(tmp_path / "absent", instance="me") == []
 
 
 def test_a_payload_too_large_to_read_back_is_refused_before_any_write(tmp_path: Path) -> None:
@@ -330,9 +333,9 @@ def test_a_planted_transient_record_is_not_ours(
         "transient": "../../passwd",
         "instance": "me",
     }
-    record["sha256"] = [writer._digest(data)]
+    record["sha256"] = [ownerrecords.digest(data)]
     (tmp_path / ".example.com-loop_x.json.cdi-gen-owner").write_bytes(orjson.dumps(record))
-    assert writer.owned_transient_specs(tmp_path, instance="me") == []
+    assert ownerrecords.owned_transient_specs(tmp_path, instance="me") == []
     assert "not one cdi-gen wrote" in caplog.text
 
 
@@ -348,7 +351,7 @@ def test_a_class_named_like_a_claims_spec_keeps_its_own_file(tmp_path: Path) -> 
     assert (tmp_path / "example.com-memdev_u1.json").read_bytes() == class_spec
     assert writer.remove_spec(tmp_path, "example.com", "memdev", transient="u1", instance="me")
     assert (tmp_path / "example.com-memdev_u1.json").read_bytes() == class_spec
-    assert writer.owned_specs(tmp_path, instance="me") == [("example.com", "memdev_u1")]
+    assert ownerrecords.owned_specs(tmp_path, instance="me") == [("example.com", "memdev_u1")]
 
 
 def _legacy_transient(tmp_path: Path, transient: str, instance: str, data: bytes) -> None:
@@ -360,11 +363,11 @@ def _legacy_transient(tmp_path: Path, transient: str, instance: str, data: bytes
         "class": "loop",
         "file": name,
         "instance": instance,
-        "sha256": [writer._digest(data)],
+        "sha256": [ownerrecords.digest(data)],
         "transient": transient,
         "payload": {"uid": transient},
     }
-    (tmp_path / f".{name}{writer.OWNER_SUFFIX}").write_bytes(orjson.dumps(record))
+    (tmp_path / f".{name}{ownerrecords.OWNER_SUFFIX}").write_bytes(orjson.dumps(record))
 
 
 def test_an_older_agents_claim_specs_are_renamed_once_and_only_its_own(tmp_path: Path) -> None:
@@ -383,7 +386,7 @@ def test_an_older_agents_claim_specs_are_renamed_once_and_only_its_own(tmp_path:
         "example.com-loop_u2.json",
     ]
     assert (tmp_path / "example.com-loop@u1.json").read_bytes() == data
-    assert writer.owned_transient_payloads(tmp_path, instance="me") == [
+    assert ownerrecords.owned_transient_payloads(tmp_path, instance="me") == [
         ("example.com", "loop", "u1", {"uid": "u1"})
     ]
     assert writer.migrate_transient_names(tmp_path, instance="me") == []

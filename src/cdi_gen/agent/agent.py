@@ -1,7 +1,7 @@
 """``cdi-gen run``: the node agent. udev discovery → CDI spec files → the kubelet, through a
 :class:`~cdi_gen.agent.frontend.Frontend` per class: a device plugin of its own
 (:mod:`cdi_gen.deviceplugin.frontend`) or, for classes with ``api: dra``, the node's DRA
-driver (:mod:`cdi_gen.dra.driver.frontend`, :mod:`cdi_gen.dra.driver.driver`).
+driver (:mod:`cdi_gen.dra.driver.driver`), one for all of them.
 
 One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
 (a consumer that fails stops the others, and the agent raises its error after a clean
@@ -31,14 +31,17 @@ run in a thread, so a slow disk never stalls ListAndWatch or Allocate. The setti
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
 invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
 in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list;
-a class whose spec write or frontend start fails is retried with backoff
-(:mod:`cdi_gen.retry`: a line per doubling of the attempts, each counted) and reported by
+a class whose spec write or frontend start fails is retried through
+:class:`~cdi_gen.retry.Retry` (a line per doubling of the attempts, each counted, the waits
+bounded by ``retry_max_seconds``) and reported by
 ``/readyz``, naming the cause, until it works; anything unexpected in one class is logged
 with its traceback, counted as ``internal`` and leaves the other classes running.
 
 The agent builds each class's runner and frontend and lends them :class:`~cdi_gen.retry.Tools`
-(metrics, retry waits, its task group); they never hold the agent. On shutdown the boards
-close, every frontend stops, then the specs are removed when ``cleanup_on_exit`` says so.
+(metrics, the retries' bound, its task group); they never hold the agent. A device-plugin
+class gets a :class:`~cdi_gen.deviceplugin.board.DeviceBoard` (its plugin serves it); a DRA
+class publishes into the driver's pool instead. On shutdown the boards close, every frontend
+stops, then the specs are removed when ``cleanup_on_exit`` says so.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ import signal
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from cdi_gen.agent.frontend import Frontend
+from cdi_gen.agent.frontend import ClassPool, Frontend
 from cdi_gen.agent.runner import ClassRunner
-from cdi_gen.cdi import writer
+from cdi_gen.cdi import atomicfile, writer
 from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings, parse_address
 from cdi_gen.deviceplugin.board import DeviceBoard
@@ -63,12 +67,11 @@ from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, SpecWriteError, quote
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, serve_http
-from cdi_gen.retry import Backoff, Failures, Tools
+from cdi_gen.retry import Failures, Tools
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
     from cdi_gen.dra.driver.driver import DraDriver
-    from cdi_gen.dra.driver.frontend import DraFrontends
     from cdi_gen.dra.plugin.uninstall import Owner
 
 log = logging.getLogger("cdi_gen.agent.agent")
@@ -93,22 +96,23 @@ class Agent:
         self.settings = settings
         self.metrics = Metrics()
         self.discovery = Discovery(config)
-        self.spec_cache = SpecCache(settings.spec_dirs_for_runtime())
+        self.spec_cache = SpecCache(settings.paths.for_runtime())
+        #: The class specs as written: a DRA claim's own spec is built from them in memory.
+        self.specs = SpecStore()
         self._background = _Background()
         #: What the runners and frontends are lent: nothing that holds the agent itself.
         self.tools = Tools(
             metrics=self.metrics,
-            backoff=functools.partial(retry_backoff, settings.retry_max_seconds),
+            retry_max_seconds=settings.retry.max_seconds,
             spawn=self._background.spawn,
         )
         #: The DRA driver of the classes with ``api: dra`` (none in host mode). Imported
         #: only then: an agent of device plugins alone never loads the DRA modules.
-        self._dra: DraFrontends | None = None
-        if settings.kubelet and any(c.api == "dra" for c in config.classes):
-            from cdi_gen.dra.driver.frontend import DraFrontends
+        self.dra: DraDriver | None = None
+        if settings.kubelet.enabled and any(c.api == "dra" for c in config.classes):
+            from cdi_gen.dra.driver.driver import DraDriver
 
-            self._dra = DraFrontends(config, settings, self.tools, self.spec_cache)
-        self.dra: DraDriver | None = None if self._dra is None else self._dra.driver
+            self.dra = DraDriver(config, settings, self.tools, self.spec_cache, self.specs)
         self.runners = {c.name: self._runner(c) for c in config.classes}
         #: The DaemonSet running the agent, read at start by a DRA agent (see _uninstalling).
         self.owner: Owner | None = None
@@ -120,12 +124,13 @@ class Agent:
 
     def _runner(self, config: ClassConfig) -> ClassRunner:
         """The class's runner, with its frontend when a kubelet is used: the DRA driver for
-        ``api: dra``, else a device plugin of its own."""
+        ``api: dra`` (its pool too), else a device plugin of its own serving the class's
+        board."""
+        if config.api == "dra":
+            return self._class_runner(config, pool=self.dra, frontend=self.dra)
         board = DeviceBoard()
         frontend: Frontend | None = None
-        if self._dra is not None and config.api == "dra":
-            frontend = self._dra.of(config)
-        elif self.settings.kubelet and config.api != "dra":
+        if self.settings.kubelet.enabled:
             # Imported here: an agent in host mode never needs it.
             from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
 
@@ -139,13 +144,25 @@ class Agent:
                 tools=self.tools,
                 failures=Failures(self.metrics, resource),
             )
+        return self._class_runner(config, board=board, frontend=frontend)
+
+    def _class_runner(
+        self,
+        config: ClassConfig,
+        *,
+        board: DeviceBoard | None = None,
+        pool: ClassPool | None = None,
+        frontend: Frontend | None = None,
+    ) -> ClassRunner:
         return ClassRunner(
             config,
             vendor=self.config.vendor,
-            spec_dir=self.settings.spec_dir,
+            spec_dir=self.settings.paths.spec_dir,
             instance=self.settings.instance,
             tools=self.tools,
             board=board,
+            pool=pool,
+            specs=self.specs,
             frontend=frontend,
         )
 
@@ -206,18 +223,18 @@ class Agent:
 
     async def _start(self) -> None:
         settings = self.settings
-        if settings.metrics_address:
-            host, port = parse_address(settings.metrics_address)
+        if settings.metrics.address:
+            host, port = parse_address(settings.metrics.address)
             try:
                 self._http = await serve_http(host, port, self.metrics, self.ready)
             except OSError as exc:  # in use, or an address this host does not have
                 raise ConfigError(
-                    f"--metrics-address {quote(settings.metrics_address)}: cannot listen: "
+                    f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
                     f"{os.strerror(exc.errno) if exc.errno else exc}"
                 ) from None
             log.info(
                 "serving /metrics /healthz /readyz",
-                extra=fields(address=settings.metrics_address),
+                extra=fields(address=settings.metrics.address),
             )
         # Off the event loop and bounded: /healthz is already served, and the folder may be
         # slow or hold anything.
@@ -226,7 +243,7 @@ class Agent:
         except TimeoutError:
             log.error(
                 "stale spec scan of %s took over %gs; going on without it",
-                settings.spec_dir,
+                settings.paths.spec_dir,
                 FOLDER_SCAN_SECONDS,
             )
         source = self.source
@@ -248,15 +265,15 @@ class Agent:
         )
         for change in self.discovery.replace(records):
             await self.runners[change.class_name].apply(change, None)
-        if settings.kubelet:
+        if settings.kubelet.enabled:
             await self._start_frontends()
-        if self.dra is not None and settings.daemonset is not None:
+        if self.dra is not None and settings.cluster.daemonset is not None:
             self._background.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
 
     def _remove_stale_specs(self) -> None:
-        spec_dir = self.settings.spec_dir
-        removed_temps = writer.remove_stale_temps(spec_dir)
+        spec_dir = self.settings.paths.spec_dir
+        removed_temps = atomicfile.remove_stale_temps(spec_dir)
         if removed_temps:
             log.info("removed %d temporary files of an interrupted write", removed_temps)
         configured = {(self.config.vendor, c) for c in self.runners}
@@ -273,13 +290,9 @@ class Agent:
             )
 
     async def _start_frontends(self) -> None:
-        # Each start is one attempt; the retries run on the group (see keep_starting).
+        # Each start is one attempt; the retries run on the group (see Retry.until).
         for runner in self.runners.values():
             await runner.start()
-
-    def backoff(self) -> Backoff:
-        """The waits of one retry loop of the agent (see :func:`retry_backoff`)."""
-        return retry_backoff(self.settings.retry_max_seconds)
 
     @property
     def running(self) -> bool:
@@ -334,7 +347,7 @@ class Agent:
             with contextlib.suppress(SpecWriteError):
                 if await asyncio.to_thread(
                     functools.partial(writer.remove_spec, instance=self.settings.instance),
-                    self.settings.spec_dir,
+                    self.settings.paths.spec_dir,
                     self.config.vendor,
                     runner.config.name,
                 ):
@@ -350,12 +363,6 @@ class Agent:
         """Whether this exit is an uninstall (the DRA slices then deleted): see
         :mod:`cdi_gen.dra.plugin.uninstall`."""
         return await self._owner().at_exit(None if self.dra is None else self.dra.name)
-
-
-def retry_backoff(longest: float) -> Backoff:
-    """The waits of one retry loop of the agent: from 0.5 s (or less, when that is the
-    bound) up to ``longest`` (``retry_max_seconds``)."""
-    return Backoff(min(0.5, longest), longest)
 
 
 class _Background:

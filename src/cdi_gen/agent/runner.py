@@ -5,14 +5,16 @@ A :class:`ClassRunner` applies its class's changes (from
 (for the API server, a slow folder) never delays another, in the order that keeps the runtime
 and the kubelet consistent:
 
-1. withdraw from its :class:`~cdi_gen.deviceplugin.board.DeviceBoard` and its
-   :class:`~cdi_gen.agent.frontend.Frontend` every device that is gone or became unhealthy (and
-   wait, bounded, for a frontend that publishes asynchronously),
+1. withdraw every device that is gone or became unhealthy (and wait, bounded, for a pool that
+   publishes asynchronously),
 2. write the class's spec file (or remove it when no device is left),
-3. publish the new list to both.
+3. publish the new list.
 
-A spec write that fails is retried with backoff and leaves step 3 undone. The runner is given
-what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.retry.Tools`,
+Each step publishes once, to the class's one list: a device-plugin class's
+:class:`~cdi_gen.deviceplugin.board.DeviceBoard` (its plugin serves it), or a DRA class's
+:class:`~cdi_gen.agent.frontend.ClassPool` (the node's DRA driver). A spec write that fails
+is retried through a :class:`~cdi_gen.retry.Retry` and leaves step 3 undone. The runner is
+given what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.retry.Tools`,
 its frontend); it never holds the agent.
 """
 
@@ -25,9 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdi_gen.agent.frontend import Frontend
-from cdi_gen.cdi import writer
+from cdi_gen.agent.frontend import ClassPool, Frontend
+from cdi_gen.cdi import specnames
 from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.sharing import expand_change
@@ -35,7 +38,7 @@ from cdi_gen.discovery.spec import Verdicts, class_spec
 from cdi_gen.errors import CdiGenError
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
-from cdi_gen.retry import Backoff, Failures, Tools, describe
+from cdi_gen.retry import Failures, Retry, Tools, describe
 
 __all__ = ["ClassRunner"]
 
@@ -44,11 +47,12 @@ log = logging.getLogger("cdi_gen.agent.agent")
 
 @dataclass(slots=True)
 class ClassRunner:
-    """One class: its board, its frontend, its devices' verdicts and its pending spec write.
+    """One class: its list, its frontend, its devices' verdicts and its pending spec write.
 
     ``vendor`` and ``config`` name the class; its spec goes to ``spec_dir`` (written for
-    ``instance``, see :func:`~cdi_gen.cdi.writer.sync_spec`). ``frontend`` serves it to the
-    kubelet (None when no kubelet is used: host mode).
+    ``instance``, see :func:`~cdi_gen.cdi.writer.sync_spec`). Its devices are published to
+    ``board`` (a device-plugin class) or ``pool`` (a DRA class), one of them. ``frontend``
+    serves it to the kubelet (None when no kubelet is used: host mode).
     """
 
     config: ClassConfig
@@ -56,7 +60,10 @@ class ClassRunner:
     spec_dir: Path
     instance: str | None
     tools: Tools
-    board: DeviceBoard = field(default_factory=DeviceBoard)
+    board: DeviceBoard | None = None
+    pool: ClassPool | None = None
+    #: Where the class's spec is written, and kept for the DRA driver's claim specs.
+    specs: SpecStore = field(default_factory=SpecStore)
     frontend: Frontend | None = None
     #: Each device's entry, or why it is left out, judged once per edits (see class_spec).
     verdicts: Verdicts = field(default_factory=dict)
@@ -64,8 +71,10 @@ class ClassRunner:
     target: tuple[AdvertisedDevice, ...] = ()
     spec_ok: bool = False
     retry: asyncio.TimerHandle | None = None
-    #: The waits between failed spec writes (made by ``tools`` on the first failure).
-    backoff: Backoff | None = None
+    #: The spec write's retry loop (made from ``tools`` on the first failure).
+    retrying: Retry | None = None
+    #: What the class advertises now (the last list published).
+    advertised: tuple[AdvertisedDevice, ...] = ()
     #: The devices the last spec left out: kept out of the list too.
     left_out: frozenset[str] = frozenset()
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -108,13 +117,11 @@ class ClassRunner:
                 "device-skipped", "device skipped: %s", warning.message, device=warning.sys_path
             )
         # Step 1: withdraw what is gone, mark what went unhealthy; add nothing yet.
-        before = change.before_write(self.board.devices.values())
-        self.board.publish(before)
+        before = tuple(change.before_write(self.advertised))
         self.devices = change.devices
         self.target = change.after_write
-        frontend = self.frontend
-        if frontend is not None and frontend.publish(before, self._by_name()):
-            await frontend.withdrawn()
+        if self._publish(before) and self.pool is not None:
+            await self.pool.withdrawn()
         await self.sync(received)
 
     async def sync(self, received: float | None = None) -> None:
@@ -133,38 +140,41 @@ class ClassRunner:
         except Exception as exc:
             # Not published: the kubelet never sees a device the runtime cannot resolve.
             self.spec_ok = False
-            backoff = self.backoff = self.backoff or self.tools.backoff()
-            why = describe(exc)
-            logged = backoff.failed(why)
-            reason = "spec-write" if isinstance(exc, CdiGenError) else "internal"
-            self.fail(
-                reason,
-                "spec write failed (attempt %d), retrying in %.1fs: %s",
-                backoff.attempts,
-                backoff.delay,
-                why,
-                logged=logged,
+            retrying = self.retrying = self.retrying or Retry(
+                self.tools.backoff(), failures=self.fail
+            )
+            retrying.failed(
+                describe(exc),
+                "spec write failed (attempt %(attempt)d), retrying in %(delay).1fs: %(why)s",
+                reason="spec-write" if isinstance(exc, CdiGenError) else "internal",
             )
             self.tools.metrics.spec_writes.labels(self.resource, "error").inc()
-            self.retry = asyncio.get_running_loop().call_later(backoff.delay, self._retry)
+            self.retry = asyncio.get_running_loop().call_later(retrying.delay, self._retry)
             return
-        if self.backoff is not None:
-            self.backoff.succeeded()
+        if self.retrying is not None:
+            self.retrying.succeeded()
         self.spec_ok = True
         if changed:
             self.tools.metrics.spec_writes.labels(self.resource, "written").inc()
         published = (
-            [d for d in self.target if d.id not in self.left_out] if self.left_out else self.target
+            tuple(d for d in self.target if d.id not in self.left_out)
+            if self.left_out
+            else self.target
         )
-        self.board.publish(published)
-        if self.frontend is not None:
-            self.frontend.publish(published, self._by_name())
+        self._publish(published)
         if received is not None:
             self.tools.metrics.hotplug_latency.observe(time.monotonic() - received)
         self._export_gauges()
 
-    def _by_name(self) -> dict[str, DiscoveredDevice]:
-        return {d.name: d for d in self.devices}
+    def _publish(self, devices: tuple[AdvertisedDevice, ...]) -> bool:
+        """Publish ``devices`` as the class's list, once; whether a pool that learns of it
+        later changed (a withdrawal then worth waiting for)."""
+        self.advertised = devices
+        if self.board is not None:
+            self.board.publish(devices)
+        if self.pool is None:
+            return False
+        return self.pool.publish(self.config, devices, {d.name: d for d in self.devices})
 
     def _retry(self) -> None:
         self.retry = None
@@ -185,7 +195,7 @@ class ClassRunner:
         data = None if doc is None else dump_document(doc)
         instance = self.instance
         outcome = await asyncio.to_thread(
-            functools.partial(writer.sync_spec, instance=instance), spec_dir, vendor, cls, data
+            functools.partial(self.specs.sync, instance=instance), spec_dir, vendor, cls, data
         )
         if outcome == "removed":
             log.info(
@@ -199,7 +209,7 @@ class ClassRunner:
                     resource=self.resource,
                     devices=len(doc["devices"]),
                     cdiVersion=doc["cdiVersion"],
-                    file=str(spec_dir / writer.spec_filename(vendor, cls)),
+                    file=str(spec_dir / specnames.spec_filename(vendor, cls)),
                 ),
             )
         return outcome in ("written", "removed")
@@ -254,7 +264,8 @@ class ClassRunner:
 
     def close(self) -> None:
         """Stopping: end ListAndWatch's waits on the board and any pending retry."""
-        self.board.close()
+        if self.board is not None:
+            self.board.close()
         self._cancel_retry()
 
     async def stop(self) -> None:

@@ -1,4 +1,8 @@
-"""The Kubernetes API server as the agent needs it (:mod:`~cdi_gen.apiserver.client`).
+"""The Kubernetes API server as the agent needs it: the calls
+(:mod:`~cdi_gen.apiserver.client`), the configuration they use
+(:mod:`~cdi_gen.apiserver.kubeconfig`), the bounded, checked answers
+(:mod:`~cdi_gen.apiserver.answers`, :mod:`~cdi_gen.apiserver.resourceclaim`) and the
+failures (:mod:`~cdi_gen.apiserver.errors`).
 
 The only package that talks to the API server, and the only lightkube user. It loads
 lightkube, so the agent imports it only when a class is served through DRA (a

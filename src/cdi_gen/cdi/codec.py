@@ -17,7 +17,7 @@ from cdi_gen.cdi.validation import check_spec
 from cdi_gen.errors import QUOTE_LIMIT, Problem, SpecError, quote
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
 
     from cdi_gen.cdi.spec import Spec
 
@@ -32,9 +32,31 @@ def dump_document(doc: dict[str, Any], fmt: Format = "json") -> bytes:
     if fmt == "yaml":
         import yaml  # lazy: only YAML users pay for the import
 
-        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        text = yaml.dump(
+            doc,
+            Dumper=_plain_dumper(),
+            sort_keys=False,
+            default_flow_style=False,
+            allow_unicode=True,
+        )
         return b"---\n" + text.encode()
     raise ValueError(f"unknown format {fmt!r}, should be one of {', '.join(FORMATS)}")
+
+
+def _plain_dumper() -> Any:
+    """PyYAML's safe dumper without anchors and aliases.
+
+    The slots of a shared device share one edits object; the safe dumper would write it once
+    as ``&id001`` and then ``*id001``, which readers of a spec (people, ``yq``, grep) should
+    not have to resolve. Every value is written out where it is used instead.
+    """
+    import yaml
+
+    class PlainDumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return PlainDumper
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:
@@ -48,19 +70,13 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def validation_problems(exc: ValidationError) -> list[Problem]:
-    """One :class:`Problem` per pydantic error, with the document path of the field."""
-    problems = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden":
-            message = f"unknown field {quote(loc[-1])}"
-        elif err["type"] == "missing":
-            message = f"missing required field {quote(loc[-1])}"
-        else:
-            message = f"{err['msg']} (got {quote(err.get('input'))})"
-        problems.append(Problem(_loc_path(loc), message))
-    return problems
+def _message(err: ErrorDetails) -> str:
+    loc = err["loc"]
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {quote(loc[-1])}"
+    if err["type"] == "missing":
+        return f"missing required field {quote(loc[-1])}"
+    return f"{err['msg']} (got {quote(err.get('input'))})"
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -260,11 +276,12 @@ def load_spec(data: bytes, fmt: Format = "json", source: str = "") -> Spec:
     from pydantic import ValidationError
 
     from cdi_gen.cdi.spec import Spec
+    from cdi_gen.strictmodel import problems as field_problems
 
     try:
         spec = Spec.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(validation_problems(exc), source) from None
+        raise SpecError(field_problems(exc, where=_loc_path, message=_message), source) from None
     problems = check_spec(spec)
     if problems:
         raise SpecError(problems, source)

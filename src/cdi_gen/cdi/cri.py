@@ -21,7 +21,7 @@ from cdi_gen._proto.cri.v1 import api_pb2, api_pb2_grpc
 from cdi_gen.cdi.runtimes import Lookup, Runtime, from_cri
 from cdi_gen.errors import ConfigError, quote
 
-__all__ = ["CRI_API_VERSION", "TIMEOUT_SECONDS", "CriError", "ask", "lookup", "node_runtimes"]
+__all__ = ["CRI_API_VERSION", "TIMEOUT_SECONDS", "CriError", "ask", "lookup", "runtimes_at_sockets"]
 
 #: The CRI API version we speak (the request names it; runtimes answer any).
 CRI_API_VERSION = "v1"
@@ -65,7 +65,7 @@ def ask(socket: Path, timeout: float = TIMEOUT_SECONDS) -> Runtime:
         raise CriError(f"CRI socket {socket}: RuntimeService/Version answered {exc}") from None
 
 
-def node_runtimes(
+def runtimes_at_sockets(
     sockets: Sequence[Path], timeout: float = TIMEOUT_SECONDS
 ) -> tuple[list[Runtime], list[str]]:
     """The runtimes answering on ``sockets``, and one line per socket that gave none.
@@ -88,6 +88,6 @@ def node_runtimes(
 
 
 def lookup(sockets: Sequence[Path], timeout: float = TIMEOUT_SECONDS) -> Lookup:
-    """:func:`node_runtimes` of ``sockets``, asked only when called: the fallback the
+    """:func:`runtimes_at_sockets` of ``sockets``, asked only when called: the fallback the
     ``runtime`` pin and the doctor take when no runtime binary answers."""
-    return functools.partial(node_runtimes, tuple(sockets), timeout)
+    return functools.partial(runtimes_at_sockets, tuple(sockets), timeout)

@@ -296,7 +296,7 @@ def detect_all(explicit: Sequence[str] = ()) -> list[Runtime]:
     return [r for r in found if r is not None]
 
 
-def node_runtimes(
+def runtimes_or_fallback(
     explicit: Sequence[str] = (), fallback: Lookup | None = None
 ) -> tuple[list[Runtime], list[str]]:
     """:func:`detect_all`, then ``fallback`` when it found nothing (and none was named): the

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
+
+from cdi_gen.strictmodel import StrictModel
 
 Uint32 = Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
-class _Wire(BaseModel):
+class _Wire(StrictModel):
     model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
+        # Strict types too, as the runtimes' Go structs read them: "5" is no uint32.
         strict=True,
-        frozen=True,
         # Built on first use: `render` and the agent build entries but never parse a whole
         # Spec unless they read a spec file, and building costs start-up time.
         defer_build=True,

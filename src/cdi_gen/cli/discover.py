@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import discover_devices, warn_skipped
+from cdi_gen.cli.inputs import discover_devices, hint_links, warn_skipped
 
 if TYPE_CHECKING:
     from cdi_gen.discovery.inventory import Discovery
+    from cdi_gen.model import DeviceRecord
 
 
 @click.command()
@@ -24,7 +25,8 @@ def discover(
     config_path: Path | None, classes: tuple[str, ...], as_json: bool, records_path: Path | None
 ) -> None:
     """The devices each class matches now: names, nodes, major:minor, NUMA, matching rule."""
-    discovery = discover_devices(config_path, classes, records_path)
+    records: list[DeviceRecord] = []
+    discovery = discover_devices(config_path, classes, records_path, seen=records)
     vendor = discovery.config.vendor
     if as_json:
         import orjson
@@ -67,8 +69,9 @@ def discover(
     for cls in discovery.class_names:
         devices = discovery.devices(cls)
         if not devices:
-            click.echo(f"{vendor}/{cls}: no device")
+            click.echo(f"{vendor}/{cls}: no device{_left_out_note(discovery, cls)}")
             warn_skipped(discovery, cls)
+            hint_links(discovery, cls, records)
             continue
         click.echo(f"{vendor}/{cls}: {len(devices)} device{'s' if len(devices) > 1 else ''}")
         width = max(len(d.name) for d in devices)
@@ -84,6 +87,15 @@ def discover(
             shared = f"  slots={len(slots)} ({slots[0]}..{slots[-1]})" if len(slots) > 1 else ""
             click.echo(f"  {d.name:<{width}}  {nodes}  numa={numa}{health}{shared}  [{rules}]")
         warn_skipped(discovery, cls)
+
+
+def _left_out_note(discovery: Discovery, cls: str) -> str:
+    """For a class without devices: how many matched and were left out, so that "no device"
+    is not read as "nothing matched" (the warnings that follow say why, one per device)."""
+    skipped = len({w.sys_path for w in discovery.warnings(cls)})
+    if not skipped:
+        return ""
+    return f": {skipped} matched, {skipped} left out (why: the warnings below)"
 
 
 def slot_ids(discovery: Discovery, cls: str, device: str) -> list[str]:

@@ -51,20 +51,20 @@ def doctor(
 
     One line per check (OK, WARN or FAIL with what to do); exit 1 if any check FAILs.
     """
-    from cdi_gen import doctor as dr
     from cdi_gen.cli.inputs import discover_devices
     from cdi_gen.config.settings import load_settings
+    from cdi_gen.doctor.diagnosis import diagnose
 
     settings = load_settings(options.flags_of(flags))
     # A class pinned to 'runtime' is resolved as the agent resolves it (in a pod: by the CRI).
     discovery = discover_devices(
-        settings.config,
+        settings.paths.config,
         (),
         records_path,
-        runtime_refs=settings.runtime,
-        cri_sockets=settings.cri_socket,
+        runtime_refs=settings.runtimes.refs,
+        cri_sockets=settings.runtimes.cri_sockets,
     )
-    checks = dr.diagnose(
+    checks = diagnose(
         settings,
         discovery,
         containerd_config=containerd_config,

@@ -36,9 +36,9 @@ class _SettingOption(click.Option):
 
     @property
     def help(self) -> str:
-        from cdi_gen.config.settings import Settings
+        from cdi_gen.config.settings import field_info
 
-        info = Settings.model_fields[self.field]
+        info = field_info(self.field)
         text = info.description or ""
         out = text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
         default = info.default
@@ -96,8 +96,8 @@ RECORDS = click.option(
     "--records",
     "records_path",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Use recorded udev data (`udevadm info --export-db` text or a JSON list of "
-    "records) instead of this machine's devices.",
+    help="Use recorded udev data (`udevadm info --export-db` text, a JSON list of records, "
+    "or what `cdi-gen record` writes) instead of this machine's devices.",
 )
 #: The pins of the one-shot commands: they read the agent's variables for these three only,
 #: so `cdi-gen write` in the agent's environment pins what the agent pins.

@@ -14,6 +14,7 @@ from cdi_gen.cli.inputs import (
     cri_lookup,
     discover_devices,
     emit_document,
+    hint_links,
     left_out_error,
     warn_left_out,
     warn_skipped,
@@ -21,6 +22,7 @@ from cdi_gen.cli.inputs import (
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
+    from cdi_gen.model import DeviceRecord
 
 
 @click.command()
@@ -66,6 +68,7 @@ def render(
 
     sockets = cri_sockets or None
     pin = resolve_version(cdi_version, runtime_refs, "--cdi-version", cri_lookup(sockets))
+    records: list[DeviceRecord] = []
     discovery = discover_devices(
         config_path,
         [cls],
@@ -73,6 +76,7 @@ def render(
         vendor,
         runtime_refs=runtime_refs,
         cri_sockets=sockets,
+        seen=records,
     )
     config: AgentConfig = discovery.config
     kind = f"{config.vendor}/{cls}"
@@ -81,6 +85,7 @@ def render(
     if not discovery.devices(cls):
         if skipped:
             raise left_out_error(skipped, f"no device of {kind} is left to render")
+        hint_links(discovery, cls, records)
         rules = " | ".join(r.describe() for r in class_config.match)
         raise DiscoveryError(f"class {cls!r} ({kind}) has no device: nothing matches {rules}")
     # The agent's path: a device it would leave out is left out here, named on stderr.

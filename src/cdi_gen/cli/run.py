@@ -47,14 +47,20 @@ def run(**flags: Any) -> None:
     """
     import asyncio
 
+    from cdi_gen.kubelet import apply_grpc_experiments
+
+    # First: grpc reads its settings once, when it loads, and this process will serve the
+    # kubelet's plugins (a CRI socket asked for a "runtime" pin may load it earliest).
+    apply_grpc_experiments()
+
     from cdi_gen.agent.agent import Agent
     from cdi_gen.cli.inputs import cri_lookup
     from cdi_gen.config.settings import load_settings
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
-    config = settings.class_config(cri_lookup(settings.cri_socket))
-    setup_logging(settings.log_format, settings.log_level)
+    config = settings.class_config(cri_lookup(settings.runtimes.cri_sockets))
+    setup_logging(settings.logs.format, settings.logs.level)
     asyncio.run(Agent(config, settings).run())
 
 

@@ -56,7 +56,8 @@ def write(
     others, and the exit status is 1.
     """
     from cdi_gen.cdi.codec import dump_document
-    from cdi_gen.cdi.writer import remove_unconfigured, spec_filename, sync_spec
+    from cdi_gen.cdi.specnames import spec_filename
+    from cdi_gen.cdi.writer import remove_unconfigured, sync_spec
     from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, warn_skipped
     from cdi_gen.errors import CdiGenError, SpecWriteError
 

@@ -26,11 +26,12 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from cdi_gen.cdi.codec import load_yaml, no_constant, one_line, unique_keys
-from cdi_gen.cdi.runtimes import Lookup, node_limit, node_runtimes
+from cdi_gen.cdi.runtimes import Lookup, node_limit, runtimes_or_fallback
 from cdi_gen.cdi.version import normalize
-from cdi_gen.config.models import RUNTIME_PIN, AgentConfig, FieldError
+from cdi_gen.config.models import RUNTIME_PIN, AgentConfig
 from cdi_gen.errors import QUOTE_LIMIT, ConfigError, Problem, fragment, quote
 from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
+from cdi_gen.strictmodel import problems
 
 __all__ = [
     "CATALOGUE_NAME",
@@ -156,21 +157,12 @@ def _message(err: ErrorDetails, raw: Any) -> str:
 
 
 def _problems(exc: ValidationError, raw: Any) -> list[Problem]:
-    out: list[Problem] = []
-    for err in exc.errors():
-        ctx = err.get("ctx") or {}
-        inner = ctx.get("error")
-        if isinstance(inner, FieldError):
-            # Relative to the model whose validator raised it.
-            out.append(Problem(_loc_path((*err["loc"], *inner.loc), raw), inner.message))
-            continue
-        loc = err["loc"]
-        if err["type"] == "extra_forbidden":
-            parent = _loc_path(loc[:-1], raw)
-            out.append(Problem(parent, _message(err, raw)))
-            continue
-        out.append(Problem(_loc_path(loc, raw), _message(err, raw)))
-    return out
+    return problems(
+        exc,
+        where=lambda loc: _loc_path(loc, raw),
+        message=lambda err: _message(err, raw),
+        unknown_at_parent=True,
+    )
 
 
 def parse_config(data: Any, source: str = "config") -> AgentConfig:
@@ -282,7 +274,7 @@ def resolve_version(
     if value is None:
         return None
     if value == RUNTIME_PIN:
-        return node_limit(*node_runtimes(runtime_refs, fallback))
+        return node_limit(*runtimes_or_fallback(runtime_refs, fallback))
     try:
         return normalize(value)
     except ValueError as exc:

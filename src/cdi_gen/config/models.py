@@ -1,7 +1,10 @@
-"""The agent configuration: which udev devices form which CDI class, and how they are named.
+"""The agent configuration: its classes (which udev devices form which CDI class, how they are
+named, shared, checked and served) and the vendor they are published under.
 
-Frozen, strict pydantic models (unknown keys are errors); :mod:`cdi_gen.config.loader` reads
-a file or the embedded catalogue into them, one line per problem.
+Frozen, strict pydantic models (unknown keys are errors); a class's match rules are in
+:mod:`cdi_gen.config.rules`, its spec edits in :mod:`cdi_gen.config.edits`.
+:mod:`cdi_gen.config.loader` reads a file or the embedded catalogue into them, one line per
+problem.
 
 Templates (``deviceName``, every string of ``containerEdits``) are parsed at load time by
 :mod:`cdi_gen.config.templates`.
@@ -9,25 +12,23 @@ Templates (``deviceName``, every string of ``containerEdits``) are parsed at loa
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from cdi_gen import names
 from cdi_gen.cdi.version import KNOWN_VERSIONS, normalize
-from cdi_gen.config.filemodes import FileMode
+from cdi_gen.config.configmodel import ConfigModel
+from cdi_gen.config.edits import ContainerEditsConfig, NodeOptions
+from cdi_gen.config.rules import GroupConfig, HealthConfig, MatchRule
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EditTemplate,
@@ -36,6 +37,7 @@ from cdi_gen.config.templates import (
     parse_template,
 )
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
+from cdi_gen.strictmodel import FieldError
 
 __all__ = [
     "BUILTIN_DRA_ATTRIBUTES",
@@ -44,15 +46,6 @@ __all__ = [
     "MAX_DEVICE_ATTRIBUTES",
     "AgentConfig",
     "ClassConfig",
-    "ContainerEditsConfig",
-    "DeviceNodeConfig",
-    "FieldError",
-    "GroupConfig",
-    "HealthConfig",
-    "HookConfig",
-    "MatchRule",
-    "MountConfig",
-    "NodeOptions",
     "SharingConfig",
 ]
 
@@ -71,23 +64,6 @@ MAX_RESYNC_SECONDS = 7 * 86400.0
 #: A cdiVersion pin meaning "the newest the node's container runtime reads", resolved at start
 #: (cdi_gen.cdi.runtimes); never written into a spec.
 RUNTIME_PIN = "runtime"
-
-
-#: Largest value a runtime reads into a Go int64 (device numbers, hook timeouts).
-INT64_MAX = 2**63 - 1
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        arbitrary_types_allowed=True,
-        # Validators built on first use, not at import: only what is validated is built
-        # (AgentConfig builds the classes' models inside its own), which start-up sees.
-        defer_build=True,
-    )
 
 
 #: A DRA attribute name without a domain (the driver's is implied): a C identifier.
@@ -115,99 +91,6 @@ MAX_DEVICE_ATTRIBUTES = 32
 #: Most attributes of a class's own: what is left once every built-in one is counted (the
 #: pool sets at most those), so that no device can go over the limit.
 MAX_CLASS_ATTRIBUTES = MAX_DEVICE_ATTRIBUTES - len(BUILTIN_DRA_ATTRIBUTES)
-_SYSFS_NAME_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
-_PROPERTY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def _check_globs(values: Mapping[str, str], key_re: re.Pattern[str], what: str) -> None:
-    for key in values:
-        if not key_re.fullmatch(key) or ".." in key.split("/"):
-            raise ValueError(f"invalid {what} name {quote(key)}")
-
-
-class MatchRule(_Strict):
-    """One udev rule: every condition given must hold (like the keys of one udev rule line).
-
-    ``subsystem`` is exact; the rest are shell globs (``*``, ``?``, ``[...]``) as in udev.
-    """
-
-    subsystem: str | None = Field(
-        default=None, description="udev SUBSYSTEM, exact (e.g. block, misc)"
-    )
-    kernel: str | None = Field(
-        default=None, description="glob on the kernel name (KERNEL), e.g. loop*"
-    )
-    devnode: str | None = Field(
-        default=None, description="glob on the device node path, e.g. /dev/net/*"
-    )
-    driver: str | None = Field(
-        default=None,
-        description="glob on the driver of the device or any parent (like udev DRIVERS)",
-    )
-    attributes: dict[str, str] = Field(
-        default_factory=dict, description="sysfs attributes of the device (ATTR), values are globs"
-    )
-    parent_attributes: dict[str, str] = Field(
-        default_factory=dict,
-        description="sysfs attributes that one parent must all have (ATTRS), values are globs",
-    )
-    properties: dict[str, str] = Field(
-        default_factory=dict, description="udev properties (ENV), values are globs"
-    )
-
-    @field_validator("subsystem", "kernel", "devnode", "driver")
-    @classmethod
-    def _not_empty(cls, value: str | None) -> str | None:
-        if value is not None and not value:
-            raise ValueError("must not be empty (leave the key out to match anything)")
-        return value
-
-    @field_validator("attributes", "parent_attributes")
-    @classmethod
-    def _attribute_names(cls, value: dict[str, str]) -> dict[str, str]:
-        _check_globs(value, _SYSFS_NAME_RE, "sysfs attribute")
-        return value
-
-    @field_validator("properties")
-    @classmethod
-    def _property_names(cls, value: dict[str, str]) -> dict[str, str]:
-        _check_globs(value, _PROPERTY_NAME_RE, "udev property")
-        return value
-
-    @model_validator(mode="after")
-    def _something(self) -> MatchRule:
-        if not (
-            self.subsystem
-            or self.kernel
-            or self.devnode
-            or self.driver
-            or self.attributes
-            or self.parent_attributes
-            or self.properties
-        ):
-            raise ValueError("a rule needs at least one condition (subsystem, kernel, ...)")
-        return self
-
-    def describe(self) -> str:
-        """The rule in udev's own notation, for messages and ``discover`` output."""
-        return self._description
-
-    @functools.cached_property
-    def _description(self) -> str:
-        # Cached: every matched device records its rule, and a class may match thousands.
-        out = []
-        if self.subsystem is not None:
-            out.append(f'SUBSYSTEM=="{self.subsystem}"')
-        if self.kernel is not None:
-            out.append(f'KERNEL=="{self.kernel}"')
-        if self.devnode is not None:
-            out.append(f'DEVNAME=="{self.devnode}"')
-        if self.driver is not None:
-            out.append(f'DRIVERS=="{self.driver}"')
-        out += [f'ATTR{{{k}}}=="{v}"' for k, v in self.attributes.items()]
-        out += [f'ATTRS{{{k}}}=="{v}"' for k, v in self.parent_attributes.items()]
-        out += [f'ENV{{{k}}}=="{v}"' for k, v in self.properties.items()]
-        return ", ".join(out)
 
 
 def _as_rule_list(value: Any) -> Any:
@@ -215,134 +98,7 @@ def _as_rule_list(value: Any) -> Any:
     return [value] if isinstance(value, Mapping) else value
 
 
-class GroupConfig(_Strict):
-    """Make one CDI device of every set of matched nodes that share a parent or a property.
-
-    Example: a DFL FPGA's ``dfl-fme.0`` and ``dfl-port.0`` nodes are both children of
-    ``fpga_region`` ``region0``; grouping by that parent hands both nodes to one container.
-    """
-
-    by: Literal["parent", "property"] = Field(
-        default="parent", description="group by a common parent device, or by a udev property value"
-    )
-    subsystem: str | None = Field(
-        default=None,
-        description="with by=parent: the nearest parent in this subsystem (default: the "
-        "immediate parent)",
-    )
-    property: str | None = Field(default=None, description="with by=property: the property name")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GroupConfig:
-        if self.by == "property" and not self.property:
-            raise ValueError("by: property needs property: <NAME>")
-        if self.by == "parent" and self.property is not None:
-            raise ValueError(f"property {self.property!r} only applies with by: property")
-        if self.by == "property" and self.subsystem is not None:
-            raise ValueError(f"subsystem {self.subsystem!r} only applies with by: parent")
-        return self
-
-
-def _check_permissions(value: str | None) -> str | None:
-    if value is not None and (not value or set(value) - set("rwm")):
-        raise ValueError(f"permissions {quote(value)} should be a non-empty subset of 'rwm'")
-    return value
-
-
-class NodeOptions(_Strict):
-    """How each matched device node appears in the spec (``deviceNodes`` entry)."""
-
-    path: EditTemplate | None = Field(
-        default=None,
-        description="path inside the container (template); default: the host path. A different "
-        "path adds hostPath, which needs cdiVersion 0.5.0",
-    )
-    permissions: str | None = Field(default=None, description="cgroup access, a subset of 'rwm'")
-    file_mode: FileMode | None = Field(
-        default=None,
-        description="mode of the node: an integer of permission bits (YAML 0660, JSON 432) or "
-        'an octal string ("0o660", "0660", "660"; up to "0o7777" with setuid, setgid, sticky)',
-    )
-    uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
-    gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
-    pin_numbers: bool = Field(
-        default=False,
-        description="write type/major/minor into the spec. Off by default: the runtime reads "
-        "them from the host node at injection, and pinned numbers go stale when a device is "
-        "re-plugged",
-    )
-
-    @field_validator("permissions")
-    @classmethod
-    def _perms(cls, value: str | None) -> str | None:
-        return _check_permissions(value)
-
-
-class DeviceNodeConfig(_Strict):
-    """An extra device node (templates allowed), e.g. ``/dev/vfio/vfio`` next to a group."""
-
-    path: EditTemplate
-    host_path: EditTemplate | None = None
-    type: Literal["b", "c", "u", "p"] | None = None
-    # Bounded as the runtimes read them (Go int64): the rendered edits go to the spec as
-    # they are, no model judges them per device.
-    major: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    minor: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    file_mode: FileMode | None = Field(
-        default=None, description="mode of the node, as the class's node.fileMode"
-    )
-    permissions: str | None = None
-    uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
-    gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
-
-    @field_validator("permissions")
-    @classmethod
-    def _perms(cls, value: str | None) -> str | None:
-        return _check_permissions(value)
-
-
-class MountConfig(_Strict):
-    host_path: EditTemplate
-    container_path: EditTemplate
-    options: list[EditTemplate] | None = None
-    type: str | None = None
-
-
-class HookConfig(_Strict):
-    hook_name: Literal[
-        "prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"
-    ]
-    path: EditTemplate
-    args: list[EditTemplate] | None = None
-    env: list[EditTemplate] | None = None
-    timeout: int | None = Field(default=None, gt=0, le=INT64_MAX)
-
-
-class ContainerEditsConfig(_Strict):
-    """Edits added to every device of the class; every string is a template."""
-
-    env: list[EditTemplate] = Field(default_factory=list, description="KEY=VALUE entries")
-    device_nodes: list[DeviceNodeConfig] = Field(default_factory=list)
-    mounts: list[MountConfig] = Field(default_factory=list)
-    hooks: list[HookConfig] = Field(default_factory=list)
-    additional_gids: list[Annotated[int, Field(ge=0, le=0xFFFFFFFF)]] = Field(
-        default_factory=list, description="needs cdiVersion 0.7.0"
-    )
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: list[Template]) -> list[Template]:
-        for t in value:
-            literal_eq = any(isinstance(p, str) and "=" in p for p in t.parts)
-            if not literal_eq or t.source.startswith("="):
-                raise ValueError(
-                    f"env entry {quote(t.source)} should be KEY=VALUE "
-                    "with a literal '=' after the key"
-                )
-        return value
-
-
-class SharingConfig(_Strict):
+class SharingConfig(ConfigModel):
     """How many containers may share one device (slots); the slot feature reads this."""
 
     replicas: int = Field(default=1, ge=1, le=1024, description="IDs advertised per device")
@@ -355,42 +111,7 @@ class SharingConfig(_Strict):
     )
 
 
-class HealthConfig(_Strict):
-    """When a present device is healthy, beyond its device node existing.
-
-    Some devices exist but cannot serve: a loop device without a backing file (size 0), a
-    network device whose carrier is down, an accelerator whose firmware reports an error
-    state in sysfs. Each key is a sysfs attribute and each value a udev glob (``|`` for
-    alternatives), compared with trailing whitespace removed, as udev's ATTR and ATTRS are.
-    Attributes are read at every enumeration and every uevent of the device: a change that
-    comes without a uevent is seen at the next resync (``resyncSeconds``).
-    """
-
-    attributes: dict[str, str] = Field(
-        default_factory=dict,
-        description="sysfs attributes of the device and the globs their values must match "
-        "for it to be healthy, e.g. {size: '[1-9]*'}",
-    )
-    parent_attributes: dict[str, str] = Field(
-        default_factory=dict,
-        description="sysfs attributes that the device or one parent must all match (like "
-        "ATTRS) for it to be healthy",
-    )
-
-    @field_validator("attributes", "parent_attributes")
-    @classmethod
-    def _attribute_names(cls, value: dict[str, str]) -> dict[str, str]:
-        _check_globs(value, _SYSFS_NAME_RE, "sysfs attribute")
-        return value
-
-    @model_validator(mode="after")
-    def _something(self) -> HealthConfig:
-        if not (self.attributes or self.parent_attributes):
-            raise ValueError("a health check needs attributes or parentAttributes")
-        return self
-
-
-class ClassConfig(_Strict):
+class ClassConfig(ConfigModel):
     """One CDI class (and Kubernetes resource ``<vendor>/<name>``)."""
 
     name: str = Field(description="CDI class; the resource name is <vendor>/<name>")
@@ -546,7 +267,7 @@ class ClassConfig(_Strict):
         yield from self.attributes.values()
 
 
-class AgentConfig(_Strict):
+class AgentConfig(ConfigModel):
     """The whole agent config."""
 
     vendor: str = Field(default=DEFAULT_VENDOR, description="CDI vendor and resource domain")
@@ -625,12 +346,3 @@ class AgentConfig(_Strict):
                     return None
                 out.add(r.subsystem)
         return frozenset(out)
-
-
-class FieldError(ValueError):
-    """A problem found by a whole-model validator but belonging to one field."""
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message

@@ -29,7 +29,9 @@ __all__ = [
 #: Fields a device name may use. ``group`` is the group key (the grouping parent's kernel name
 #: or the grouping property's value); the others describe the device (the first member of a
 #: group). There is deliberately no enumeration ``{index}``: it renumbers on hotplug and so
-#: breaks the names pods were allocated with.
+#: breaks the names pods were allocated with. ``devlink_name`` is the last component of
+#: ``{devlink}`` (e.g. ``usb-FTDI_FT232R_USB_UART_A10K5ABC-if00-port0``): a name that stays
+#: with the hardware when its kernel name is renumbered.
 DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
     {
         "kernel",
@@ -38,6 +40,7 @@ DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
         "minor",
         "devnode",
         "devname",
+        "devlink_name",
         "subsystem",
         "devtype",
         "driver",
@@ -47,8 +50,11 @@ DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
         "parent_attribute",
     }
 )
-#: Container edits may also use the rendered device name and the kind.
-EDIT_FIELDS: frozenset[str] = DEVICE_NAME_FIELDS | {"name", "vendor", "class", "numa"}
+#: Container edits may also use the rendered device name and the kind, and ``devlink``: the
+#: udev link the rule's ``devnode`` pattern matched, else the device's by-id link, else its
+#: by-path link (``node: {path: "{devlink}"}`` puts the node at that stable path in the
+#: container). A path is never a valid device name, so names get only ``devlink_name``.
+EDIT_FIELDS: frozenset[str] = DEVICE_NAME_FIELDS | {"name", "vendor", "class", "numa", "devlink"}
 #: Fields that take a ``[key]``.
 KEYED_FIELDS: frozenset[str] = frozenset({"property", "attribute", "parent_attribute"})
 

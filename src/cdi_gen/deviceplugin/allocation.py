@@ -33,7 +33,7 @@ PhysicalPolicy = Literal["pack", "spread"]
 MAX_DEVICE_ID_LEN = MAX_SEGMENT_LEN
 
 
-class Refusal(enum.StrEnum):
+class AllocationRefusal(enum.StrEnum):
     """Why a request was refused; the plugin maps each to a gRPC status code."""
 
     UNKNOWN = "unknown"
@@ -51,7 +51,7 @@ class AllocationError(CdiGenError):
     failed for several), ``message`` is the full sentence sent to the kubelet.
     """
 
-    def __init__(self, reason: Refusal, device_id: str, message: str) -> None:
+    def __init__(self, reason: AllocationRefusal, device_id: str, message: str) -> None:
         super().__init__(reason, device_id, message)
         self.reason = reason
         self.device_id = device_id
@@ -70,7 +70,7 @@ def check_id_lengths(device_ids: Iterable[str], resource: str) -> None:
     for device_id in device_ids:
         if len(device_id) > MAX_DEVICE_ID_LEN:
             raise AllocationError(
-                Refusal.TOO_LONG,
+                AllocationRefusal.TOO_LONG,
                 device_id[:MAX_DEVICE_ID_LEN],
                 f"device ID {quote(device_id, 32)} for resource {resource} is "
                 f"{len(device_id)} characters long, longer than {MAX_DEVICE_ID_LEN} "
@@ -100,19 +100,19 @@ def check_request(
         device = devices.get(device_id)
         if device is None:
             raise AllocationError(
-                Refusal.UNKNOWN,
+                AllocationRefusal.UNKNOWN,
                 device_id,
                 f"unknown device {device_id!r} for resource {resource}",
             )
         if device_id in seen:
             raise AllocationError(
-                Refusal.DUPLICATE,
+                AllocationRefusal.DUPLICATE,
                 device_id,
                 f"device {device_id!r} requested more than once for resource {resource}",
             )
         if not device.healthy:
             raise AllocationError(
-                Refusal.UNHEALTHY,
+                AllocationRefusal.UNHEALTHY,
                 device_id,
                 f"device {device_id!r} of resource {resource} is unhealthy",
             )
@@ -120,7 +120,7 @@ def check_request(
             other = physical_of.get(device.physical)
             if other is not None:
                 raise AllocationError(
-                    Refusal.SAME_PHYSICAL,
+                    AllocationRefusal.SAME_PHYSICAL,
                     device_id,
                     f"devices {other!r} and {device_id!r} of resource {resource} are slots of "
                     f"the same device {device.physical}; this class allows one slot per "

@@ -1,8 +1,9 @@
 """A class served as a kubelet device plugin (:class:`~cdi_gen.deviceplugin.server.DevicePlugin`).
 
 The plugin advertises the class's :class:`~cdi_gen.deviceplugin.board.DeviceBoard`, which the
-class runner publishes itself, so :meth:`DevicePluginFrontend.publish` has nothing to do
-and nothing is waited for: ListAndWatch sends a withdrawal as soon as the board has it.
+class runner publishes (once per change): nothing is waited for, ListAndWatch sends a
+withdrawal as soon as the board has it. Starting and registering are retried through
+:class:`~cdi_gen.retry.Retry`, bounded by ``retry_max_seconds``.
 grpc loads when the plugin is built, at the first start, and only when a kubelet is used.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cdi_gen.config.models import ClassConfig
@@ -18,9 +18,8 @@ from cdi_gen.config.settings import Settings
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.errors import CdiGenError
 from cdi_gen.logs import fields
-from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
-from cdi_gen.retry import Backoff, Failures, Tools, describe, keep_starting
+from cdi_gen.retry import Failures, Retry, Tools, describe
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.resolution import SpecResolver
@@ -60,16 +59,10 @@ class DevicePluginFrontend:
         self.fail = failures
         self.resource = failures.resource
         self.plugin: DevicePlugin | None = None
+        #: The start's retry loop (made at the first start).
+        self.retrying: Retry | None = None
         #: Why the plugin is not serving, or None.
         self.error: str | None = None
-
-    def publish(
-        self, devices: Sequence[AdvertisedDevice], discovered: Mapping[str, DiscoveredDevice]
-    ) -> bool:
-        return False  # the plugin serves the board, which the runner has just published
-
-    async def withdrawn(self) -> None:
-        return
 
     async def start(self) -> None:
         try:
@@ -79,13 +72,13 @@ class DevicePluginFrontend:
             self.error = describe(exc)
             self.fail("plugin-start", "device plugin cannot be created: %s", self.error)
             return
-        backoff = self.tools.backoff()
-        if not await self._attempt(backoff):
-            self.tools.spawn(keep_starting(self._attempt, backoff), f"start {self.resource}")
+        self.retrying = Retry(self.tools.backoff(), failures=self.fail, reason="plugin-start")
+        if not await self._attempt():
+            self.tools.spawn(self.retrying.until(self._attempt), f"start {self.resource}")
 
     def _make_plugin(self) -> DevicePlugin:
         # grpc loads here, with the device plugin, and only when a kubelet is used.
-        from cdi_gen.deviceplugin.allocation import Refusal
+        from cdi_gen.deviceplugin.allocation import AllocationRefusal
         from cdi_gen.deviceplugin.server import DevicePlugin
 
         metrics, settings, resource = self.tools.metrics, self.settings, self.resource
@@ -102,34 +95,30 @@ class DevicePluginFrontend:
             self.config.name,
             self.board,
             self.resolver,
-            plugin_dir=settings.device_plugin_dir,
-            kubelet_socket=settings.kubelet_socket,
-            cdi_annotations=settings.cdi_annotations,
+            plugin_dir=settings.kubelet.device_plugin_dir,
+            kubelet_socket=settings.kubelet.socket,
+            cdi_annotations=settings.kubelet.cdi_annotations,
             physical_policy=self.config.sharing.policy,
             one_slot_per_device=self.config.sharing.fail_requests_greater_than_one,
-            on_allocate=metrics.allocate_hook(resource, [*Refusal, "internal"]),
+            on_allocate=metrics.allocate_hook(resource, [*AllocationRefusal, "internal"]),
             on_register=on_register,
+            max_backoff=settings.retry.max_seconds,
         )
 
-    async def _attempt(self, backoff: Backoff) -> bool:
-        """One attempt to serve the plugin; False (counted, and logged as ``backoff`` says)
+    async def _attempt(self) -> bool:
+        """One attempt to serve the plugin; False (counted, and logged as its retry says)
         if it failed."""
-        plugin = self.plugin
-        assert plugin is not None
+        plugin, retrying = self.plugin, self.retrying
+        assert plugin is not None and retrying is not None
         try:
-            make_folder(self.settings.device_plugin_dir)
+            make_folder(self.settings.kubelet.device_plugin_dir)
             await plugin.start()
         except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.
-            why = self.error = describe(exc)
-            logged = backoff.failed(why)
-            self.fail(
-                "plugin-start",
-                "device plugin failed to start (attempt %d, next in %gs): %s",
-                backoff.attempts,
-                backoff.delay,
-                why,
-                logged=logged,
+            self.error = describe(exc)
+            retrying.failed(
+                self.error,
+                "device plugin failed to start (attempt %(attempt)d, next in %(delay)gs): %(why)s",
             )
             with contextlib.suppress(Exception):
                 await plugin.stop(grace=0)
@@ -137,7 +126,7 @@ class DevicePluginFrontend:
         if self.error is not None:
             log.info("device plugin started", extra=fields(resource=self.resource))
         self.error = None
-        backoff.succeeded()
+        retrying.succeeded()
         return True
 
     async def stop(self) -> None:

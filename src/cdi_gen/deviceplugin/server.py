@@ -34,8 +34,8 @@ from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from cdi_gen.cdi.resolution import SpecResolver, unresolved
 from cdi_gen.deviceplugin.allocation import (
     AllocationError,
+    AllocationRefusal,
     PhysicalPolicy,
-    Refusal,
     build_cdi_annotations,
     check_id_lengths,
     check_request,
@@ -73,17 +73,18 @@ MAX_STREAMS = 4
 REGISTER_TIMEOUT_SECONDS = 10.0
 
 _STATUS = {
-    Refusal.UNKNOWN: grpc.StatusCode.INVALID_ARGUMENT,
-    Refusal.DUPLICATE: grpc.StatusCode.INVALID_ARGUMENT,
-    Refusal.UNHEALTHY: grpc.StatusCode.FAILED_PRECONDITION,
-    Refusal.UNRESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
-    Refusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
-    Refusal.TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
+    AllocationRefusal.UNKNOWN: grpc.StatusCode.INVALID_ARGUMENT,
+    AllocationRefusal.DUPLICATE: grpc.StatusCode.INVALID_ARGUMENT,
+    AllocationRefusal.UNHEALTHY: grpc.StatusCode.FAILED_PRECONDITION,
+    AllocationRefusal.UNRESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
+    AllocationRefusal.SAME_PHYSICAL: grpc.StatusCode.INVALID_ARGUMENT,
+    AllocationRefusal.TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 
 #: ``on_allocate(outcome, reason)``: outcome ``"ok"`` or ``"error"``; reason ``""``, a
-#: :class:`~cdi_gen.allocation.Refusal` value or ``"internal"``. Called on server threads.
+#: :class:`~cdi_gen.deviceplugin.allocation.AllocationRefusal` value or ``"internal"``.
+#: Called on server threads.
 AllocateHook = Callable[[str, str], None]
 
 
@@ -119,6 +120,7 @@ class DevicePlugin(SupervisedPlugin):
         on_allocate: AllocateHook | None = None,
         on_register: RegisterHook | None = None,
         watch_interval: float = WATCH_INTERVAL,
+        max_backoff: float = 2.0,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
         self.vendor = vendor
@@ -142,6 +144,7 @@ class DevicePlugin(SupervisedPlugin):
             _KubeletRegistration(self),
             on_register=on_register,
             watch_interval=watch_interval,
+            max_backoff=max_backoff,
         )
 
     @property
@@ -184,7 +187,7 @@ class DevicePlugin(SupervisedPlugin):
         problems = self._unresolved([n for names in per_container for n in names])
         if problems:
             raise AllocationError(
-                Refusal.UNRESOLVED,
+                AllocationRefusal.UNRESOLVED,
                 "",
                 f"CDI devices of resource {kind} do not resolve: " + "; ".join(problems),
             )
@@ -205,7 +208,7 @@ class DevicePlugin(SupervisedPlugin):
             return unresolved(self.spec_cache, qualified_names)
         except TimeoutError as exc:
             raise AllocationError(
-                Refusal.UNRESOLVED,
+                AllocationRefusal.UNRESOLVED,
                 "",
                 f"CDI devices of resource {self.resource_name} cannot be checked: {exc}",
             ) from None

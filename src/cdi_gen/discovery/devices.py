@@ -138,9 +138,16 @@ def _named(
     named: dict[str, list[tuple[_Candidate, RenderContext]]] = {}
     template = cls.device_name
     for cand in candidates:
-        first = cand.members[0][0]
+        first, rule = cand.members[0]
         numa = next((r.numa_node for r, _ in cand.members if r.numa_node is not None), None)
-        ctx = RenderContext(first, group=cand.group, vendor=vendor, cls=cls.name, numa=numa)
+        ctx = RenderContext(
+            first,
+            devnode_pattern=cls.match[rule].devnode,
+            group=cand.group,
+            vendor=vendor,
+            cls=cls.name,
+            numa=numa,
+        )
         try:
             name = render_template(template, ctx)
             names.validate_device_name(name)
@@ -210,10 +217,10 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
     opts = cls.node
     nodes: list[NodeInfo] = []
     own: list[dict[str, Any]] = []
-    for record, _ in cand.members:
+    for record, rule in cand.members:
         assert record.devnode is not None
-        member_ctx = RenderContext(
-            record, group=ctx.group, name=ctx.name, vendor=ctx.vendor, cls=ctx.cls, numa=ctx.numa
+        member_ctx = dataclasses.replace(
+            ctx, record=record, devnode_pattern=cls.match[rule].devnode
         )
         path = render_template(opts.path, member_ctx) if opts.path is not None else record.devnode
         info = NodeInfo(

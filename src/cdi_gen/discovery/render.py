@@ -15,6 +15,7 @@ from typing import Any
 
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.config.templates import Field_, Template
+from cdi_gen.discovery.links import chosen_link
 from cdi_gen.discovery.match import sysfs_value
 from cdi_gen.errors import quote
 from cdi_gen.model import (
@@ -39,6 +40,8 @@ class RenderContext:
     """What templates of one device can refer to."""
 
     record: DeviceRecord
+    #: The ``devnode`` pattern of the rule the record matched, which picks its ``{devlink}``.
+    devnode_pattern: str | None = None
     group: str | None = None
     name: str | None = None
     vendor: str = ""
@@ -48,6 +51,10 @@ class RenderContext:
 
 def _number(value: int | None) -> str | None:
     return None if value is None else str(value)
+
+
+def _last(path: str | None) -> str | None:
+    return None if path is None else path.rsplit("/", 1)[-1]
 
 
 def _parent_attribute(record: DeviceRecord, key: str) -> str | None:
@@ -65,6 +72,8 @@ _FIELD_VALUES: dict[str, Callable[[RenderContext, str], str | None]] = {
     "minor": lambda c, _: _number(c.record.minor),
     "devnode": lambda c, _: c.record.devnode,
     "devname": lambda c, _: c.record.devnode.removeprefix("/dev/") if c.record.devnode else None,
+    "devlink": lambda c, _: chosen_link(c.record, c.devnode_pattern),
+    "devlink_name": lambda c, _: _last(chosen_link(c.record, c.devnode_pattern)),
     "subsystem": lambda c, _: c.record.subsystem,
     "devtype": lambda c, _: c.record.devtype,
     "driver": lambda c, _: c.record.driver,
@@ -113,6 +122,8 @@ _WHY_MISSING = {
     "minor": "the device has no minor number",
     "devnode": "the device has no device node",
     "devname": "the device has no device node",
+    "devlink": "the device has no udev link (DEVLINKS; is /run/udev mounted?)",
+    "devlink_name": "the device has no udev link (DEVLINKS; is /run/udev mounted?)",
     "devtype": "the device has no DEVTYPE",
     "driver": "no driver is bound to the device",
     "group": "the class has no group",

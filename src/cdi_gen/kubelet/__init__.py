@@ -10,8 +10,9 @@ to the kubelet over gRPC.
 * :mod:`~cdi_gen.kubelet.streams`: server streams following a versioned value;
 * :mod:`~cdi_gen.kubelet.boundary`: where the gRPC server's threads meet the agent's loop.
 
-Importing the package sets :data:`GRPC_EXPERIMENTS` before any of its modules loads grpc,
-since grpc reads the variable once, when it is first imported.
+grpc reads ``GRPC_EXPERIMENTS`` once, when it is first imported: a process that serves
+kubelet plugins calls :func:`apply_grpc_experiments` before anything loads grpc (``cdi-gen
+run`` does, first thing). Importing the package changes nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +43,3 @@ def apply_grpc_experiments() -> bool:
     if ours:
         os.environ["GRPC_EXPERIMENTS"] = ",".join([*filter(None, [current]), *ours])
     return True
-
-
-apply_grpc_experiments()

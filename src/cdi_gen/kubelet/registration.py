@@ -35,6 +35,7 @@ import grpc
 
 from cdi_gen._proto.pluginregistration.v1 import api_pb2
 from cdi_gen.errors import quote
+from cdi_gen.kubelet.boundary import wake
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
@@ -131,9 +132,7 @@ class RegistrationService:
             self.notified += 1
             waiters, self._waiters = self._waiters, []
         for loop, event in waiters:
-            # The loop may be closed by now (the agent stopped): nobody waits any more.
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(event.set)
+            wake(loop, event)
         return api_pb2.RegistrationStatusResponse()
 
     def newest_after(self, seen: int) -> tuple[int, Notice | None]:

@@ -12,9 +12,10 @@ while registration is in flight), register in the background with backoff while 
 is absent or refuses, then watch the socket files; when one of ours disappears or the
 kubelet's identity changes (a kubelet restart does both), serve on fresh sockets and register
 again. A restart noticed while registration is in flight abandons that attempt at once.
-Failed attempts wait through one :class:`~cdi_gen.retry.Backoff` (never less than its
-floor), and :attr:`Supervisor.serving` says whether every socket is served, with a hook for
-what must follow it (a DRA driver offers its devices only while it serves).
+Failed attempts go through one :class:`~cdi_gen.retry.Retry` (waits never less than its
+floor nor more than the plugin's bound, the agent's ``retry_max_seconds``; a repeat logged
+once per doubling), and :attr:`Supervisor.serving` says whether every socket is served, with
+a hook for what must follow it (a DRA driver offers its devices only while it serves).
 
 It sleeps until told: inotify (:class:`~cdi_gen.kubelet.socketwatch.SocketWatch`) wakes it when
 one of its socket files or one of the registrar's kubelet files changes, and the registrar
@@ -42,7 +43,7 @@ from typing import Literal, Protocol, Self
 
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
-from cdi_gen.retry import Backoff, describe
+from cdi_gen.retry import Backoff, Retry, describe
 
 __all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
 
@@ -114,7 +115,8 @@ class Supervisor:
         self._on_register = on_register
         # A poll interval of 0 would spin the loop.
         self._watch_interval = max(watch_interval, MIN_WATCH_INTERVAL)
-        self._max_backoff = max_backoff
+        #: Serving and registering again: waits from 0.1 s up to ``max_backoff``.
+        self.retrying = Retry(Backoff(0.1, max_backoff), logger=log)
         self._serve_anew = serve_anew_on_restart
         self._task: asyncio.Task[None] | None = None
         self._registered = asyncio.Event()
@@ -137,6 +139,7 @@ class Supervisor:
             server.start()
         self._set_serving(True, "")
         self._follow()
+        self.retrying.succeeded()  # a new start: its failures are new ones
         self._task = asyncio.create_task(self._run(), name=f"kubelet plugin {self.name}")
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -202,7 +205,7 @@ class Supervisor:
         return any(s.gone() for s in self.servers)
 
     async def _run(self) -> None:
-        backoff = Backoff(0.1, self._max_backoff)
+        retrying = self.retrying
         fresh_servers = False
         while True:
             try:
@@ -212,16 +215,14 @@ class Supervisor:
                 # Serving failed (folder gone, bind refused...): keep trying, the kubelet
                 # folder may come back; the hook lets the agent decide to give up.
                 why = describe(exc)
-                if backoff.failed(why):
-                    log.error(
-                        "kubelet plugin %s cannot serve (attempt %d, next in %gs): %s",
-                        self.name,
-                        backoff.attempts,
-                        backoff.delay,
-                        why,
-                    )
+                retrying.failed(
+                    why,
+                    "kubelet plugin %(name)s cannot serve (attempt %(attempt)d, next in "
+                    "%(delay)gs): %(why)s",
+                    name=self.name,
+                )
                 self._call_hook(False, why)
-                await asyncio.sleep(backoff.delay)
+                await asyncio.sleep(retrying.delay)
                 continue
             if outcome == "interrupted":
                 # The kubelet restarted while registration was in flight: its answer no
@@ -231,21 +232,20 @@ class Supervisor:
                 continue
             restarted = functools.partial(self._kubelet_restarted, kubelet_id)
             if outcome == "failed":
-                if backoff.failed(error):
-                    log.warning(
-                        "registering %s with the kubelet failed (attempt %d, next in %gs): %s",
-                        self.name,
-                        backoff.attempts,
-                        backoff.delay,
-                        error,
-                    )
+                retrying.failed(
+                    error,
+                    "registering %(name)s with the kubelet failed (attempt %(attempt)d, next "
+                    "in %(delay)gs): %(why)s",
+                    level=logging.WARNING,
+                    name=self.name,
+                )
                 # Retry after the backoff, or at once when the kubelet is no longer the one
                 # just tried. Its identity was taken before the attempt: read after the
                 # failure it could already be the new kubelet's, which would then look
                 # unchanged and cost the whole backoff.
-                await self._poll(restarted, backoff.delay)
+                await self._poll(restarted, retrying.delay)
                 continue
-            backoff.succeeded()
+            retrying.succeeded()
             await self._poll(restarted)
             log.info("kubelet restarted; registering %s again", self.name)
             self._registered.clear()
@@ -349,6 +349,11 @@ class SupervisedPlugin:
 
     async def start(self) -> None:
         raise NotImplementedError
+
+    @property
+    def retrying(self) -> Retry:
+        """The retry loop of serving and registering (its waits, its failures in a row)."""
+        return self._supervisor.retrying
 
     @property
     def serving(self) -> bool:

@@ -14,7 +14,6 @@ agent's event loop, and must not touch asyncio objects.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Any
 import grpc
 
 from cdi_gen.errors import ConfigError, RegistrationError
+from cdi_gen.kubelet.boundary import wait_for_thread
 from cdi_gen.modes import SOCKET_MODE, umask
 
 __all__ = ["MAX_SOCKET_PATH", "WORKERS", "FileId", "UnixServer", "check_socket_path", "file_id"]
@@ -138,7 +138,7 @@ class UnixServer:
             if self._on_stop is not None:
                 self._on_stop()
             done = server.stop(grace)
-            await asyncio.get_running_loop().run_in_executor(None, done.wait)
+            await wait_for_thread(done)
         if pool is not None:
             pool.shutdown(wait=False)  # grpc leaves the pool it was given to its owner
         # grpc unlinks the socket itself; make sure, but never touch a newer file.

@@ -1,9 +1,9 @@
 """cdi-gen's own DRA driver: what a claim gets and how it is prepared.
 
-* :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher);
-* :mod:`~cdi_gen.dra.driver.frontend`: the class runners' side of it;
+* :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher),
+  the frontend and pool of every DRA class;
 * :mod:`~cdi_gen.dra.driver.preparer`: which claims are prepared, and the decisions;
-* :mod:`~cdi_gen.dra.driver.claims`: what a claim gets (pure checks);
+* :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
 * :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
 * :mod:`~cdi_gen.dra.driver.claimconfig`: a claim's opaque configuration;
 * :mod:`~cdi_gen.dra.driver.claimspec` and :mod:`~cdi_gen.dra.driver.claimspecs`: per-claim

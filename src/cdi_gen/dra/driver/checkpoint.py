@@ -51,8 +51,9 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.cdi.writer import replace_file, transient_filename
-from cdi_gen.dra.driver.claims import MAX_ALLOCATION_RESULTS
+from cdi_gen.cdi.atomicfile import replace_file
+from cdi_gen.cdi.specnames import transient_filename
+from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileRefused, read_regular

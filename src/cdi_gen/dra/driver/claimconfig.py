@@ -21,11 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from cdi_gen.config.filemodes import PermissionMode
 from cdi_gen.errors import quote
+from cdi_gen.strictmodel import StrictModel, problems
 
 __all__ = [
     "API_VERSION",
@@ -62,17 +62,13 @@ class DeviceConfigError(ValueError):
     field (``parameters.deviceNodes.fileMode``), the value and the rule."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        strict=True,
-        frozen=True,
-    )
+class _ClaimModel(StrictModel):
+    # Strict types too, unlike the config file's models: a uid written "1000" is refused,
+    # as the JSON Schema published for claims says.
+    model_config = ConfigDict(strict=True)
 
 
-class DeviceNodesConfig(_Strict):
+class DeviceNodesConfig(_ClaimModel):
     """Applied to every device node of the selected devices (CDI ``deviceNodes`` fields)."""
 
     uid: Id | None = None
@@ -95,7 +91,7 @@ class DeviceNodesConfig(_Strict):
         return value
 
 
-class DeviceConfig(_Strict):
+class DeviceConfig(_ClaimModel):
     """One opaque configuration entry of our driver (``parameters``)."""
 
     api_version: Literal["cdi-gen.io/v1alpha1"]
@@ -177,10 +173,9 @@ def parse_device_config(parameters: object) -> DeviceConfig:
     try:
         return DeviceConfig.model_validate(parameters)
     except ValidationError as exc:
-        errors = exc.errors()
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise DeviceConfigError(f"{_where(first['loc'])}: {_message(first)}{more}") from None
+        first, *others = problems(exc, where=_where, message=_message)
+        more = f" (and {len(others)} more)" if others else ""
+        raise DeviceConfigError(f"{first}{more}") from None
 
 
 def merge(configs: Iterable[DeviceConfig]) -> DeviceConfig | None:

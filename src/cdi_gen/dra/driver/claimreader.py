@@ -1,5 +1,7 @@
-"""Claims read for the kubelet's gRPC threads: the one bridge from a synchronous caller to
-the API client, which lives on the agent's asyncio loop.
+"""Claims read for the kubelet's gRPC threads from the API client, which lives on the agent's
+asyncio loop: :class:`ApiClaimReader`, the driver's
+:class:`~cdi_gen.dra.plugin.claims.ClaimReader`, crossing through
+:class:`~cdi_gen.kubelet.boundary.LoopBridge`.
 
 Whatever the API server answers becomes, per claim, the claim or one
 :class:`~cdi_gen.errors.ClaimError` naming it and why: an answer that is not a ResourceClaim
@@ -16,12 +18,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cdi_gen.errors import ClaimError, quote
+from cdi_gen.kubelet.boundary import LoopBridge, LoopGoneError
 from cdi_gen.model import ClaimView
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
 
-__all__ = ["ClaimReader"]
+__all__ = ["ApiClaimReader"]
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +32,10 @@ log = logging.getLogger(__name__)
 _WHY_LIMIT = 200
 
 
-class ClaimReader:
+class ApiClaimReader:
     """:meth:`read_claims` for a thread other than the loop's: runs
-    :meth:`ApiClient.get_claim` on ``loop`` for every claim at once and waits at most
+    :meth:`ApiClient.get_claim` on ``loop`` (through a
+    :class:`~cdi_gen.kubelet.boundary.LoopBridge`) for every claim at once and waits at most
     ``timeout`` seconds (or less, when the caller has less), so a stalled API server costs
     each claim its error, never a stuck NodePrepareResources."""
 
@@ -39,7 +43,7 @@ class ClaimReader:
         self, client: ApiClient, loop: asyncio.AbstractEventLoop, *, timeout: float = 10.0
     ) -> None:
         self._client = client
-        self._loop = loop
+        self._bridge = LoopBridge(loop)
         self._timeout = timeout
 
     def read_claims(
@@ -52,11 +56,9 @@ class ClaimReader:
         wait = max(0.0, min(timeout, self._timeout))
         pending: list[concurrent.futures.Future[ClaimView] | ClaimError] = []
         for namespace, name in refs:
-            call = self._client.get_claim(namespace, name)
             try:
-                pending.append(asyncio.run_coroutine_threadsafe(call, self._loop))
-            except RuntimeError as exc:  # the loop is closed: the agent is stopping
-                call.close()
+                pending.append(self._bridge.start(self._client.get_claim(namespace, name)))
+            except LoopGoneError as exc:
                 pending.append(ClaimError(f"ResourceClaim {namespace}/{name}: {exc}"))
         futures = [f for f in pending if isinstance(f, concurrent.futures.Future)]
         concurrent.futures.wait(futures, wait)

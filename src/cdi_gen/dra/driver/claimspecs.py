@@ -6,7 +6,8 @@ and the field when one is not a valid ``DeviceConfig`` or comes from neither a D
 the claim, and gives each allocated device the entries that select its request, merged per
 layer (:class:`~cdi_gen.dra.driver.claimconfig.Layered`: the DeviceClass's, the claim's).
 :class:`ClaimSpecs` writes, per class, the claim's transient spec
-(:mod:`cdi_gen.dra.driver.claimspec`: the class's spec as written, with the configuration
+(:mod:`cdi_gen.dra.driver.claimspec`: the class's spec as the agent wrote it, served from
+memory by :class:`~cdi_gen.cdi.store.SpecStore`, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
 with ownership records naming this agent's instance and carrying the claim's record
 (:func:`~cdi_gen.dra.driver.checkpoint.claim_record`, read back at start by
@@ -32,20 +33,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.writer import (
-    migrate_transient_names,
+from cdi_gen.cdi.ownerrecords import (
     owned_transient_payloads,
     owned_transient_specs,
     remove_lone_transient_records,
-    remove_spec,
-    spec_filename,
-    transient_filename,
-    write_bytes,
 )
+from cdi_gen.cdi.specnames import transient_filename
+from cdi_gen.cdi.store import SpecStore, WrittenSpec
+from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
 from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
+from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
     DeviceConfigError,
@@ -54,7 +52,6 @@ from cdi_gen.dra.driver.claimconfig import (
     parse_device_config,
 )
 from cdi_gen.dra.driver.claimconfig import selects as config_selects
-from cdi_gen.dra.driver.claims import is_request_name
 from cdi_gen.dra.driver.claimspec import (
     HostMode,
     Widening,
@@ -67,7 +64,6 @@ from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, me
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
 from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
-from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
 
@@ -140,7 +136,8 @@ def _requests(claim: PreparedClaim) -> list[str]:
 
 class ClaimSpecs:
     """The claims' transient specs in ``spec_dir``, written as cdi-gen ``instance`` for DRA
-    driver ``driver``; with ``metadata_dir``, the claims' device metadata files there.
+    driver ``driver``, each built from its class's spec as ``store`` holds it; with
+    ``metadata_dir``, the claims' device metadata files there.
     ``read_mode`` reads a host node's mode (for a claim that sets owner or mode where its
     class's spec sets no mode)."""
 
@@ -149,6 +146,7 @@ class ClaimSpecs:
         spec_dir: Path,
         instance: str,
         *,
+        store: SpecStore,
         driver: str = "",
         metadata_dir: Path | None = None,
         read_mode: HostMode = host_mode,
@@ -158,11 +156,10 @@ class ClaimSpecs:
         self.driver = driver
         self.metadata = None if metadata_dir is None else MetadataFolder(Path(metadata_dir))
         self.read_mode = read_mode
-        #: Class spec path -> (its stat when read, its document, its devices by name);
-        #: claim_spec changes neither. Used under the preparer's lock only.
-        self._parsed: dict[
-            Path, tuple[tuple[int, ...], dict[str, Any], dict[str, Mapping[str, Any]]]
-        ] = {}
+        self.store = store
+        #: Class spec path -> (the write it indexes, its devices by name); claim_spec
+        #: changes neither. Replaced whole, so safe from any server thread.
+        self._indexed: dict[Path, tuple[WrittenSpec, dict[str, Mapping[str, Any]]]] = {}
 
     def write(
         self,
@@ -278,25 +275,16 @@ class ClaimSpecs:
     def _class_spec(
         self, vendor: str, cls: str
     ) -> tuple[dict[str, Any], dict[str, Mapping[str, Any]]]:
-        """The class's spec as the agent wrote it: the edits the claim's devices start from.
-        Parsed again only when the file changed (the agent replaces it by a rename, so a new
-        inode or time), since a class of many devices costs more to parse than the rest."""
-        path = self.spec_dir / spec_filename(vendor, cls)
-        try:
-            st = os.lstat(path)
-            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-            cached = self._parsed.get(path)
-            if cached is not None and cached[0] == key:
-                return cached[1], cached[2]
-            doc = orjson.loads(read_regular(path, SPEC_MAX_BYTES, follow_symlinks=False))
-        except FileNotFoundError:
-            raise SpecWriteError(f"{str(path)!r}: the class's spec is missing") from None
-        except (FileRefused, OSError, orjson.JSONDecodeError) as exc:
-            raise SpecWriteError(f"{str(path)!r}: the class's spec cannot be read: {exc}") from None
-        if not isinstance(doc, dict):
-            raise SpecWriteError(f"{str(path)!r}: the class's spec is not a JSON object")
+        """The class's spec as the agent wrote it (from the store, while the folder's file
+        is still that write's): the edits the claim's devices start from, with its devices
+        by name, indexed once per write."""
+        written = self.store.current(self.spec_dir, vendor, cls)
+        cached = self._indexed.get(written.path)
+        if cached is not None and cached[0] is written:
+            return written.document(), cached[1]
+        doc = written.document()
         index = device_index(doc)
-        self._parsed[path] = (key, doc, index)
+        self._indexed[written.path] = (written, index)
         return doc, index
 
     def remove(self, label: str, uid: str, claim: PreparedClaim) -> None:

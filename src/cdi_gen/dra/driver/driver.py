@@ -1,9 +1,12 @@
 """The node's DRA driver: the device pool, its kubelet plugin and its ResourceSlice publisher.
 
-Classes with ``api: dra`` are served here instead of by a device plugin each. Their class
-runners publish their devices, through a :class:`~cdi_gen.dra.driver.frontend.DraFrontend` each,
-into one :class:`~cdi_gen.dra.plugin.pool.DevicePool` at the points where a device plugin's
-class publishes its board; the
+Classes with ``api: dra`` are served here instead of by a device plugin each. The driver is
+the one wrapper the agent runs for all of them: every DRA class's runner has it as its
+:class:`~cdi_gen.agent.frontend.Frontend` (started once, whichever class asks first, a failed
+attempt retried on the agent's group; stopped once) and as its
+:class:`~cdi_gen.agent.frontend.ClassPool`: the runner publishes the class's devices into one
+:class:`~cdi_gen.dra.plugin.pool.DevicePool` at the points where a device plugin's class
+publishes its board; the
 :class:`~cdi_gen.dra.plugin.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
 the pool, and the :class:`~cdi_gen.dra.plugin.server.DraPlugin` answers the kubelet's
 NodePrepareResources from it through the driver's state, a
@@ -16,8 +19,9 @@ the scheduler may allocate, and only a served plugin can prepare it. Until the p
 whenever it stops serving, the publisher follows an empty pool, which also withdraws the
 devices of slices an earlier run left; the devices are published when the plugin serves.
 
-The API server client and the DRA gRPC services are imported only when a class uses DRA: an
-agent serving device plugins alone loads neither.
+Every retry loop here (the start, the publisher started over) is a :class:`~cdi_gen.retry.Retry`
+bounded by ``retry_max_seconds``. The API server client and the DRA gRPC services are imported
+only when a class uses DRA: an agent serving device plugins alone loads neither.
 """
 
 from __future__ import annotations
@@ -25,17 +29,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
-from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
-from cdi_gen.retry import Backoff, describe
+from cdi_gen.retry import Retry, Tools, bounded, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["RESTART_SECONDS", "WITHDRAW_SECONDS", "DraDriver"]
 
 log = logging.getLogger("cdi_gen.dra.driver.driver")
+#: The start's failures are the agent's lines, as every frontend's are.
+agent_log = logging.getLogger("cdi_gen.agent.agent")
 
 #: Longest a spec rewrite waits for a withdrawal to reach the API server. The order (out of
 #: the slice, then out of the spec) holds whenever the API server answers; when it does not,
@@ -57,8 +63,6 @@ WITHDRAW_SECONDS = 5.0
 #: keeps failing; never above ``retry_max_seconds``).
 RESTART_SECONDS = 5.0
 
-Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-
 
 class DraDriver:
     """One DRA driver for every ``api: dra`` class of the node."""
@@ -67,12 +71,16 @@ class DraDriver:
         self,
         config: AgentConfig,
         settings: Settings,
-        metrics: Metrics,
+        tools: Tools,
         resolver: SpecResolver | None = None,
+        specs: SpecStore | None = None,
     ) -> None:
         self.config = config
+        #: The class specs the agent wrote: what a configured claim's own spec starts from.
+        self.specs = SpecStore() if specs is None else specs
         self.settings = settings
-        self.metrics = metrics
+        self.tools = tools
+        self.metrics = metrics = tools.metrics
         #: The runtime's view of the spec folders: a claim is prepared only when its CDI
         #: names resolve there, as Allocate checks them.
         self.resolver = resolver
@@ -92,6 +100,15 @@ class DraDriver:
         self.error: str | None = None
         #: Why the started plugin does not serve now ("" while it does).
         self._not_serving = "not started"
+        #: The start's retry loop: counted under the driver's name, logged once per doubling.
+        self.retrying = Retry(
+            tools.backoff(),
+            logger=agent_log,
+            extra=fields(driver=self.name, reason="plugin-start"),
+            count=metrics.failures.labels(self.name, "plugin-start").inc,
+        )
+        self._started = False
+        self._stopped = False
 
     # -- the agent's two publication points --------------------------------------------
 
@@ -151,7 +168,32 @@ class DraDriver:
 
     # -- life ------------------------------------------------------------------------
 
-    async def start(self, spawn: Spawn) -> None:
+    async def start(self) -> None:
+        """Start the driver, once (whichever class asks first): one attempt now, the retries
+        on the agent's group; never raises."""
+        if self._started:
+            return
+        self._started = True
+        if not await self.attempt():
+            self.tools.spawn(self.retrying.until(self.attempt), "start DRA driver")
+
+    async def attempt(self) -> bool:
+        """One attempt to start the driver; False (counted, and logged as its retry says)
+        if it failed."""
+        try:
+            await self._serve()
+        except Exception as exc:
+            self.error = describe(exc)
+            self.retrying.failed(
+                self.error,
+                "DRA driver failed to start (attempt %(attempt)d, next in %(delay)gs): %(why)s",
+            )
+            return False
+        self.error = None
+        self.retrying.succeeded()
+        return True
+
+    async def _serve(self) -> None:
         """Connect to the API server, serve the kubelet plugin, publish the slices.
 
         Each part is made once and kept, so a later attempt resumes where one failed. The
@@ -167,15 +209,15 @@ class DraDriver:
 
         settings = self.settings
         if self.client is None:
-            self.client = await ApiClient.open(settings.kubeconfig)
+            self.client = await ApiClient.open(settings.cluster.kubeconfig)
         client = self.client
         try:
             if self.plugin is None:
                 self.plugin = self._make_plugin(client)
                 self.plugin.follow_serving(self._serving_changed)
             plugin = self.plugin
-            make_folder(settings.plugins_registry_dir)
-            make_folder(settings.kubelet_plugins_dir / self.name)
+            make_folder(settings.kubelet.plugins_registry_dir)
+            make_folder(settings.kubelet.plugins_dir / self.name)
             try:
                 await plugin.start()
             except BaseException:
@@ -186,8 +228,14 @@ class DraDriver:
                 raise
         finally:
             if self.publisher is None:
-                self.publisher = SlicePublisher(client, self.name, self.node, self.offered)
-                spawn(self._publish(self.publisher), f"slices {self.name}")
+                self.publisher = SlicePublisher(
+                    client,
+                    self.name,
+                    self.node,
+                    self.offered,
+                    retry_max=settings.retry.max_seconds,
+                )
+                self.tools.spawn(self._publish(self.publisher), f"slices {self.name}")
                 self._export(self.publisher)
         log.info(
             "DRA driver started",
@@ -195,7 +243,7 @@ class DraDriver:
         )
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.dra.driver.claimreader import ClaimReader
+        from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
@@ -213,21 +261,22 @@ class DraDriver:
         preparer = PoolPreparer(
             self.name,
             self.pool,
-            ClaimReader(client, asyncio.get_running_loop()),
+            ApiClaimReader(client, asyncio.get_running_loop()),
             pool_name=self.node,
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
             ],
-            state_dir=settings.state_dir,
+            state_dir=settings.paths.state_dir,
             max_reading_calls=MAX_READING_CALLS,
             resolver=self.resolver,
             # A claim's own specs sit beside its class's, written by the same instance.
             claim_specs=ClaimSpecs(
-                settings.spec_dir,
+                settings.paths.spec_dir,
                 settings.instance or self.config.vendor,
+                store=self.specs,
                 driver=self.name,
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
-                metadata_dir=settings.kubelet_plugins_dir / self.name / "dra-device-metadata",
+                metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
             ),
         )
         return DraPlugin(
@@ -235,9 +284,10 @@ class DraDriver:
             self.pool,
             preparer,
             pool_name=self.node,
-            registry_dir=settings.plugins_registry_dir,
-            plugins_dir=settings.kubelet_plugins_dir,
+            registry_dir=settings.kubelet.plugins_registry_dir,
+            plugins_dir=settings.kubelet.plugins_dir,
             on_register=on_register,
+            max_backoff=settings.retry.max_seconds,
             # Counted with the device plugins' allocations, under the driver's name: a
             # prepared claim is DRA's allocation on the node.
             on_prepare=self.metrics.allocate_hook(
@@ -259,8 +309,12 @@ class DraDriver:
         else is a bug, logged and counted, and must not stop the agent (it would take the
         device plugins and the specs of every other class with it): start it over, after a
         wait that grows while it keeps failing (one traceback per doubling of the attempts)."""
-        longest = self.settings.retry_max_seconds
-        backoff = Backoff(min(RESTART_SECONDS, longest), longest)
+        retrying = Retry(
+            bounded(self.tools.retry_max_seconds, RESTART_SECONDS),
+            logger=log,
+            extra=fields(driver=self.name),
+            count=self.metrics.failures.labels(self.name, "internal").inc,
+        )
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
@@ -268,17 +322,14 @@ class DraDriver:
                 await publisher.run()
                 return
             except Exception as exc:
-                if loop.time() - began > backoff.maximum:
-                    backoff.succeeded()  # it ran well for a while: a new failure
-                self.metrics.failures.labels(self.name, "internal").inc()
-                if backoff.failed(describe(exc)):
-                    log.exception(
-                        "publishing ResourceSlices failed (attempt %d); starting over in %gs",
-                        backoff.attempts,
-                        backoff.delay,
-                        extra=fields(driver=self.name),
-                    )
-                await asyncio.sleep(backoff.delay)
+                retrying.ran(loop.time() - began)  # it ran well for a while: a new failure
+                retrying.failed(
+                    describe(exc),
+                    "publishing ResourceSlices failed (attempt %(attempt)d); starting over in "
+                    "%(delay)gs",
+                    exc_info=True,
+                )
+                await asyncio.sleep(retrying.delay)
 
     def waiting(self) -> str | None:
         """For ``/readyz``: what the driver still waits for, or None when ready."""
@@ -293,8 +344,18 @@ class DraDriver:
         return None
 
     async def stop(self) -> None:
-        """Stop serving; the slices stay (running pods keep their devices, and a new agent
-        adopts them), the kubelet removes them when no driver comes back."""
+        """Stop serving, once; never raises. The slices stay (running pods keep their
+        devices, and a new agent adopts them), the kubelet removes them when no driver comes
+        back."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._close()
+        except Exception:
+            agent_log.exception("stopping the DRA driver failed")
+
+    async def _close(self) -> None:
         # Closing the offered pool ends the publisher's run (a task of the agent's group);
         # closed first, so that the plugin's stop below withdraws nothing.
         self.offered.close()

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from cdi_gen.cdi.writer import atomic_replace, remove_stale_temps_in
+from cdi_gen.cdi.atomicfile import atomic_replace, remove_stale_temps_in
 from cdi_gen.dra.driver.claimspec import claim_tag
 from cdi_gen.dra.driver.devicemetadata import base_request
 from cdi_gen.errors import SpecWriteError, quote

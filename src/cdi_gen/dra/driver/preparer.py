@@ -8,7 +8,7 @@ Preparing a claim: a claim already in the :class:`~cdi_gen.dra.driver.checkpoint
 under its UID is answered from it (the kubelet may ask again, also after our restart, and
 the claim may be gone from the API server by then); otherwise it is read through the
 :class:`~cdi_gen.dra.plugin.claims.ClaimReader`, checked against a snapshot of the
-:class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claims.prepare_claim`),
+:class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claimcheck.prepare_claim`),
 refused (``in-use``) when a device it would hold exclusively is held so by another claim
 prepared here (the API server's view may be stale; admin access and shared devices hold
 nothing), its CDI names checked by the same resolver as Allocate's
@@ -26,6 +26,10 @@ for the record and then removes it, instead of finding nothing and leaving the r
 after it (a claim the kubelet believes unprepared, kept for ever). The claims of one call are
 locked together (all or none, so two calls never deadlock) and read together, within the
 call's timeout; a claim whose lock stays taken that long gets an error the kubelet retries.
+Kubernetes' helper library reads a call's claims before any lock; here the read is inside
+the claim's lock on purpose: what it buys (a second prepare of a claim being read reads
+nothing, an unprepare during the read waits for the record) needs the UID held while the
+API server answers. Every other lock (``_holding``, the checkpoint's) is taken after the read.
 
 A slow API server must not take every server thread: at most ``max_reading_calls`` calls
 wait for it at once (a call beyond that gets an error for the claims it would read), so the
@@ -49,7 +53,7 @@ from cdi_gen.dra.driver.checkpoint import (
     PreparedClaim,
     checkpoint_path,
 )
-from cdi_gen.dra.driver.claims import prepare_claim
+from cdi_gen.dra.driver.claimcheck import prepare_claim
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,

@@ -204,7 +204,9 @@ class DevicePool(Versioned):
 
         Names are unique by construction (:func:`device_name`); should two devices still
         share one (an 80-bit hash collision), the first keeps it and the other is left out,
-        so the pool never holds two devices under one name."""
+        so the pool never holds two devices under one name. Only the loop's thread may call
+        it (:class:`~cdi_gen.kubelet.boundary.LoopOwned`): checked before anything changes."""
+        self._check_owner()
         new = tuple(devices)
         if self._by_class.get(class_name) == new:
             return False

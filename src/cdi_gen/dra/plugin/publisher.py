@@ -13,8 +13,10 @@ generation stays within the API's int64: when another writer has set one so high
 next would not fit, the pool's slices are deleted and published again from generation 1 (a
 new generation line; the scheduler takes the highest generation, so no old slice may remain).
 
-It never stops the agent: a failing API server is retried with backoff (one log line per retry
-step naming the cause, one when it answers again). A watch notices when our slices are deleted
+It never stops the agent: a failing API server is retried through a
+:class:`~cdi_gen.retry.Retry` bounded by ``retry_max`` (the agent's ``retry_max_seconds``;
+a repeated failure logged once per doubling of its attempts, a new cause at once, and one
+line when it answers again). A watch notices when our slices are deleted
 or changed behind our back — the kubelet deletes every slice of the node when it starts, and a
 driver's slices when its socket goes; another writer may edit them — and publishes the pool
 again; the echo of our own writes (the resourceVersion or the content we wrote) is not taken
@@ -30,27 +32,28 @@ Fields the API server does not know are dropped silently by it (taints without t
 ``DRADeviceTaints`` gate, counters without ``DRAPartitionableDevices``); the publisher
 compares what it sent with what came back and says so once.
 
-What it keeps of each slice is small: the uid and resourceVersion of our slice in the API,
-the times its taints were added, and digests of what it sent and what came back (a slice of
-128 devices is tens of kilobytes as a dict; copies of every slice were most of what the DRA
-agent held beyond its imports).
+What it keeps of each slice is small (:mod:`~cdi_gen.dra.plugin.slicerecord`): the uid and
+resourceVersion of our slice in the API, the times its taints were added, and digests of what
+it sent and what came back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from cdi_gen.dra.plugin.slicerecord import (
+    GATES,
+    HeldSlice,
+    dropped_fields,
+    keep_taint_times,
+    slice_digest,
+)
 from cdi_gen.dra.plugin.slices import Slice, build_slices
-from cdi_gen.retry import Backoff, describe
+from cdi_gen.retry import Retry, bounded, describe
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -62,115 +65,6 @@ log = logging.getLogger(__name__)
 
 #: The highest pool generation: the API stores it as an int64.
 MAX_GENERATION = (1 << 63) - 1
-
-#: Feature gates whose fields the API server drops when they are off, by our name for them.
-GATES = {
-    "taints": "DRADeviceTaints (device taints dropped: unhealthy and gone devices stay "
-    "allocatable)",
-    "counters": "DRAPartitionableDevices (shared counters dropped: slots are published as "
-    "plain devices)",
-}
-
-
-def _devices(obj: Slice) -> list[dict[str, Any]]:
-    # Slices from the API server may come from another writer: skip what is not a device.
-    devices = (obj.get("spec") or {}).get("devices") or []
-    return [d for d in devices if isinstance(d, dict)]
-
-
-def _taints(device: dict[str, Any]) -> list[dict[str, Any]]:
-    taints = device.get("taints") or []
-    return [t for t in taints if isinstance(t, dict)] if isinstance(taints, list) else []
-
-
-def _dropped(sent: Slice, got: Slice) -> set[str]:
-    """Which gated fields ``sent`` had and ``got`` (the API server's answer) lacks."""
-    out: set[str] = set()
-    sent_devices, got_devices = _devices(sent), {d.get("name"): d for d in _devices(got)}
-    for device in sent_devices:
-        back = got_devices.get(device.get("name"), {})
-        if device.get("taints") and not back.get("taints"):
-            out.add("taints")
-        if device.get("consumesCounters") and not back.get("consumesCounters"):
-            out.add("counters")
-    if (sent.get("spec") or {}).get("sharedCounters") and not (got.get("spec") or {}).get(
-        "sharedCounters"
-    ):
-        out.add("counters")
-    return out
-
-
-def _untimed(device: Any) -> Any:
-    """``device`` without its taints' ``timeAdded`` (a copy only when it has one)."""
-    if not isinstance(device, dict):
-        return device
-    taints = device.get("taints")
-    if not isinstance(taints, list) or not any(
-        isinstance(t, dict) and "timeAdded" in t for t in taints
-    ):
-        return device
-    bare = [
-        {k: v for k, v in t.items() if k != "timeAdded"} if isinstance(t, dict) else t
-        for t in taints
-    ]
-    return {**device, "taints": bare}
-
-
-def _digest(obj: Slice) -> bytes:
-    """What decides whether a slice must be written, as a digest: its owner and its spec,
-    without the taints' ``timeAdded`` that the API server fills in (key order aside)."""
-    spec = obj.get("spec") or {}
-    spec = dict(spec) if isinstance(spec, dict) else {"": spec}
-    if isinstance(spec.get("devices"), list):
-        spec["devices"] = [_untimed(d) for d in spec["devices"]]
-    for key in ("devices", "sharedCounters"):
-        if not spec.get(key):
-            spec.pop(key, None)
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    try:
-        text = orjson.dumps([owners, spec], option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        # orjson refuses integers beyond 64 bits, which another writer's slice may hold.
-        text = json.dumps([owners, spec], sort_keys=True).encode()
-    return hashlib.blake2b(text, digest_size=16).digest()
-
-
-#: A taint of a device: (device name, key, effect).
-_TaintKey = tuple[Any, Any, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """What is kept of one of our slices as the API server last showed it."""
-
-    uid: str | None
-    resource_version: str | None
-    #: When each taint was added (usually none).
-    taint_times: dict[_TaintKey, Any]
-
-    @classmethod
-    def of(cls, obj: Slice) -> _Held:
-        meta = obj["metadata"]
-        times = {
-            (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
-            for d in _devices(obj)
-            for t in _taints(d)
-            if t.get("timeAdded")
-        }
-        return cls(meta.get("uid"), meta.get("resourceVersion"), times)
-
-
-def _keep_taint_times(obj: Slice, current: _Held | None) -> None:
-    """Carry over the time each existing taint was added: a NoExecute taint's
-    ``tolerationSeconds`` count from it, and a rewrite of the slice is no new taint."""
-    if current is None or not current.taint_times:
-        return
-    times = current.taint_times
-    for device in _devices(obj):
-        for taint in _taints(device):
-            when = times.get((device["name"], taint["key"], taint["effect"]))
-            if when is not None:
-                taint["timeAdded"] = when
 
 
 class SlicePublisher:
@@ -191,10 +85,11 @@ class SlicePublisher:
         self.node = node
         self._pool = pool
         self._retry_initial = retry_initial
-        self._retry_max = retry_max
+        #: The longest wait of its retries (the agent's ``retry_max_seconds``).
+        self.retry_max = retry_max
         #: Our slices in the API as last seen (name -> what is kept of it), and the digest of
         #: what we last sent.
-        self._current: dict[str, _Held] = {}
+        self._current: dict[str, HeldSlice] = {}
         self._sent: dict[str, bytes] = {}
         #: Digests of what the API server answered to our last write of each slice, and of
         #: what is being written now: the watch's echo of our own writes is told apart by them.
@@ -249,10 +144,10 @@ class SlicePublisher:
     async def run(self) -> None:
         """Publish every pool version until the pool closes; never raises for an API failure.
         The slices stay when it ends (the kubelet removes them once our socket is gone)."""
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         watcher = asyncio.create_task(self._watch(), name=f"watch slices {self.driver}")
-        backoff = Backoff(self._retry_initial, self._retry_max)
+        retrying = self._retry(logging.WARNING)
         try:
             while not self._pool.closed:
                 target = self._pool.version
@@ -260,24 +155,26 @@ class SlicePublisher:
                     await self._sync(tuple(self._pool.devices.values()))
                 except ApiServerError as exc:
                     self._need_list = True
-                    backoff.failed(str(exc))
-                    # One line per retry step, naming the cause each time.
-                    log.warning(
-                        "publishing ResourceSlices of %s failed, retrying in %.3gs: %s",
-                        self.driver,
-                        backoff.delay,
-                        exc,
+                    retrying.failed(
+                        str(exc),
+                        "publishing ResourceSlices of %(driver)s failed, retrying in "
+                        "%(delay).3gs: %(why)s",
+                        driver=self.driver,
                     )
-                    await self._wait_change(target, backoff.delay)
+                    await self._wait_change(target, retrying.delay)
                     continue
-                if backoff.attempts:
+                if retrying.attempts:
                     log.info("ResourceSlices of %s published again", self.driver)
-                backoff.succeeded()
+                retrying.succeeded()
                 self._mark_published(target)
                 await self._wait_change(target, None)
         finally:
             await _stop(watcher)
             self._published_changed.set()
+
+    def _retry(self, level: int) -> Retry:
+        """A retry loop of the publisher: its waits bounded by ``retry_max``."""
+        return Retry(bounded(self.retry_max, self._retry_initial), logger=log, level=level)
 
     async def _wait_change(self, version: int, limit: float | None) -> None:
         """Until the pool moves past ``version``, a slice is deleted behind our back, or
@@ -295,7 +192,7 @@ class SlicePublisher:
         self._dirty.clear()
 
     async def _list(self) -> None:
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         if self._node_uid is None:
             try:
@@ -305,13 +202,13 @@ class SlicePublisher:
                     raise  # no answer: retry everything later
                 log.warning("slices published without their Node as owner: %s", exc)
         items = await self._client.list_slices(self.driver, self.node)
-        self._current = {s["metadata"]["name"]: _Held.of(s) for s in items}
+        self._current = {s["metadata"]["name"]: HeldSlice.of(s) for s in items}
         # A slice still as the API server returned it after our last write keeps what we
         # sent as its reference: the server may have dropped gated fields, and comparing
         # with its version would rewrite the slice after every list, forever.
         sent = {}
         for s in items:
-            name, digest = s["metadata"]["name"], _digest(s)
+            name, digest = s["metadata"]["name"], slice_digest(s)
             kept = name in self._sent and self._returned.get(name) == digest
             sent[name] = self._sent[name] if kept else digest
         self._sent = sent
@@ -325,7 +222,7 @@ class SlicePublisher:
         if self._need_list:
             await self._list()
         desired = self._build(devices, self._generation)
-        changed = [s for s in desired if self._sent.get(s["metadata"]["name"]) != _digest(s)]
+        changed = [s for s in desired if self._sent.get(s["metadata"]["name"]) != slice_digest(s)]
         same_slices = {s["metadata"]["name"] for s in desired} == set(self._current)
         # At the int64 end a write starts a new generation line (below) even when one would do.
         one_write = len(changed) == 1 and self._generation < MAX_GENERATION
@@ -390,12 +287,12 @@ class SlicePublisher:
         return build_slices(self.driver, self.node, devices, generation, node_uid=self._node_uid)
 
     async def _write(self, obj: Slice) -> None:
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         name = obj["metadata"]["name"]
         current = self._current.get(name)
-        _keep_taint_times(obj, current)
-        self._writing[name] = sent = _digest(obj)
+        keep_taint_times(obj, current)
+        self._writing[name] = sent = slice_digest(obj)
         try:
             if current is None:
                 result = await self._client.create_slice(obj)
@@ -409,10 +306,10 @@ class SlicePublisher:
         finally:
             del self._writing[name]
         obj["metadata"].pop("resourceVersion", None)
-        self._current[name] = _Held.of(result)
+        self._current[name] = HeldSlice.of(result)
         self._sent[name] = sent
-        self._returned[name] = _digest(result)
-        for field in sorted(_dropped(obj, result) - self.dropped):
+        self._returned[name] = slice_digest(result)
+        for field in sorted(dropped_fields(obj, result) - self.dropped):
             self.dropped.add(field)
             log.warning(
                 "the API server dropped fields of ResourceSlice %s; feature gate off: %s",
@@ -435,7 +332,7 @@ class SlicePublisher:
         if (
             current is not None
             and obj["metadata"].get("resourceVersion") == current.resource_version
-        ) or _digest(obj) in (
+        ) or slice_digest(obj) in (
             self._sent.get(name),
             self._returned.get(name),
             self._writing.get(name),
@@ -451,8 +348,8 @@ class SlicePublisher:
         name = obj["metadata"]["name"]
         if kind == "DELETED" or name not in self._current or name in self._writing:
             return
-        if _digest(obj) in (self._sent.get(name), self._returned.get(name)):
-            self._current[name] = _Held.of(obj)
+        if slice_digest(obj) in (self._sent.get(name), self._returned.get(name)):
+            self._current[name] = HeldSlice.of(obj)
 
     def _relist(self) -> None:
         """List and publish again: called when a watch opens with no version to go on from,
@@ -474,10 +371,10 @@ class SlicePublisher:
         failure of the watch (no answer, an error, a line that is not an event, 410 Gone for
         a version too old) starts it again after a backoff from now; what happened meanwhile
         is found by listing again."""
-        from cdi_gen.apiserver.client import ApiServerError
+        from cdi_gen.apiserver.errors import ApiServerError
 
         loop = asyncio.get_running_loop()
-        backoff = Backoff(self._retry_initial, self._retry_max)
+        retrying = self._retry(logging.WARNING)
         while True:
             started = loop.time()
             since = self._watch_version
@@ -513,26 +410,30 @@ class SlicePublisher:
                 self._watch_version = None
             if self._watch_version is None:
                 self._relist()
-            if loop.time() - started >= backoff.maximum:
-                backoff.succeeded()  # it ran long enough to count as healthy
-            backoff.failed("" if failed is None else describe(failed))
-            if isinstance(failed, ApiServerError) and failed.status == 410:
+            retrying.ran(loop.time() - started)  # long enough to count as healthy
+            if failed is None:
+                # The API server ended the watch: no failure, but watching again waits too.
+                retrying.backoff.failed("")
+            elif isinstance(failed, ApiServerError) and failed.status == 410:
                 # Expected after a quiet spell longer than the API server keeps history.
-                log.info(
-                    "watching ResourceSlices of %s: version too old, listing again: %s",
-                    self.driver,
-                    failed,
-                )
-            elif failed is not None:
-                log.warning(
-                    "watching ResourceSlices of %s failed, watching again in %.3gs: %s",
-                    self.driver,
-                    backoff.delay,
+                retrying.failed(
                     describe(failed),
+                    "watching ResourceSlices of %(driver)s: version too old, listing again: "
+                    "%(error)s",
+                    level=logging.INFO,
+                    driver=self.driver,
+                    error=failed,
+                )
+            else:
+                retrying.failed(
+                    describe(failed),
+                    "watching ResourceSlices of %(driver)s failed, watching again in "
+                    "%(delay).3gs: %(why)s",
+                    driver=self.driver,
                     # A failure the client did not name (a bug here) keeps its traceback.
                     exc_info=None if isinstance(failed, ApiServerError) else failed,
                 )
-            await asyncio.sleep(backoff.delay)
+            await asyncio.sleep(retrying.delay)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

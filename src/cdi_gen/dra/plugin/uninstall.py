@@ -98,7 +98,7 @@ def judge(
 
 
 class Owner:
-    """The DaemonSet that runs the agent (``settings.daemonset``), asked about at exit and,
+    """The DaemonSet that runs the agent (``settings.cluster.daemonset``), asked about at exit and,
     by a DRA agent, once at start."""
 
     def __init__(self, settings: Settings) -> None:
@@ -108,18 +108,20 @@ class Owner:
 
     async def _answer(self, timeout: float) -> _Answer:  # noqa: ASYNC109
         """One GET of the DaemonSet, within ``timeout`` seconds in all."""
-        from cdi_gen.apiserver.client import ApiClient, ApiServerError
+        from cdi_gen.apiserver.client import ApiClient
+        from cdi_gen.apiserver.errors import ApiServerError
 
         settings = self.settings
-        name = settings.daemonset
+        name = settings.cluster.daemonset
         assert name is not None
-        shown = f"DaemonSet {settings.daemonset_namespace or '(namespace of the config)'}/{name}"
+        namespace = settings.cluster.daemonset_namespace or "(namespace of the config)"
+        shown = f"DaemonSet {namespace}/{name}"
         client: ApiClient | None = None
 
         async def question() -> _Answer:
             nonlocal client, shown
-            client = await ApiClient.open(settings.kubeconfig, timeout=timeout)
-            namespace = settings.daemonset_namespace or client.namespace
+            client = await ApiClient.open(settings.cluster.kubeconfig, timeout=timeout)
+            namespace = settings.cluster.daemonset_namespace or client.namespace
             shown = f"DaemonSet {namespace}/{name}"
             try:
                 obj = await client.daemonset(namespace, name)
@@ -140,7 +142,7 @@ class Owner:
     async def learn(self, timeout: float = CHECK_SECONDS) -> None:  # noqa: ASYNC109
         """Read the DaemonSet once now: a 403 at exit then means the permission was
         withdrawn since (see the module docstring)."""
-        if self.settings.daemonset is None:
+        if self.settings.cluster.daemonset is None:
             return
         answer = await self._answer(timeout)
         self.read_before = answer.status == 200
@@ -153,7 +155,7 @@ class Owner:
 
     async def ask(self, timeout: float = CHECK_SECONDS) -> Verdict:  # noqa: ASYNC109
         """Whether this exit is an uninstall, asked now within ``timeout`` seconds."""
-        if self.settings.daemonset is None:
+        if self.settings.cluster.daemonset is None:
             return Verdict(
                 False, f"no DaemonSet named (--daemonset, {ENV_PREFIX}DAEMONSET) to ask about"
             )
@@ -184,13 +186,14 @@ class Owner:
 async def delete_slices(settings: Settings, driver: str, node: str) -> str:
     """Delete the ResourceSlices of ``driver`` on ``node``, within :data:`SLICES_SECONDS`;
     what happened, in words for the log."""
-    from cdi_gen.apiserver.client import ApiClient, ApiServerError
+    from cdi_gen.apiserver.client import ApiClient
+    from cdi_gen.apiserver.errors import ApiServerError
 
     client: ApiClient | None = None
 
     async def delete() -> int:
         nonlocal client
-        client = await ApiClient.open(settings.kubeconfig, timeout=SLICES_SECONDS)
+        client = await ApiClient.open(settings.cluster.kubeconfig, timeout=SLICES_SECONDS)
         found = await client.list_slices(driver, node)
         for obj in found:
             await client.delete_slice(obj["metadata"]["name"])

@@ -1,0 +1,112 @@
+"""The class specs this agent last wrote, kept in memory for whoever builds on them.
+
+The agent writes each class's spec through :meth:`SpecStore.sync` (the one writer's
+:func:`~cdi_gen.cdi.writer.sync_spec`, then a note of the bytes and of the file the write
+left). A DRA claim's own spec starts from its class's spec: :meth:`SpecStore.current` hands
+it the document the agent wrote, parsed once per write, instead of the folder's file read
+and parsed again. The folder is still looked at, with one ``lstat``: a document is handed
+out only while the file at the class's name is the one the agent's write left there, so a
+claim never gets edits from a spec someone else put in its place (nor from memory once the
+runtime would see another file).
+
+Allocate's and NodePrepareResources' name check does not ask this store: it must see the
+folders as the runtime does, foreign specs included (:mod:`cdi_gen.cdi.registry`).
+
+The writes run in a worker thread and the reads on the kubelet's gRPC threads: an entry is
+replaced whole (one dict assignment), and its document, parsed on first use, is never
+changed by its readers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cdi_gen.cdi.specnames import spec_filename
+from cdi_gen.cdi.writer import SyncOutcome, sync_spec
+from cdi_gen.errors import SpecWriteError
+
+__all__ = ["SpecStore", "WrittenSpec"]
+
+#: What tells one file at a name from another: a replacement by rename is a new inode, an
+#: edit in place a new time or size.
+FileId = tuple[int, int, int, int, int]
+
+
+def _file_id(path: Path) -> FileId | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+class WrittenSpec:
+    """One class's spec as the agent wrote it: its bytes, the file they are in, and the
+    document, parsed on first use (a class of many devices costs more to parse than the
+    rest of a claim's prepare)."""
+
+    __slots__ = ("_document", "data", "file_id", "path")
+
+    def __init__(self, path: Path, data: bytes, file_id: FileId | None) -> None:
+        self.path = path
+        self.data = data
+        self.file_id = file_id
+        self._document: dict[str, Any] | None = None
+
+    def document(self) -> dict[str, Any]:
+        """The spec as a JSON object; callers must not change it."""
+        doc = self._document
+        if doc is None:
+            loaded = orjson.loads(self.data)
+            if not isinstance(loaded, dict):  # the agent writes objects only
+                raise SpecWriteError(f"{str(self.path)!r}: the class's spec is not a JSON object")
+            doc = self._document = loaded
+        return doc
+
+
+class SpecStore:
+    """The class specs written through :meth:`sync`, by folder, vendor and class."""
+
+    def __init__(self) -> None:
+        self._written: dict[Path, WrittenSpec] = {}
+
+    def sync(
+        self, spec_dir: Path, vendor: str, cls: str, data: bytes | None, *, instance: str | None
+    ) -> SyncOutcome:
+        """:func:`~cdi_gen.cdi.writer.sync_spec`, remembering what it left: ``data`` in
+        its file, or nothing once removed. A failed write keeps the note of the last one,
+        whose file is still there (or, replaced since, is then refused by :meth:`current`).
+        """
+        outcome = sync_spec(spec_dir, vendor, cls, data, instance=instance)
+        path = Path(spec_dir) / spec_filename(vendor, cls)
+        if data is None:
+            self._written.pop(path, None)
+        else:
+            self._written[path] = WrittenSpec(path, data, _file_id(path))
+        return outcome
+
+    def current(self, spec_dir: Path, vendor: str, cls: str) -> WrittenSpec:
+        """The spec of ``vendor/cls`` the agent last wrote to ``spec_dir``, while its file
+        is still the one that write left. Raises :class:`~cdi_gen.errors.SpecWriteError`
+        naming the file when it is missing, was never written by this agent, or was
+        replaced or changed since."""
+        path = Path(spec_dir) / spec_filename(vendor, cls)
+        try:
+            on_disk = _file_id(path)
+        except OSError as exc:
+            raise SpecWriteError(f"{str(path)!r}: the class's spec cannot be read: {exc}") from None
+        if on_disk is None:
+            raise SpecWriteError(f"{str(path)!r}: the class's spec is missing")
+        written = self._written.get(path)
+        if written is None:
+            raise SpecWriteError(f"{str(path)!r}: the class's spec was not written by this agent")
+        if written.file_id != on_disk:
+            raise SpecWriteError(
+                f"{str(path)!r}: the class's spec is not the file this agent wrote "
+                "(replaced or changed since)"
+            )
+        return written
