@@ -54,14 +54,16 @@ def run(**flags: Any) -> None:
     apply_grpc_experiments()
 
     from cdi_gen.agent.agent import Agent
-    from cdi_gen.cli.inputs import cri_lookup
+    from cdi_gen.cli.inputs import cri_lookup, node_ceiling
     from cdi_gen.config.settings import load_settings
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
     config = settings.class_config(cri_lookup(settings.runtimes.cri_sockets))
+    # Once, at start: the runtime does not change under a running agent.
+    ceiling = node_ceiling(settings.runtimes.refs, settings.runtimes.cri_sockets)
     setup_logging(settings.logs.format, settings.logs.level)
-    asyncio.run(Agent(config, settings).run())
+    asyncio.run(Agent(config, settings, ceiling=ceiling).run())
 
 
 __all__ = ["run"]
