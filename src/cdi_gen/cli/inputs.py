@@ -84,12 +84,15 @@ def cri_lookup(sockets: Sequence[str | Path] | None = None) -> Lookup:
 
 
 def node_ceiling(
-    runtime_refs: Sequence[str], cri_sockets: Sequence[str | Path] | None = None
+    runtime_refs: Sequence[str],
+    cri_sockets: Sequence[str | Path] | None = None,
+    lookup: Lookup | None = None,
 ) -> Ceiling | None:
     """What the node's runtimes read, where they are known: named, on PATH, or answering on
-    a CRI socket that exists (else grpc is never loaded); None when none is known. A bad
-    ``--runtime`` is a ConfigError (exit 2); a binary whose version cannot be told is a
-    warning line, and the spec keeps the minimum version, as on a node of unknown runtimes."""
+    a CRI socket that exists (asked through ``lookup``, default :func:`cri_lookup`; else
+    grpc is never loaded); None when none is known. A bad ``--runtime`` is a ConfigError
+    (exit 2); a binary whose version cannot be told is a warning line, and the spec keeps
+    the minimum version, as on a node of unknown runtimes."""
     from cdi_gen import paths
     from cdi_gen.cdi.runtimes import ceiling_of, runtimes_or_fallback
     from cdi_gen.errors import ConfigError
@@ -97,7 +100,8 @@ def node_ceiling(
     chosen = paths.CRI_SOCKETS if cri_sockets is None else tuple(map(Path, cri_sockets))
     present = any(s.exists() or s.is_symlink() for s in chosen)
     try:
-        found, _ = runtimes_or_fallback(runtime_refs, cri_lookup(chosen) if present else None)
+        fallback = (lookup or cri_lookup(chosen)) if present else None
+        found, _ = runtimes_or_fallback(runtime_refs, fallback)
     except ConfigError as exc:
         if runtime_refs:
             raise
