@@ -260,3 +260,23 @@ def test_check_config_refuses_a_per_node_field_in_a_grouped_class(
         "its containerEdits are rendered once per device (the first node's value alone); use "
         "{group}, or node.path for what differs per node\n"
     )
+
+
+def test_doctor_cli_fails_a_missing_host_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-tools"
+    config = _config(tmp_path, f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}]}}")
+    spec_dir = tmp_path / "run"
+    spec_dir.mkdir()
+    code, out, _ = _cli(
+        capsys, "doctor", "--config", str(config), "--records", VM,
+        "--spec-dir", str(spec_dir), "--runtime-spec-dir", str(spec_dir),
+        "--runtime", "containerd@2.3.7", "--containerd-config", str(tmp_path / "none.toml"),
+        "--crio-config", str(tmp_path / "none.conf"), "--device-plugin-dir", str(tmp_path),
+    )  # fmt: skip
+    assert code == 1
+    assert (
+        f"FAIL class tun: device 'tun': containerEdits.mounts[0].hostPath: host path "
+        f"'{missing}' does not exist: a container asking for the device would fail at creation"
+    ) in out, out
