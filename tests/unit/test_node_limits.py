@@ -11,6 +11,7 @@ edits are refused at load.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import orjson
@@ -22,7 +23,7 @@ from cdi_gen.cli.main import main
 from cdi_gen.config.loader import load_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.inventory import Discovery
-from cdi_gen.discovery.spec import Verdicts, class_spec, missing_host_paths
+from cdi_gen.discovery.spec import AGENT_FOLDERS, Verdicts, class_spec, missing_host_paths, within
 from cdi_gen.doctor.devices import check_host_paths
 from cdi_gen.sources.records import load_recording
 
@@ -115,9 +116,15 @@ def test_a_pin_is_the_users_word_over_the_ceiling(tmp_path: Path) -> None:
     assert ceiling_of([from_table("containerd", "1.6.0")]) is None  # no CDI: doctor's
 
 
-def _agent(config: Path, spec_dir: Path, ceiling: Ceiling | None = None) -> Agent:
+def _agent(
+    config: Path, spec_dir: Path, ceiling: Ceiling | None = None, host: Path | None = None
+) -> Agent:
+    """An agent in host mode that has applied the recording; ``host`` stands for a folder
+    the agent sees as the host's (as /dev and /sys)."""
     settings = Settings(spec_dir=spec_dir, no_kubelet=True, metrics_address=None)
     agent = Agent(load_config(config), settings, ceiling=ceiling)
+    if host is not None:
+        agent.runners["tun"].exists = within([str(host)], os.path.exists)
     (change,) = agent.discovery.replace(load_recording(Path(VM)).records)
     asyncio.run(agent.runners["tun"].apply(change, None))
     agent.started.set()
@@ -210,7 +217,7 @@ def test_the_agent_leaves_the_device_out_until_its_host_path_appears(tmp_path: P
     tools = tmp_path / "tools"
     config = _config(tmp_path, f"{{mounts: [{{hostPath: {tools}, containerPath: /opt/t}}]}}")
     spec_dir = tmp_path / "cdi"
-    agent = _agent(config, spec_dir)
+    agent = _agent(config, spec_dir, host=tmp_path)
     runner = agent.runners["tun"]
     assert not (spec_dir / "example.com-tun.json").exists()
     assert agent.ready() == (
@@ -280,3 +287,19 @@ def test_doctor_cli_fails_a_missing_host_path(
         f"FAIL class tun: device 'tun': containerEdits.mounts[0].hostPath: host path "
         f"'{missing}' does not exist: a container asking for the device would fail at creation"
     ) in out, out
+
+
+def test_the_agent_checks_only_the_host_folders_it_sees(tmp_path: Path) -> None:
+    """In a pod the agent sees its image, not the host, beyond the folders its DaemonSet
+    mounts: a mount of /opt/tools there cannot be told missing, and is not left out."""
+    config = _config(tmp_path, "{mounts: [{hostPath: /opt/cg-none, containerPath: /opt/t}]}")
+    agent = _agent(config, tmp_path / "cdi")
+    assert agent.ready() == (True, "ready")
+    assert (tmp_path / "cdi" / "example.com-tun.json").exists()
+    seen = within(AGENT_FOLDERS, lambda p: False)
+    assert (seen("/opt/cg-none"), seen("/dev/cg-none"), seen("/sys/x"), seen("/devx")) == (
+        True,
+        False,
+        False,
+        True,
+    )

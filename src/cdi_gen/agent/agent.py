@@ -29,10 +29,11 @@ run in a thread, so a slow disk never stalls ListAndWatch or Allocate. The setti
 :class:`~cdi_gen.config.settings.Settings`.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
-invalid, missing a required extra host path, or needing a newer cdiVersion than the class is
-pinned to or, unpinned, than the node's known runtimes read) is logged once, counted
-in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list
-(``/readyz`` stays ready, naming a class degraded by this node's runtimes or paths);
+invalid, missing a required extra host path under /dev or /sys, or needing a newer cdiVersion
+than the class is pinned to or, unpinned, than the node's known runtimes read) is logged
+once, counted in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec
+and the list (``/readyz`` stays ready, naming a class degraded by this node's runtimes or
+paths);
 a class whose spec write or frontend start fails is retried through
 :class:`~cdi_gen.retry.Retry` (a line per doubling of the attempts, each counted, the waits
 bounded by ``retry_max_seconds``) and reported by

@@ -37,7 +37,7 @@ from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.sharing import expand_change
-from cdi_gen.discovery.spec import LeftOut, Verdicts, class_spec
+from cdi_gen.discovery.spec import AGENT_FOLDERS, LeftOut, Verdicts, class_spec, within
 from cdi_gen.errors import CdiGenError
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
@@ -88,8 +88,11 @@ class ClassRunner:
     #: The node's runtimes' newest cdiVersion, when known: unpinned, a device needing more
     #: is left out (see class_spec).
     ceiling: Ceiling | None = None
-    #: How a required extra host path is looked for (None: not looked for).
-    exists: Callable[[str], bool] | None = os.path.exists
+    #: How a required extra host path is looked for (None: not looked for): only where the
+    #: agent sees the host's folders, also in a pod.
+    exists: Callable[[str], bool] | None = field(
+        default_factory=lambda: within(AGENT_FOLDERS, os.path.exists)
+    )
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The class's changes waiting for :meth:`follow`, in the order discovery made them.
     changes: asyncio.Queue[tuple[ClassChange, float | None]] = field(default_factory=asyncio.Queue)

@@ -46,7 +46,14 @@ __all__ = [
     "class_spec",
     "missing_host_paths",
     "spec_devices",
+    "within",
 ]
+
+#: The host's folders the agent sees as the host's wherever it runs: its DaemonSet mounts
+#: them (the device nodes it serves, their sysfs). Elsewhere a pod sees its own image, so a
+#: host path there cannot be told missing from it: ``doctor`` and ``render``/``write``, run
+#: on the host, check those.
+AGENT_FOLDERS = ("/dev", "/sys")
 
 #: Why a device is left out of its class's spec; also its ``cdi_gen_failures_total`` reason.
 LeftOutReason = Literal["invalid-device", "version"]
@@ -210,6 +217,16 @@ def missing_host_paths(
         if bind and host.startswith("/") and not mount_config.optional and not exists(host):
             problems.append(_missing(f"containerEdits.mounts[{i}].hostPath", host))
     return problems
+
+
+def within(folders: Sequence[str], exists: Callable[[str], bool]) -> Callable[[str], bool]:
+    """``exists`` for paths under ``folders``; any other path counts as present (unknown)."""
+    prefixes = tuple(f.rstrip("/") + "/" for f in folders)
+
+    def check(path: str) -> bool:
+        return not path.startswith(prefixes) or exists(path)
+
+    return check
 
 
 def _missing(where: str, host: str) -> Problem:
