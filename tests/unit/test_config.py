@@ -180,6 +180,32 @@ BAD = [
         "subset of 'rwm'",
     ),
     (
+        # Issue 37, trap 6: each device of a grouped class has several nodes; {devnode} in
+        # its env took the first node's alone.
+        "group-per-node-env",
+        _cfg(
+            match={"subsystem": "block"},
+            group={"by": "parent"},
+            containerEdits={"env": ["DEV={devnode}"]},
+        ),
+        "config.yaml: classes[0].containerEdits.env[0]: template 'DEV={devnode}' uses "
+        "{devnode}, one node's value, but the class groups several nodes into one device and "
+        "its containerEdits are rendered once per device (the first node's value alone); use "
+        "{group}, or node.path for what differs per node",
+    ),
+    (
+        "group-per-node-mount",
+        _cfg(
+            match={"subsystem": "block"},
+            group={"by": "property", "property": "ID_PATH"},
+            containerEdits={"mounts": [{"hostPath": "/sys/x", "containerPath": "/x/{kernel}"}]},
+        ),
+        "config.yaml: classes[0].containerEdits.mounts[0].containerPath: template "
+        "'/x/{kernel}' uses {kernel}, one node's value, but the class groups several nodes "
+        "into one device and its containerEdits are rendered once per device (the first "
+        "node's value alone); use {group}, or node.path for what differs per node",
+    ),
+    (
         "group-property",
         _cfg(match={"subsystem": "block"}, group={"by": "property"}),
         "config.yaml: classes[0].group: by: property needs property: <NAME>",

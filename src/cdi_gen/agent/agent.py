@@ -29,8 +29,11 @@ run in a thread, so a slow disk never stalls ListAndWatch or Allocate. The setti
 :class:`~cdi_gen.config.settings.Settings`.
 
 Failures stop at the class boundary. A device that cannot be written (skipped by discovery,
-invalid, or needing a newer cdiVersion than the class is pinned to) is logged once, counted
-in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec and the list;
+invalid, missing a required extra host path under /dev or /sys, or needing a newer cdiVersion
+than the class is pinned to or, unpinned, than the node's known runtimes read) is logged
+once, counted in ``cdi_gen_failures_total{resource, reason}``, and left out of both the spec
+and the list (``/readyz`` stays ready, naming a class degraded by this node's runtimes or
+paths);
 a class whose spec write or frontend start fails is retried through
 :class:`~cdi_gen.retry.Retry` (a line per doubling of the attempts, each counted, the waits
 bounded by ``retry_max_seconds``) and reported by
@@ -72,6 +75,7 @@ from cdi_gen.retry import Failures, Tools
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
+    from cdi_gen.cdi.runtimes import Ceiling
     from cdi_gen.dra.driver.driver import DraDriver
     from cdi_gen.dra.plugin.uninstall import Owner
 
@@ -91,9 +95,16 @@ class Agent:
     """The node agent. ``await agent.run()`` until :meth:`stop` or SIGTERM/SIGINT/SIGHUP."""
 
     def __init__(
-        self, config: AgentConfig, settings: Settings, source: RecordSource | None = None
+        self,
+        config: AgentConfig,
+        settings: Settings,
+        source: RecordSource | None = None,
+        *,
+        ceiling: Ceiling | None = None,
     ) -> None:
         self.config = config
+        #: The node's runtimes' newest cdiVersion, when known (cli/run.py finds it).
+        self.ceiling = ceiling
         self.settings = settings
         self.metrics = Metrics()
         self.discovery = Discovery(config)
@@ -165,6 +176,7 @@ class Agent:
             pool=pool,
             specs=self.specs,
             frontend=frontend,
+            ceiling=self.ceiling,
         )
 
     def stop(self) -> None:
@@ -179,7 +191,8 @@ class Agent:
         waiting = dict.fromkeys(why for r in self.runners.values() for why in r.waiting())
         if waiting:
             return False, "waiting for " + ", ".join(waiting)
-        return True, "ready"
+        degraded = [why for r in self.runners.values() if (why := r.degraded())]
+        return True, "ready" + ("; degraded: " + ", ".join(degraded) if degraded else "")
 
     async def run(self) -> None:
         """Start everything, follow the records until stopped, then shut down cleanly.

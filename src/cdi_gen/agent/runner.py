@@ -23,9 +23,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdi_gen.agent.frontend import ClassPool, Frontend
 from cdi_gen.cdi import specnames
@@ -34,11 +37,14 @@ from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.sharing import expand_change
-from cdi_gen.discovery.spec import Verdicts, class_spec
+from cdi_gen.discovery.spec import AGENT_FOLDERS, LeftOut, Verdicts, class_spec, within
 from cdi_gen.errors import CdiGenError
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
 from cdi_gen.retry import Failures, Retry, Tools, describe
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.runtimes import Ceiling
 
 __all__ = ["ClassRunner"]
 
@@ -77,6 +83,16 @@ class ClassRunner:
     advertised: tuple[AdvertisedDevice, ...] = ()
     #: The devices the last spec left out: kept out of the list too.
     left_out: frozenset[str] = frozenset()
+    #: Those left out for what this node has (its runtimes, its host paths): for /readyz.
+    node_left_out: tuple[LeftOut, ...] = ()
+    #: The node's runtimes' newest cdiVersion, when known: unpinned, a device needing more
+    #: is left out (see class_spec).
+    ceiling: Ceiling | None = None
+    #: How a required extra host path is looked for (None: not looked for): only where the
+    #: agent sees the host's folders, also in a pod.
+    exists: Callable[[str], bool] | None = field(
+        default_factory=lambda: within(AGENT_FOLDERS, os.path.exists)
+    )
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The class's changes waiting for :meth:`follow`, in the order discovery made them.
     changes: asyncio.Queue[tuple[ClassChange, float | None]] = field(default_factory=asyncio.Queue)
@@ -187,8 +203,16 @@ class ClassRunner:
         """
         spec_dir = self.spec_dir
         vendor, cls = self.vendor, self.config.name
-        spec = class_spec(vendor, self.config, self.devices, cache=self.verdicts)
+        spec = class_spec(
+            vendor,
+            self.config,
+            self.devices,
+            cache=self.verdicts,
+            ceiling=self.ceiling,
+            exists=self.exists,
+        )
         self.left_out = frozenset(d.device for d in spec.left_out)
+        self.node_left_out = tuple(d for d in spec.left_out if d.node)
         for left in spec.fresh:  # each logged and counted once, when it is judged
             self.fail(left.reason, "%s", left, device=left.physical)
         doc = spec.document
@@ -256,6 +280,16 @@ class ClassRunner:
         waiting = [] if self.spec_ok else [f"{self.resource} (spec not written)"]
         why = self.frontend.waiting() if self.frontend is not None else None
         return waiting if why is None else [why, *waiting]
+
+    def degraded(self) -> str | None:
+        """For ``/readyz``, still ready: the devices this node leaves out (an older runtime,
+        a missing host path), or None. Not unready: the class serves its other devices, and
+        an unready agent would stall a DaemonSet's rollout on a node that cannot change."""
+        if not self.node_left_out:
+            return None
+        why = sorted({d.node for d in self.node_left_out})
+        n = len(self.node_left_out)
+        return f"{self.resource} ({n} device{'s' if n > 1 else ''} left out: {', '.join(why)})"
 
     async def start(self) -> None:
         """Start the class's frontend (retried on the agent's group); never raises."""

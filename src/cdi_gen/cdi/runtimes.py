@@ -16,6 +16,9 @@ Where no binary answers (the agent in a pod sees none), the caller may look else
 CRI adapter (``kubelet.cri``) asks the runtime's socket for its name and version, and
 :func:`from_cri` maps that answer onto the table like a ``NAME@VERSION`` reference.
 
+A :class:`Ceiling` is what the node's runtimes read together: unpinned, a device needing more
+is left out of its class's spec rather than making the runtime refuse the whole file.
+
 The table is the single place these facts live. Source: the ``require`` of
 ``container-device-interface`` in each runtime's ``go.mod`` at its release tags, read with
 ``go mod graph`` / ``go list -m`` through the Go module proxy (containerd, podman) and from the
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdi_gen.cdi.version import KNOWN_VERSIONS, minimum_of, requirements
+from cdi_gen.cdi.version import KNOWN_VERSIONS, Requirement, minimum_of, requirements
 from cdi_gen.errors import ConfigError, Problem, quote
 
 if TYPE_CHECKING:
@@ -327,6 +330,51 @@ def node_limit(runtimes: Iterable[Runtime], notes: Sequence[str] = ()) -> str:
     return min(limits, key=KNOWN_VERSIONS.index)
 
 
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The newest ``cdiVersion`` the node's runtimes read, and the runtime that reads least.
+
+    Without a pin a spec is stated at the minimum its content needs; where the node's
+    runtimes are known, content needing more than this is left out (the device, never its
+    class: one device's field would otherwise make the runtime refuse the class's whole
+    file, as ``doctor`` reports only afterwards).
+    """
+
+    limit: str
+    runtime: Runtime
+
+    def problems(self, reqs: Iterable[Requirement]) -> list[Problem]:
+        """Why content with ``reqs`` cannot be read here: each field needing more, named."""
+        r = self.runtime
+        return [
+            Problem(
+                req.path,
+                f"{req.reason} needs cdiVersion {req.version} or newer, and {r.name} "
+                f"{r.version} on this node reads at most {self.limit} ({r.source}): it would "
+                "refuse the class's whole spec",
+            )
+            for req in too_new(reqs, self.limit)
+        ]
+
+
+def too_new(reqs: Iterable[Requirement], limit: str) -> list[Requirement]:
+    """The lower bounds of ``reqs`` above ``limit``: what a runtime reading ``limit`` lacks
+    (the doctor's check of a spec on disk and the ceiling of one being built both ask)."""
+    top = KNOWN_VERSIONS.index(limit)
+    return [r for r in reqs if not r.at_most and KNOWN_VERSIONS.index(r.version) > top]
+
+
+def ceiling_of(runtimes: Iterable[Runtime]) -> Ceiling | None:
+    """The :class:`Ceiling` of the runtimes given (None for none with CDI: ``doctor`` names
+    a runtime without CDI, and a node whose runtimes are unknown keeps the minimum)."""
+    known = [r for r in runtimes if r.limit is not None]
+    if not known:
+        return None
+    least = min(known, key=lambda r: KNOWN_VERSIONS.index(r.limit or ""))
+    assert least.limit is not None
+    return Ceiling(least.limit, least)
+
+
 def readability_problems(spec: Spec, runtime: Runtime) -> list[Problem]:
     """Why ``runtime`` cannot read ``spec`` (empty when it can), naming what needs the version.
 
@@ -340,13 +388,11 @@ def readability_problems(spec: Spec, runtime: Runtime) -> list[Problem]:
     if KNOWN_VERSIONS.index(declared) <= KNOWN_VERSIONS.index(runtime.limit):
         return []
     reqs = [r for r in requirements(spec) if not r.at_most]
-    too_new = [
-        r for r in reqs if KNOWN_VERSIONS.index(r.version) > KNOWN_VERSIONS.index(runtime.limit)
-    ]
-    if too_new:
-        first = max(too_new, key=lambda r: KNOWN_VERSIONS.index(r.version))
+    lacking = too_new(reqs, runtime.limit)
+    if lacking:
+        first = max(lacking, key=lambda r: KNOWN_VERSIONS.index(r.version))
         why = f"{first.path} ({first.reason}) needs {first.version}" + (
-            f" and {len(too_new) - 1} more field(s)" if len(too_new) > 1 else ""
+            f" and {len(lacking) - 1} more field(s)" if len(lacking) > 1 else ""
         )
     else:
         why = f"nothing in it needs more than {minimum_of(reqs)}: write it with that version"

@@ -16,7 +16,7 @@ import click
 
 if TYPE_CHECKING:
     from cdi_gen.cdi.codec import Format
-    from cdi_gen.cdi.runtimes import Lookup, Runtime
+    from cdi_gen.cdi.runtimes import Ceiling, Lookup, Runtime
     from cdi_gen.config.models import ClassConfig
     from cdi_gen.discovery.inventory import Discovery
     from cdi_gen.discovery.spec import ClassSpec
@@ -81,6 +81,33 @@ def cri_lookup(sockets: Sequence[str | Path] | None = None) -> Lookup:
         return runtimes_at_sockets(chosen)
 
     return ask
+
+
+def node_ceiling(
+    runtime_refs: Sequence[str],
+    cri_sockets: Sequence[str | Path] | None = None,
+    lookup: Lookup | None = None,
+) -> Ceiling | None:
+    """What the node's runtimes read, where they are known: named, on PATH, or answering on
+    a CRI socket that exists (asked through ``lookup``, default :func:`cri_lookup`; else
+    grpc is never loaded); None when none is known. A bad ``--runtime`` is a ConfigError
+    (exit 2); a binary whose version cannot be told is a warning line, and the spec keeps
+    the minimum version, as on a node of unknown runtimes."""
+    from cdi_gen import paths
+    from cdi_gen.cdi.runtimes import ceiling_of, runtimes_or_fallback
+    from cdi_gen.errors import ConfigError
+
+    chosen = paths.CRI_SOCKETS if cri_sockets is None else tuple(map(Path, cri_sockets))
+    present = any(s.exists() or s.is_symlink() for s in chosen)
+    try:
+        fallback = (lookup or cri_lookup(chosen)) if present else None
+        found, _ = runtimes_or_fallback(runtime_refs, fallback)
+    except ConfigError as exc:
+        if runtime_refs:
+            raise
+        click.echo(f"warning: cannot tell which cdiVersion this node reads: {exc}", err=True)
+        return None
+    return ceiling_of(found)
 
 
 def load_records_file(path: Path) -> Recording:
@@ -164,6 +191,26 @@ def warn_skipped(discovery: Discovery, cls: str) -> int:
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     return len(warnings)
+
+
+def warn_missing_paths(discovery: Discovery, cls: str) -> int:
+    """One ``warning:`` line on stderr per device of ``cls`` and host path of its extra
+    ``deviceNodes`` or bind ``mounts`` missing on this machine (not ``optional``); how many.
+
+    A warning, and the device kept: this machine may not be the node (``--records``), or the
+    path may come with a module loaded later; the agent, on the node, leaves such a device
+    out, and ``doctor`` fails it."""
+    import os
+
+    from cdi_gen.discovery.spec import missing_host_paths
+
+    config = discovery.config_of(cls)
+    count = 0
+    for device in discovery.devices(cls):
+        for problem in missing_host_paths(config, device, os.path.exists):
+            click.echo(f"warning: class {cls!r}: device {device.name!r}: {problem}", err=True)
+            count += 1
+    return count
 
 
 def hint_links(discovery: Discovery, cls: str, records: Sequence[DeviceRecord]) -> None:

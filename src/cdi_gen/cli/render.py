@@ -16,7 +16,9 @@ from cdi_gen.cli.inputs import (
     emit_document,
     hint_links,
     left_out_error,
+    node_ceiling,
     warn_left_out,
+    warn_missing_paths,
     warn_skipped,
 )
 
@@ -58,9 +60,10 @@ def render(
 ) -> None:
     """Render the CDI spec of one class from the devices present now.
 
-    A device left out (skipped, invalid, or needing a newer cdiVersion than the pin) gets a
-    warning line naming the field and the rule; the spec holds the others, and the exit
-    status is 1.
+    A device left out (skipped, invalid, or needing a newer cdiVersion than the pin or,
+    unpinned, than the node's known runtimes read) gets a warning line naming the field and
+    the rule; the spec holds the others, and the exit status is 1. A required host path of
+    the extra deviceNodes or mounts missing here is a warning line (see warn_missing_paths).
     """
     from cdi_gen.config.loader import resolve_version
     from cdi_gen.config.models import AgentConfig
@@ -88,8 +91,10 @@ def render(
         hint_links(discovery, cls, records)
         rules = " | ".join(r.describe() for r in class_config.match)
         raise DiscoveryError(f"class {cls!r} ({kind}) has no device: nothing matches {rules}")
-    # The agent's path: a device it would leave out is left out here, named on stderr.
-    spec = discovery.class_spec(cls, cdi_version=pin)
+    warn_missing_paths(discovery, cls)
+    # The agent's path: a device it would leave out is left out here, named on stderr (the
+    # node's runtimes are this machine's, also with --records).
+    spec = discovery.class_spec(cls, cdi_version=pin, ceiling=node_ceiling(runtime_refs, sockets))
     left = skipped + warn_left_out(cls, spec)
     if spec.document is None:
         raise left_out_error(left, f"no device of {kind} is left to render")

@@ -46,6 +46,7 @@ def run(**flags: Any) -> None:
     exits 0.
     """
     import asyncio
+    import functools
 
     from cdi_gen.kubelet import apply_grpc_experiments
 
@@ -54,14 +55,18 @@ def run(**flags: Any) -> None:
     apply_grpc_experiments()
 
     from cdi_gen.agent.agent import Agent
-    from cdi_gen.cli.inputs import cri_lookup
+    from cdi_gen.cli.inputs import cri_lookup, node_ceiling
     from cdi_gen.config.settings import load_settings
     from cdi_gen.logs import setup_logging
 
     settings = load_settings(options.flags_of(flags))
-    config = settings.class_config(cri_lookup(settings.runtimes.cri_sockets))
+    # Asked once, at start, for the pin and the ceiling: the runtime does not change under
+    # a running agent.
+    lookup = functools.cache(cri_lookup(settings.runtimes.cri_sockets))
+    config = settings.class_config(lookup)
+    ceiling = node_ceiling(settings.runtimes.refs, settings.runtimes.cri_sockets, lookup)
     setup_logging(settings.logs.format, settings.logs.level)
-    asyncio.run(Agent(config, settings).run())
+    asyncio.run(Agent(config, settings, ceiling=ceiling).run())
 
 
 __all__ = ["run"]

@@ -51,14 +51,23 @@ def write(
 
     One-shot host mode (a systemd unit or udev rule for podman/docker). Each file is written
     atomically and only if it changes; foreign files are never touched. A device the agent
-    would leave out (skipped, invalid, or needing a newer cdiVersion than the pin) is left
-    out here too, with a warning line naming the field and the rule; the spec holds the
-    others, and the exit status is 1.
+    would leave out (skipped, invalid, or needing a newer cdiVersion than the pin or,
+    unpinned, than the node's known runtimes read: one device's field would make the
+    runtime refuse the whole file) is left out here too, with a warning line naming the
+    field and the rule; the spec holds the others, and the exit status is 1. A required host
+    path of the extra deviceNodes or mounts missing here is a warning line.
     """
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.specnames import spec_filename
     from cdi_gen.cdi.writer import remove_unconfigured, sync_spec
-    from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, warn_skipped
+    from cdi_gen.cli.inputs import (
+        discover_devices,
+        left_out_error,
+        node_ceiling,
+        warn_left_out,
+        warn_missing_paths,
+        warn_skipped,
+    )
     from cdi_gen.errors import CdiGenError, SpecWriteError
 
     discovery = discover_devices(
@@ -70,14 +79,16 @@ def write(
         cri_sockets=cri_sockets or None,
     )
     vendor = discovery.config.vendor
+    ceiling = node_ceiling(runtime_refs, cri_sockets or None)
     failures: list[str] = []
     left = 0
     for cls in discovery.class_names:
         left += warn_skipped(discovery, cls)
+        warn_missing_paths(discovery, cls)
         path = spec_dir / spec_filename(vendor, cls)
         try:
             # The agent's path: what it would leave out is left out, the rest written.
-            spec = discovery.class_spec(cls)
+            spec = discovery.class_spec(cls, ceiling=ceiling)
             left += warn_left_out(cls, spec)
             doc = spec.document
             data = None if doc is None else dump_document(doc)

@@ -27,6 +27,15 @@ __all__ = [
 INT64_MAX = 2**63 - 1
 
 
+#: Never written into the spec (CDI has no such key): it only keeps the host path check quiet.
+_OPTIONAL = (
+    "the host path may be missing when the spec is written (a node that appears later, on "
+    "hotplug): no warning, and the device is not left out for it. Otherwise a device whose "
+    "host path is missing is left out of the spec, since a container asking for it would "
+    "fail at creation"
+)
+
+
 def _check_permissions(value: str | None) -> str | None:
     if value is not None and (not value or set(value) - set("rwm")):
         raise ValueError(f"permissions {quote(value)} should be a non-empty subset of 'rwm'")
@@ -78,6 +87,7 @@ class DeviceNodeConfig(ConfigModel):
     permissions: str | None = None
     uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
     gid: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
+    optional: bool = Field(default=False, description=_OPTIONAL)
 
     @field_validator("permissions")
     @classmethod
@@ -90,6 +100,7 @@ class MountConfig(ConfigModel):
     container_path: EditTemplate
     options: list[EditTemplate] | None = None
     type: str | None = None
+    optional: bool = Field(default=False, description=_OPTIONAL)
 
 
 class HookConfig(ConfigModel):

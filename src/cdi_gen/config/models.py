@@ -31,13 +31,14 @@ from cdi_gen.config.edits import ContainerEditsConfig, NodeOptions
 from cdi_gen.config.rules import GroupConfig, HealthConfig, MatchRule
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
+    PER_NODE_FIELDS,
     EditTemplate,
     NameTemplate,
     Template,
     parse_template,
 )
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
-from cdi_gen.strictmodel import FieldError
+from cdi_gen.strictmodel import FieldError, Loc
 
 __all__ = [
     "BUILTIN_DRA_ATTRIBUTES",
@@ -219,7 +220,39 @@ class ClassConfig(ConfigModel):
                         ("deviceName",) if t is self.device_name else (),
                         f"template {quote(t.source)} uses {{group}} but the class has no group",
                     )
+        else:
+            for loc, t in self.edit_templates():
+                used = [str(f) for f in t.fields if f.name in PER_NODE_FIELDS]
+                if used:
+                    raise FieldError(
+                        loc,
+                        f"template {quote(t.source)} uses {used[0]}, one node's value, but the "
+                        "class groups several nodes into one device and its containerEdits are "
+                        "rendered once per device (the first node's value alone); use {group}, "
+                        "or node.path for what differs per node",
+                    )
         return self
+
+    def edit_templates(self) -> Iterator[tuple[Loc, Template]]:
+        """The templates of ``containerEdits``, each with its place (camelCase, as written)."""
+        edits = self.container_edits
+        for i, t in enumerate(edits.env):
+            yield ("containerEdits", "env", i), t
+        for i, n in enumerate(edits.device_nodes):
+            yield ("containerEdits", "deviceNodes", i, "path"), n.path
+            if n.host_path is not None:
+                yield ("containerEdits", "deviceNodes", i, "hostPath"), n.host_path
+        for i, m in enumerate(edits.mounts):
+            yield ("containerEdits", "mounts", i, "hostPath"), m.host_path
+            yield ("containerEdits", "mounts", i, "containerPath"), m.container_path
+            for j, t in enumerate(m.options or ()):
+                yield ("containerEdits", "mounts", i, "options", j), t
+        for i, h in enumerate(edits.hooks):
+            yield ("containerEdits", "hooks", i, "path"), h.path
+            for j, t in enumerate(h.args or ()):
+                yield ("containerEdits", "hooks", i, "args", j), t
+            for j, t in enumerate(h.env or ()):
+                yield ("containerEdits", "hooks", i, "env", j), t
 
     @property
     def wanted_attributes(self) -> frozenset[str]:

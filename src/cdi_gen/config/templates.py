@@ -18,6 +18,7 @@ __all__ = [
     "DEVICE_NAME_FIELDS",
     "EDIT_FIELDS",
     "KEYED_FIELDS",
+    "PER_NODE_FIELDS",
     "EditTemplate",
     "Field_",
     "NameTemplate",
@@ -55,6 +56,12 @@ DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
 #: by-path link (``node: {path: "{devlink}"}`` puts the node at that stable path in the
 #: container). A path is never a valid device name, so names get only ``devlink_name``.
 EDIT_FIELDS: frozenset[str] = DEVICE_NAME_FIELDS | {"name", "vendor", "class", "numa", "devlink"}
+#: Fields whose value is one device node's: in a grouped class a device has several nodes, and
+#: a container edit rendered once per device would carry the first node's value alone (the
+#: others' silently lost), so the config refuses them there (``node.path`` is per node).
+PER_NODE_FIELDS: frozenset[str] = frozenset(
+    {"kernel", "number", "major", "minor", "devnode", "devname", "devlink", "devlink_name"}
+)
 #: Fields that take a ``[key]``.
 KEYED_FIELDS: frozenset[str] = frozenset({"property", "attribute", "parent_attribute"})
 

@@ -8,8 +8,9 @@ write the spec and then advertise; on remove, withdraw and then rewrite the spec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cdi_gen.config.models import (
     AgentConfig,
@@ -26,6 +27,9 @@ from cdi_gen.model import (
     DiscoveryWarning,
     RecordWants,
 )
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.runtimes import Ceiling
 
 
 @dataclass(slots=True)
@@ -162,9 +166,17 @@ class Discovery:
     def warnings(self, cls: str) -> tuple[DiscoveryWarning, ...]:
         return self._state(cls).warnings
 
-    def class_spec(self, cls: str, cdi_version: str | None = None) -> ClassSpec:
+    def class_spec(
+        self,
+        cls: str,
+        cdi_version: str | None = None,
+        *,
+        ceiling: Ceiling | None = None,
+        exists: Callable[[str], bool] | None = None,
+    ) -> ClassSpec:
         """The spec of ``cls`` now, and the devices left out of it (see
-        :func:`~cdi_gen.discovery.spec.class_spec`, the agent's path too).
+        :func:`~cdi_gen.discovery.spec.class_spec`, the agent's path too, for ``ceiling``
+        and ``exists``).
 
         ``cdiVersion`` is ``cdi_version`` when given, else the class's pin, else the minimum.
         """
@@ -174,6 +186,8 @@ class Discovery:
             config,
             spec_devices(config, self.devices(cls)),
             cdi_version=cdi_version,
+            ceiling=ceiling,
+            exists=exists,
         )
 
     def config_of(self, cls: str) -> ClassConfig:

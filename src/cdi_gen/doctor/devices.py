@@ -1,13 +1,19 @@
 """The devices as the doctor finds them: udevd answering (else rules on ``ID_*`` properties
-cannot match) and how many devices each configured class matches."""
+cannot match), how many devices each configured class matches, and the host paths their
+extra device nodes and mounts need."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdi_gen.doctor.check import Check
 from cdi_gen.paths import UDEV_RUN_DIR
+
+if TYPE_CHECKING:
+    from cdi_gen.discovery.inventory import Discovery
 
 __all__ = ["check_classes", "check_udev"]
 
@@ -52,4 +58,29 @@ def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
                     "check the rules with `cdi-gen discover --class " + name + "`",
                 )
             )
+    return out
+
+
+def check_host_paths(
+    discovery: Discovery, exists: Callable[[str], bool] = os.path.exists
+) -> list[Check]:
+    """A FAIL per device and host path of its class's extra ``deviceNodes`` or bind
+    ``mounts`` that is missing here (not marked ``optional``): the spec validates, but a
+    runtime fails the container at creation, and the agent leaves such a device out."""
+    from cdi_gen.discovery.spec import missing_host_paths
+
+    out = []
+    for cls in discovery.class_names:
+        config = discovery.config_of(cls)
+        for device in discovery.devices(cls):
+            for problem in missing_host_paths(config, device, exists):
+                out.append(
+                    Check(
+                        "FAIL",
+                        f"class {cls}",
+                        f"device {device.name!r}: {problem}",
+                        "create the path, fix the class's containerEdits, or mark the entry "
+                        "optional: true if it appears later",
+                    )
+                )
     return out
