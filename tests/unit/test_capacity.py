@@ -14,6 +14,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.sharing import slot_device, slot_names
 from cdi_gen.dra.plugin.capacity import consumable_capacity, probe_slice, shared_once
 from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.plugin.slicerecord import GATES, dropped_fields
 from cdi_gen.dra.plugin.slices import build_slices
 from cdi_gen.model import AdvertisedDevice
 from tests.fakes.apiserver import SLICES, Answer, FakeApiServer
@@ -146,3 +147,15 @@ async def test_a_refused_dry_run_keeps_the_slots_and_no_answer_is_retried(
     api.answers[("POST", SLICES)] = Answer(500, json.dumps(busy).encode(), times=1)
     with pytest.raises(ApiServerError, match="etcd busy"):
         await consumable_capacity(client, DRIVER, API_NODE)
+
+
+def test_a_later_drop_of_the_field_is_named_by_its_gate() -> None:
+    """Asked at start; should the API server drop the field later (a rollback), the
+    publisher's check of what was stored names the gate."""
+    once = shared_once(_kvm_pool(("kvm", "/sys/kvm")), classes=CONFIG.class_names)  # type: ignore[arg-type]
+    (sent,) = build_slices(DRIVER, API_NODE, once, 1, node_uid="u")
+    stored = json.loads(json.dumps(sent))
+    assert dropped_fields(sent, stored) == set()
+    stored["spec"]["devices"][0].pop("allowMultipleAllocations")
+    assert dropped_fields(sent, stored) == {"capacity"}
+    assert GATES["capacity"].startswith("DRAConsumableCapacity ")
