@@ -44,7 +44,14 @@ INT64 = (-(2**63), 2**63 - 1)
 EFFECTS = {"NoSchedule", "NoExecute", "None"}
 
 _SPEC_FIELDS = {"driver", "pool", "nodeName", "devices", "sharedCounters"}
-_DEVICE_FIELDS = {"name", "attributes", "capacity", "taints", "consumesCounters"}
+_DEVICE_FIELDS = {
+    "name",
+    "attributes",
+    "capacity",
+    "taints",
+    "consumesCounters",
+    "allowMultipleAllocations",
+}
 
 
 def _size(text: str) -> int:
@@ -161,6 +168,39 @@ def _consumption_problems(at: str, uses: Sequence[Mapping[str, Any]]) -> list[st
     return out
 
 
+def _whole(value: object) -> int | None:
+    """A quantity we write (a plain whole number), or None."""
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _capacity_problems(at: str, capacity: Mapping[str, Any], shared: bool) -> list[str]:
+    """KEP-5075's rules for what we write: a whole ``value``; a ``requestPolicy`` only on
+    a device with ``allowMultipleAllocations``, its ``default`` required with a
+    ``validRange`` whose ``min`` is at most the value and whose step the default fits."""
+    out = []
+    for name, entry in capacity.items():
+        where = f"{at}[{name!r}]"
+        why = _qualified(name) if isinstance(name, str) else "not text"
+        if why:
+            out.append(f"{where}: {why}")
+        value = _whole(entry.get("value"))
+        if value is None:
+            out.append(f"{where}.value: not a whole quantity: {entry.get('value')!r}")
+            continue
+        policy = entry.get("requestPolicy")
+        if policy is None:
+            continue
+        if not shared:
+            out.append(f"{where}.requestPolicy: only on a device with allowMultipleAllocations")
+        default, valid = _whole(policy.get("default")), policy.get("validRange") or {}
+        low, step = _whole(valid.get("min")), _whole(valid.get("step", "1"))
+        if default is None or low is None or step is None or step == 0:
+            out.append(f"{where}.requestPolicy: default, validRange.min and step required")
+        elif not (low <= value and low <= default <= value and (default - low) % step == 0):
+            out.append(f"{where}.requestPolicy: default {default} not in {low}..{value}/{step}")
+    return out
+
+
 def device_problems(at: str, device: Mapping[str, Any]) -> list[str]:
     """The problems of one entry of ``spec.devices``."""
     out = [f"{at}.{k}: not a field we expect" for k in device if k not in _DEVICE_FIELDS]
@@ -178,6 +218,10 @@ def device_problems(at: str, device: Mapping[str, Any]) -> list[str]:
         if why:
             out.append(f"{at}.attributes[{name!r}]: {why}")
         out += _attribute_problems(f"{at}.attributes[{name!r}]", value)
+    shared = device.get("allowMultipleAllocations", False)
+    if not isinstance(shared, bool):
+        out.append(f"{at}.allowMultipleAllocations: not a boolean: {shared!r}")
+    out += _capacity_problems(f"{at}.capacity", capacity, shared is True)
     out += _taint_problems(f"{at}.taints", device.get("taints") or [])
     out += _consumption_problems(f"{at}.consumesCounters", device.get("consumesCounters") or [])
     return out

@@ -164,7 +164,8 @@ class PoolDevice:
     name, see :func:`cdi_gen.dra.plugin.pool.device_name`); ``cdi_name`` the fully-qualified CDI
     name NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
     is implied). A slot of a shared device has ``slots`` > 1 and shares ``physical`` with the
-    device's other slots.
+    device's other slots; a shared device published once with consumable capacity has
+    ``shares`` > 1 instead (and ``slots`` 1).
     """
 
     name: str
@@ -178,6 +179,8 @@ class PoolDevice:
     numa_node: int | None = None
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     slots: int = 1
+    #: Claims that may hold the device at once, one share each by default (KEP-5075).
+    shares: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,14 +249,18 @@ class Claims:
         *,
         config: list[Obj] | None = None,
         admin_access: bool = False,
+        capacity: dict[str, str] | None = None,
     ) -> Obj:
         """A ResourceClaim; ``config`` its ``spec.devices.config`` entries, ``admin_access``
-        its request's ``adminAccess`` (the namespace must be labelled for it)."""
+        its request's ``adminAccess`` (the namespace must be labelled for it), ``capacity``
+        the amounts its request asks of a shareable device (``capacity.requests``)."""
         spec = claim_spec(device_class, count)
         if config is not None:
             spec["devices"]["config"] = config
         if admin_access:
             spec["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+        if capacity is not None:
+            spec["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": capacity}
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",

@@ -365,6 +365,7 @@ def test_kubelet_restart_republishes_slices(node: Node) -> None:
     assert {s["metadata"]["uid"] for s in claims.slices(DRIVER)} == republished
 
 
+@pytest.mark.lanes("oldest")  # DRAConsumableCapacity off: slots (by capacity: test_sharing)
 def test_shared_device_slots_go_to_two_pods_and_no_more(node: Node) -> None:
     """``sharing: {replicas: 2}`` through DRA: two slot devices consuming one ``slots: 2``
     counter of their physical device; two claims get the same device node, a third waits."""

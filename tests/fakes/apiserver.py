@@ -102,6 +102,9 @@ class FakeApiServer:
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.watches_opened = 0
         self.watches_closed = 0
+        #: Whether slices keep ``allowMultipleAllocations`` and request policies; an API
+        #: server without ``DRAConsumableCapacity`` drops them without an error.
+        self.consumable_capacity = True
         #: A watch from a resourceVersion below this gets 410 Gone.
         self.oldest_version = 0
         self._version = 0
@@ -359,8 +362,8 @@ class FakeApiServer:
     ) -> tuple[int, Obj]:
         handlers = {
             ("", "GET"): lambda: self._list(query),
-            ("", "POST"): lambda: self._create(body or {}),
-            ("1", "PUT"): lambda: self._replace(name, body or {}),
+            ("", "POST"): lambda: self._create(self._gated(body or {}), query),
+            ("1", "PUT"): lambda: self._replace(name, self._gated(body or {})),
             ("1", "DELETE"): lambda: self._delete(name),
         }
         handler = handlers.get(("1" if name else "", method))
@@ -393,13 +396,29 @@ class FakeApiServer:
             return f"spec.pool.generation: cannot unmarshal {generation!r} into int64"
         return None
 
-    def _create(self, body: Obj) -> tuple[int, Obj]:
-        name = body["metadata"]["name"]
+    def _gated(self, body: Obj) -> Obj:
+        """``body`` as the API server stores it: without the consumable-capacity fields when
+        that gate is off."""
+        if self.consumable_capacity:
+            return body
+        for device in (body.get("spec") or {}).get("devices") or ():
+            device.pop("allowMultipleAllocations", None)
+            for capacity in (device.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
+        return body
+
+    def _create(self, body: Obj, query: dict[str, list[str]]) -> tuple[int, Obj]:
+        meta = body["metadata"]
+        if "name" not in meta and "generateName" in meta:
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta["name"]
         if name in self.slices:
             return _status(409, "AlreadyExists", f'resourceslices "{name}" already exists')
         if (why := self._invalid(body)) is not None:
             return _status(400, "BadRequest", why)
-        body["metadata"].pop("resourceVersion", None)
+        meta.pop("resourceVersion", None)
+        if query.get("dryRun") == ["All"]:
+            return 201, {**body, "metadata": {**meta, "uid": str(uuid.uuid4())}}
         return 201, self.write(body)
 
     def _replace(self, name: str, body: Obj) -> tuple[int, Obj]:

@@ -40,7 +40,7 @@ DRIVER = "cdi-gen.example.com"
 POOL = "node-a"
 
 
-def device(name: str, *, healthy: bool = True, gone: bool = False) -> PoolDevice:
+def device(name: str, *, healthy: bool = True, gone: bool = False, shares: int = 1) -> PoolDevice:
     return PoolDevice(
         name=f"fpga-{name}",
         cdi_name=f"example.com/fpga={name}",
@@ -48,6 +48,7 @@ def device(name: str, *, healthy: bool = True, gone: bool = False) -> PoolDevice
         physical=f"/sys/devices/{name}",
         healthy=healthy,
         gone=gone,
+        shares=shares,
     )
 
 
@@ -185,6 +186,8 @@ async def test_a_refusal_is_reported_and_not_counted(node: Node) -> None:
 
 
 async def test_prepare_and_unprepare_are_idempotent(node: Node) -> None:
+    # A share ID belongs to a device published with shares (consumable capacity).
+    node.pool.publish("fpga", [device("0", shares=2), device("1")])
     node.claims.add("c1", "uid-1", ours("fpga-0", share_id="s-1"))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         kubelet_plugin = await kubelet.next_registration()
@@ -279,6 +282,7 @@ async def test_each_claim_gets_its_own_answer(node: Node) -> None:
 
 
 async def test_a_v1beta1_kubelet_is_served_without_share_id(node: Node) -> None:
+    node.pool.publish("fpga", [device("0"), device("1", shares=2)])
     node.claims.add("c1", "uid-1", ours("fpga-1", share_id="s-1"))
     kubelet = FakeDraKubelet(node.root / "registry", services=("v1beta1.DRAPlugin",))
     async with kubelet, node.plugin():

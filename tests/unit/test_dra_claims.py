@@ -23,6 +23,7 @@ DEVICES = {
         PoolDevice("fpga-1", "example.com/fpga=1", "fpga", "/p1", healthy=False),
         PoolDevice("fpga-2", "example.com/fpga=2", "fpga", "/p2", gone=True),
         PoolDevice("fpga-3", "example.com/fpga=3", "fpga", "/p3"),
+        PoolDevice("kvm", "example.com/kvm=kvm-0", "kvm", "/k", shares=4),
     )
 }
 
@@ -41,12 +42,25 @@ def test_our_results_become_devices_in_order_and_others_are_ignored() -> None:
     view = claim(
         AllocatedDevice("b", DRIVER, POOL, "fpga-3"),
         AllocatedDevice("gpu", "gpu.example.com", "elsewhere", "gpu-0"),
-        AllocatedDevice("a", DRIVER, POOL, "fpga-0", share_id="s"),
+        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id="s"),
     )
     assert prepare(view) == [
         PreparedDevice(("b",), POOL, "fpga-3", ("example.com/fpga=3",)),
-        PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=0",), "s"),
+        PreparedDevice(("a",), POOL, "kvm", ("example.com/kvm=kvm-0",), "s"),
     ]
+
+
+def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
+    view = claim(
+        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id="7f3b0a1e-0000-4000-8000-000000000001"),
+        AllocatedDevice("b", DRIVER, POOL, "kvm", share_id="7f3b0a1e-0000-4000-8000-000000000002"),
+    )
+    got = prepare(view)
+    assert [(d.request_names, d.device, d.share_id) for d in got] == [
+        (("a",), "kvm", "7f3b0a1e-0000-4000-8000-000000000001"),
+        (("b",), "kvm", "7f3b0a1e-0000-4000-8000-000000000002"),
+    ]
+    assert {d.cdi_device_ids for d in got} == {("example.com/kvm=kvm-0",)}
 
 
 @pytest.mark.parametrize(
@@ -95,6 +109,28 @@ def test_our_results_become_devices_in_order_and_others_are_ignored() -> None:
             "u1",
             Refusal.UNHEALTHY,
             ["request 'bad'"],
+        ),
+        (
+            # A share holds nothing in the checkpoint: it must not get round an exclusive device.
+            claim(AllocatedDevice("r", DRIVER, POOL, "fpga-0", share_id="s")),
+            "u1",
+            Refusal.INVALID_SHARE,
+            ["'fpga-0'", "shareID 's'", "unshared"],
+        ),
+        (
+            claim(AllocatedDevice("r", DRIVER, POOL, "kvm")),
+            "u1",
+            Refusal.INVALID_SHARE,
+            ["'kvm'", "no shareID"],
+        ),
+        (
+            claim(
+                AllocatedDevice("r", DRIVER, POOL, "kvm", share_id="s"),
+                AllocatedDevice("q", DRIVER, POOL, "kvm", share_id="s"),
+            ),
+            "u1",
+            Refusal.INVALID_SHARE,
+            ["request 'q'", "shareID 's' is given twice"],
         ),
     ],
 )

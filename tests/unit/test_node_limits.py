@@ -144,9 +144,10 @@ def test_readyz_names_the_class_its_runtime_cannot_read(tmp_path: Path) -> None:
 
 
 def test_render_and_write_warn_of_a_missing_host_path(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, short_dir: Path
 ) -> None:
-    missing = tmp_path / "no-tools"
+    # A short path: a longer one is quoted cut to 80 characters (under xdist, tmp_path is).
+    missing = short_dir / "no-tools"
     config = _config(
         tmp_path,
         f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t, options: [ro, bind]}}]}}",
@@ -270,9 +271,9 @@ def test_check_config_refuses_a_per_node_field_in_a_grouped_class(
 
 
 def test_doctor_cli_fails_a_missing_host_path(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, short_dir: Path
 ) -> None:
-    missing = tmp_path / "no-tools"
+    missing = short_dir / "no-tools"
     config = _config(tmp_path, f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}]}}")
     spec_dir = tmp_path / "run"
     spec_dir.mkdir()

@@ -188,9 +188,13 @@ class ApiClient:
                 raise ApiServerError(f"{what}: metadata.continue {quote(more)} is not a string")
             params["continue"] = more
 
-    async def create_slice(self, obj: Obj) -> Obj:
-        what = f"{_name(obj)}: create"
+    async def create_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """POST ``obj``; with ``dry_run`` the API server answers what it would store, and
+        stores nothing."""
+        what = f"{_name(obj)}: create" + (" (dry run)" if dry_run else "")
         params = {"fieldManager": "cdi-gen"}
+        if dry_run:
+            params["dryRun"] = "All"
         return slice_shape(
             await self._call("POST", SLICES_PATH, what, params=params, body=obj), what
         )
@@ -265,4 +269,7 @@ def _selector(driver: str, node: str) -> dict[str, str]:
 
 
 def _name(obj: Obj) -> str:
-    return f"ResourceSlice {obj.get('metadata', {}).get('name', '?')}"
+    meta = obj.get("metadata", {})
+    if not meta.get("name") and meta.get("generateName"):
+        return f"ResourceSlice {meta['generateName']}*"
+    return f"ResourceSlice {meta.get('name', '?')}"

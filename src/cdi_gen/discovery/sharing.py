@@ -10,6 +10,11 @@ several slots of one device injected into one container simply name the same nod
 Slots inherit the physical device's health and NUMA node and carry its identity in
 ``physical``, so a removal withdraws all of them (in the agent's usual spec-last order) and
 GetPreferredAllocation can spread or pack them across physical devices.
+
+Where the API server serves consumable capacity (KEP-5075), the DRA driver publishes a shared
+device once instead, with N shares a claim asks for by amount; it finds the device's name
+again from any of its slots (:func:`slot_device`), and every share gets the first slot's CDI
+entry (the slots' edits are the device's, so any one of them would do).
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ def slot_names(device: str, replicas: int) -> list[str]:
     names = [f"{device}-{slot}" for slot in range(replicas)]
     validate_device_name(names[-1])  # the longest suffix
     return names
+
+
+def slot_device(slot: str) -> str:
+    """The name of the device whose slot ID is ``slot`` (``kvm-3`` -> ``kvm``): the
+    suffix :func:`slot_names` added, taken off again."""
+    device, dash, number = slot.rpartition("-")
+    if not dash or not device or not number.isdigit():
+        raise ValueError(f"{slot!r} is not a slot ID (<device>-<number>)")
+    return device
 
 
 def _expand(device_name: str, replicas: int) -> list[str] | None:

@@ -6,6 +6,12 @@ The driver reads the claim the kubelet names through a
 the node's device pool, which devices the claim gets or why it cannot have them. Only this
 driver's allocation results count: a claim may hold devices of other drivers, which their
 own drivers prepare.
+
+A device published with consumable capacity (``shares`` > 1) is allocated in shares, each
+result with its own ``shareID``, several of them possibly in one claim; every share is
+answered with that ID and the device's one CDI name. A share ID is refused on a device the
+node publishes unshared (a share holds nothing in the checkpoint, so it must not get round
+an exclusive device), as is a result of a shareable device without one, or one ID twice.
 """
 
 from __future__ import annotations
@@ -53,6 +59,30 @@ def _check_device(
     return device
 
 
+def _check_shares(label: str, results: Sequence[tuple[AllocatedDevice, PoolDevice]]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for result, device in results:
+        where = f"{label}: device {quote(result.device)} of request {quote(result.request)}"
+        share = result.share_id
+        if share is None:
+            if device.shares > 1:
+                raise ClaimRefused(
+                    Refusal.INVALID_SHARE,
+                    f"{where} is shared by capacity, yet its allocation has no shareID",
+                )
+            continue
+        if device.shares <= 1:
+            raise ClaimRefused(
+                Refusal.INVALID_SHARE,
+                f"{where} has shareID {quote(share)}, yet this node publishes it unshared",
+            )
+        if (result.device, share) in seen:
+            raise ClaimRefused(
+                Refusal.INVALID_SHARE, f"{where}: shareID {quote(share)} is given twice"
+            )
+        seen.add((result.device, share))
+
+
 def is_request_name(request: str) -> bool:
     """Whether ``request`` is what an allocation result may name: a request (a DNS label)
     or a subrequest of one (``main/sub``, two DNS labels), as the API validates them."""
@@ -97,7 +127,8 @@ def prepare_claim(
     claim, the device and the rule when the claim is not the one asked for (namespace, name
     and UID: the answer names files and paths), is not allocated, has more results than the
     API allows, has no device of this driver, names a request that is not a request name,
-    or names a device this node cannot give.
+    names a device this node cannot give, or a share that does not fit the device (see the
+    module docstring).
     """
     uid = ref.uid
     label = claim_label(ref.namespace, ref.name, uid)
@@ -130,9 +161,10 @@ def prepare_claim(
             f"{label}: its allocation has no device of driver {quote(driver)}",
         )
     _check_names(label, claim, ours)
+    checked = [(r, _check_device(label, r, pool_name, devices)) for r in ours]
+    _check_shares(label, checked)
     prepared = []
-    for result in ours:
-        device = _check_device(label, result, pool_name, devices)
+    for result, device in checked:
         prepared.append(
             PreparedDevice(
                 request_names=(result.request,),

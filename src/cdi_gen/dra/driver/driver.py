@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
+from cdi_gen.dra.plugin.capacity import consumable_capacity, shared_once
 from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
@@ -93,6 +94,10 @@ class DraDriver:
         self.offered = DevicePool()
         #: Per class: the pool entries last built, reused while their device is unchanged.
         self._cache: dict[str, PoolCache] = {}
+        #: Shared devices published once with consumable capacity (asked at start; slots
+        #: until then).
+        self.by_capacity = False
+        self._asked_capacity = False
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.client: ApiClient | None = None
@@ -125,6 +130,8 @@ class DraDriver:
         devices = tuple(
             pool_devices(self.config.vendor, config, advertised, discovered, cache, classes=classes)
         )
+        if self.by_capacity:
+            devices = tuple(shared_once(devices, classes=classes))
         self.pool.publish(config.name, devices)
         return self.offered.publish(config.name, devices if self.serving else ())
 
@@ -211,6 +218,8 @@ class DraDriver:
         if self.client is None:
             self.client = await ApiClient.open(settings.cluster.kubeconfig)
         client = self.client
+        if not self._asked_capacity:
+            await self._ask_capacity(client)
         try:
             if self.plugin is None:
                 self.plugin = self._make_plugin(client)
@@ -241,6 +250,26 @@ class DraDriver:
             "DRA driver started",
             extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
         )
+
+    async def _ask_capacity(self, client: ApiClient) -> None:
+        """Whether shared devices are published once, by capacity, or as slots: asked of
+        the API server once, before anything is offered, and only when a class is shared."""
+        shared = [c for c in self.config.classes if c.api == "dra" and c.sharing.replicas > 1]
+        if shared:
+            why = await consumable_capacity(client, self.name, self.node)
+            self.by_capacity = why is None
+            extra = fields(driver=self.name)
+            if why is None:
+                log.info("shared devices published by capacity", extra=extra)
+            else:
+                log.info("shared devices published as N slots: %s", why, extra=extra)
+        self._asked_capacity = True
+        if self.by_capacity:
+            classes = self.config.class_names
+            for config in shared:
+                devices = shared_once(self.pool.by_class.get(config.name, ()), classes=classes)
+                self.pool.publish(config.name, devices)
+                self.offered.publish(config.name, devices if self.serving else ())
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.dra.driver.claimreader import ApiClaimReader

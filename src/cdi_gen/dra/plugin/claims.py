@@ -128,6 +128,7 @@ class Refusal(enum.StrEnum):
     INVALID_CONFIG = "invalid-config"
     CLAIM_SPEC = "claim-spec"
     WIDENS_CLASS = "widens-class"
+    INVALID_SHARE = "invalid-share"
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused

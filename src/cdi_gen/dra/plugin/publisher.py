@@ -29,7 +29,8 @@ again; cancellation always ends the publisher, whatever the watch died of.
 device leaves the slices before its CDI spec entry is removed.
 
 Fields the API server does not know are dropped silently by it (taints without the
-``DRADeviceTaints`` gate, counters without ``DRAPartitionableDevices``); the publisher
+``DRADeviceTaints`` gate, counters without ``DRAPartitionableDevices``, a shared device's
+``allowMultipleAllocations`` without ``DRAConsumableCapacity``); the publisher
 compares what it sent with what came back and says so once.
 
 What it keeps of each slice is small (:mod:`~cdi_gen.dra.plugin.slicerecord`): the uid and
@@ -105,7 +106,8 @@ class SlicePublisher:
         self._dirty = asyncio.Event()
         self._published = -1
         self._published_changed = asyncio.Event()
-        #: Gated fields the API server dropped ("taints", "counters"), each logged once.
+        #: Gated fields the API server dropped ("taints", "counters", "capacity"), each
+        #: logged once.
         self.dropped: set[str] = set()
         #: How many times the pool was written (a new generation, or one slice within one).
         self.publications = 0

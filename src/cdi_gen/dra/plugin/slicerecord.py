@@ -27,6 +27,8 @@ GATES = {
     "allocatable)",
     "counters": "DRAPartitionableDevices (shared counters dropped: slots are published as "
     "plain devices)",
+    "capacity": "DRAConsumableCapacity (allowMultipleAllocations dropped since the agent "
+    "started: a shared device goes to one claim at a time until the agent restarts)",
 }
 
 
@@ -51,6 +53,8 @@ def dropped_fields(sent: Slice, got: Slice) -> set[str]:
             out.add("taints")
         if device.get("consumesCounters") and not back.get("consumesCounters"):
             out.add("counters")
+        if device.get("allowMultipleAllocations") and not back.get("allowMultipleAllocations"):
+            out.add("capacity")
     if (sent.get("spec") or {}).get("sharedCounters") and not (got.get("spec") or {}).get(
         "sharedCounters"
     ):

@@ -20,7 +20,10 @@ the slices a previous run of the agent left.
 A shared device (``sharing.replicas: N``) becomes a counter set ``{slots: N}`` named after
 the physical device, and each of its N slot devices consumes one ``slots`` of it. With the
 ``DRAPartitionableDevices`` gate off the API server drops both fields and the slots remain N
-plain devices, which allocate the same way.
+plain devices, which allocate the same way. Where the API server serves consumable capacity
+(:mod:`~cdi_gen.dra.plugin.capacity`), a shared device is instead one device with
+``allowMultipleAllocations`` and a ``shares: N`` capacity (no counters; chunked as a plain
+device).
 
 Taints (``DRADeviceTaints``): a gone device kept with ``whenGone: taint`` is tainted
 ``<driver>/gone:NoExecute`` (pods using it are evicted); one kept with ``whenGone:
@@ -43,9 +46,11 @@ __all__ = [
     "MAX_COUNTER_SETS",
     "MAX_DEVICES",
     "MAX_DEVICES_RESTRICTED",
+    "SHARES_CAPACITY",
     "Slice",
     "build_slices",
     "counter_set_name",
+    "device_capacity",
     "device_taints",
     "slice_name",
 ]
@@ -61,6 +66,8 @@ MAX_COUNTER_SETS = 8
 _MAX_NAME = 253
 #: The counter every shared device's set holds, and each slot consumes one of.
 SLOTS_COUNTER = "slots"
+#: The capacity of a shareable device that each claim consumes a part of.
+SHARES_CAPACITY = "shares"
 
 Slice = dict[str, Any]
 
@@ -89,6 +96,17 @@ def counter_set_name(device: PoolDevice) -> str:
     return hashed_label(f"{device.class_name}-{device.physical}", key)
 
 
+def device_capacity(shares: int) -> dict[str, Any]:
+    """The ``capacity`` of a device with ``shares`` shares: a claim takes one unless it asks
+    for more, any whole number up to all of them."""
+    return {
+        SHARES_CAPACITY: {
+            "value": str(shares),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+        }
+    }
+
+
 def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
     """The taints of one device (none for a healthy present device)."""
     if device.gone:
@@ -108,6 +126,9 @@ def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
     taints = device_taints(driver, device)
     if taints:
         out["taints"] = taints
+    if device.shares > 1:
+        out["allowMultipleAllocations"] = True
+        out["capacity"] = device_capacity(device.shares)
     if device.slots > 1:
         out["consumesCounters"] = [
             {"counterSet": counter_set_name(device), "counters": {SLOTS_COUNTER: {"value": "1"}}}
