@@ -15,7 +15,8 @@ nothing), its CDI names checked by the same resolver as Allocate's
 (:func:`~cdi_gen.cdi.resolution.unresolved`), recorded, and answered with the devices'
 CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
 configuration for this driver (:mod:`~cdi_gen.dra.driver.claimspecs`) gets its configured
-devices from a spec of its own, whose owner record carries the claim's record: such a claim
+devices from a spec of its own, and with device metadata every claim gets a spec of its own
+for the metadata mounts; its owner record carries the claim's record: such a claim
 costs no write of the checkpoint file, lives as long as its spec (a node restart empties
 ``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
 unprepare.
@@ -298,7 +299,8 @@ class PoolPreparer:
         with self._holding:
             self._check_exclusive(ref.uid, label, devices)
             specs: tuple[ClaimSpec, ...] = ()
-            if any(configs):
+            own = self.claim_specs is not None and self.claim_specs.serves_metadata
+            if any(configs) or own:
                 if self.claim_specs is None:
                     raise ClaimRefused(
                         Refusal.CLAIM_SPEC,
