@@ -86,6 +86,11 @@ class FakeApiServer:
         self.tls = tls
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
+        #: Per claim and field manager, the keys of the status.devices entries it owns
+        #: (server-side apply of the status subresource).
+        self.status_owners: dict[tuple[str, str], dict[str, set[tuple[Any, ...]]]] = {}
+        #: An API server with DRAResourceClaimDeviceStatus off: status.devices is dropped.
+        self.drop_device_status = False
         self.nodes: dict[str, str] = {}
         #: DaemonSets by (namespace, name), answered as they are.
         self.daemonsets: dict[tuple[str, str], Obj] = {}
@@ -331,15 +336,56 @@ class FakeApiServer:
             return self._node(path[len(NODES) :])
         if method == "GET" and path.startswith(DAEMONSETS) and "/daemonsets/" in path:
             return self._daemonset(path)
-        if method == "GET" and path.startswith(CLAIMS):
-            namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
-            claim = self.claims.get((namespace, name))
-            if claim is None:
-                return _status(404, "NotFound", f'resourceclaims "{name}" not found')
-            return 200, claim
+        if method in ("GET", "PATCH") and path.startswith(CLAIMS):
+            return self._claim(method, path, query, body)
         if path == SLICES or path.startswith(SLICES + "/"):
             return self._slices(method, path[len(SLICES) + 1 :], query, body)
         return _status(404, "NotFound", f"{method} {path}")
+
+    def _claim(
+        self, method: str, path: str, query: dict[str, list[str]], body: Obj | None
+    ) -> tuple[int, Obj]:
+        if method == "PATCH" and path.endswith("/status"):
+            return self._apply_status(path[len(CLAIMS) : -len("/status")], query, body or {})
+        namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
+        claim = self.claims.get((namespace, name))
+        if method != "GET" or claim is None:
+            return _status(404, "NotFound", f'resourceclaims "{name}" not found')
+        return 200, claim
+
+    def _apply_status(self, where: str, query: dict[str, list[str]], body: Obj) -> tuple[int, Obj]:
+        """Server-side apply of a claim's status.devices: the manager's entries become the
+        ones it applies (those it owned and left out go), keyed as the API's list map."""
+        namespace, _, name = where.partition("/resourceclaims/")
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            return _status(404, "NotFound", f'resourceclaims "{name}" not found')
+        uid = body.get("metadata", {}).get("uid")
+        if uid is not None and uid != claim.get("metadata", {}).get("uid"):
+            return _status(409, "Conflict", "Precondition failed: UID in precondition")
+        manager = query.get("fieldManager", [""])[0]
+        if not manager:
+            return _status(400, "BadRequest", "PATCH: fieldManager is required for apply")
+
+        def key(d: Obj) -> tuple[Any, ...]:
+            return tuple(d.get(k) for k in ("driver", "pool", "device", "shareID"))
+
+        applied = body.get("status", {}).get("devices") or []
+        owners = self.status_owners.setdefault((namespace, name), {})
+        released = owners.get(manager, set()) - {key(d) for d in applied}
+        status = claim.setdefault("status", {})
+        kept = [d for d in status.get("devices", []) if key(d) not in released]
+        by_key = {key(d): d for d in kept}
+        for d in applied:
+            by_key[key(d)] = d
+        owners[manager] = {key(d) for d in applied}
+        if self.drop_device_status:
+            status.pop("devices", None)
+        elif by_key:
+            status["devices"] = list(by_key.values())
+        else:
+            status.pop("devices", None)
+        return 200, claim
 
     def _daemonset(self, path: str) -> tuple[int, Obj]:
         namespace, _, name = path[len(DAEMONSETS) :].partition("/daemonsets/")

@@ -349,6 +349,18 @@ class ClaimSpecs:
         self._indexed[written.path] = (written, index)
         return doc, index
 
+    def device_nodes(self, cdi_name: str) -> tuple[str, ...]:
+        """The host device nodes the class's spec gives device ``cdi_name`` (what a claim's
+        status shows); empty when the spec cannot say."""
+        try:
+            vendor, cls, name = parse_qualified_name(cdi_name)
+            _, by_name = self._class_spec(vendor, cls)
+        except (SpecWriteError, InvalidNameError, OSError, ValueError):
+            return ()
+        edits = (by_name.get(name) or {}).get("containerEdits") or {}
+        nodes = edits.get("deviceNodes") or []
+        return tuple(str(n.get("hostPath") or n.get("path")) for n in nodes if isinstance(n, dict))
+
     def remove(self, label: str, uid: str, claim: PreparedClaim) -> None:
         """Remove the claim's specs (one already gone is fine), then its device metadata.
         Raises :class:`~cdi_gen.errors.SpecWriteError` naming the first that cannot be

@@ -245,6 +245,7 @@ class DraDriver:
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+        from cdi_gen.dra.driver.claimstatus import ClaimStatus
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
         from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
@@ -277,6 +278,12 @@ class DraDriver:
                 driver=self.name,
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
                 metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
+            ),
+            status=ClaimStatus(
+                client,
+                self.name,
+                asyncio.get_running_loop(),
+                retry_max=settings.retry.max_seconds,
             ),
         )
         return DraPlugin(
