@@ -182,3 +182,17 @@ async def test_a_closed_loop_is_no_error_for_the_caller(client: ApiClient) -> No
     loop.close()
     status = ClaimStatus(client, DRIVER, loop, retry_max=0.1)
     status.prepared("ns", "c", "u", [])  # never raises
+
+
+async def test_close_cancels_a_write_the_api_server_holds(
+    api: FakeApiServer, client: ApiClient
+) -> None:
+    api.claims[("ns", "c")] = _claim()
+    api.hold_writes = asyncio.Event()
+    status = _status(client)
+    _from_thread(status.prepared, "ns", "c", "u", device_entries(DRIVER, [DEVICE], POOL, {}))
+    await api.until(lambda: any(r[0] == "PATCH" for r in api.requests))
+    assert status.running
+    await status.close()
+    assert not status.running
+    api.hold_writes.set()

@@ -115,6 +115,13 @@ class ClaimStatus:
         #: Writes still running (tests wait for them).
         self.running: set[asyncio.Task[None]] = set()
 
+    async def close(self) -> None:
+        """Cancel the writes still running (the agent stops; on the loop)."""
+        running = list(self.running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
     def prepared(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Write ``entries`` as the claim's status (from any thread; never raises)."""
         self._start(namespace, name, uid, entries)
