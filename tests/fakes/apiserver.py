@@ -1,7 +1,8 @@
 """A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one;
 plain, or HTTPS under a CA of its own (``FakeApiServer(tls=folder)``) as a real one serves it.
 
-It serves what the agent calls — the Node, ResourceClaims, DaemonSets (the agent's own, asked
+It serves what the agent calls — the Node, ResourceClaims (read; their status.devices applied,
+:mod:`tests.fakes.devicestatus`), DaemonSets (the agent's own, asked
 about at exit), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
 lines from now or from a resourceVersion, with bookmarks when asked, create, replace with
 resourceVersion conflicts, delete) — and refuses what the real API server refuses where the
@@ -34,6 +35,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
+
+from tests.fakes.devicestatus import Owners, apply_status
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/"
@@ -88,7 +91,7 @@ class FakeApiServer:
         self.claims: dict[tuple[str, str], Obj] = {}
         #: Per claim and field manager, the keys of the status.devices entries it owns
         #: (server-side apply of the status subresource).
-        self.status_owners: dict[tuple[str, str], dict[str, set[tuple[Any, ...]]]] = {}
+        self.status_owners: dict[tuple[str, str], Owners] = {}
         #: An API server with DRAResourceClaimDeviceStatus off: status.devices is dropped.
         self.drop_device_status = False
         self.nodes: dict[str, str] = {}
@@ -345,46 +348,15 @@ class FakeApiServer:
     def _claim(
         self, method: str, path: str, query: dict[str, list[str]], body: Obj | None
     ) -> tuple[int, Obj]:
-        if method == "PATCH" and path.endswith("/status"):
-            return self._apply_status(path[len(CLAIMS) : -len("/status")], query, body or {})
-        namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
+        namespace, _, name = (
+            path[len(CLAIMS) :].removesuffix("/status").partition("/resourceclaims/")
+        )
         claim = self.claims.get((namespace, name))
+        if method == "PATCH" and path.endswith("/status") and claim is not None:
+            owners = self.status_owners.setdefault((namespace, name), {})
+            return apply_status(claim, owners, query, body or {}, self.drop_device_status)
         if method != "GET" or claim is None:
             return _status(404, "NotFound", f'resourceclaims "{name}" not found')
-        return 200, claim
-
-    def _apply_status(self, where: str, query: dict[str, list[str]], body: Obj) -> tuple[int, Obj]:
-        """Server-side apply of a claim's status.devices: the manager's entries become the
-        ones it applies (those it owned and left out go), keyed as the API's list map."""
-        namespace, _, name = where.partition("/resourceclaims/")
-        claim = self.claims.get((namespace, name))
-        if claim is None:
-            return _status(404, "NotFound", f'resourceclaims "{name}" not found')
-        uid = body.get("metadata", {}).get("uid")
-        if uid is not None and uid != claim.get("metadata", {}).get("uid"):
-            return _status(409, "Conflict", "Precondition failed: UID in precondition")
-        manager = query.get("fieldManager", [""])[0]
-        if not manager:
-            return _status(400, "BadRequest", "PATCH: fieldManager is required for apply")
-
-        def key(d: Obj) -> tuple[Any, ...]:
-            return tuple(d.get(k) for k in ("driver", "pool", "device", "shareID"))
-
-        applied = body.get("status", {}).get("devices") or []
-        owners = self.status_owners.setdefault((namespace, name), {})
-        released = owners.get(manager, set()) - {key(d) for d in applied}
-        status = claim.setdefault("status", {})
-        kept = [d for d in status.get("devices", []) if key(d) not in released]
-        by_key = {key(d): d for d in kept}
-        for d in applied:
-            by_key[key(d)] = d
-        owners[manager] = {key(d) for d in applied}
-        if self.drop_device_status:
-            status.pop("devices", None)
-        elif by_key:
-            status["devices"] = list(by_key.values())
-        else:
-            status.pop("devices", None)
         return 200, claim
 
     def _daemonset(self, path: str) -> tuple[int, Obj]:
