@@ -42,7 +42,8 @@ def canned_response() -> bytes:
         request_names=["fpga"],
         pool_name=POOL,
         device_name="fpga-0",
-        cdi_device_ids=["example.com/fpga=0"],
+        # The class's device, and the one carrying the request's device metadata mount.
+        cdi_device_ids=["example.com/fpga=0", "example.com/fpga=claim-u-0-0-metadata"],
     )
     return response.SerializeToString()
 

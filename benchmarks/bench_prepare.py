@@ -15,9 +15,10 @@ noise from other processes hits all alike:
 * a claim prepared before, answered from the checkpoint (what the kubelet gets when it asks
   again, e.g. after a restart);
 * a claim never seen: the claim read (in memory here; the API server's GET comes on top in
-  a cluster), the checks against the pool, and the checkpoint written durably (fsync of the
-  file and the folder) before the answer. It is unprepared after each timed call, untimed,
-  so the checkpoint stays one claim long. Its floor adds the cost of the same durable write
+  a cluster), the checks against the pool, and its record written durably before the answer
+  (with device metadata for every claim, the record rides in the owner record of the
+  claim's metadata spec on the spec folder's tmpfs, beside its metadata file). It is
+  unprepared after each timed call, untimed. Its floor adds the cost of the same durable write
   done bare in this process (temporary file, write, fsync, rename, folder fsync, in the same
   folder): the disk, not Python, sets most of that figure;
 * a new claim with configuration of the driver: its own spec (the class's edits with the
@@ -136,8 +137,11 @@ def _latencies(folder: Path, rounds: int, per_round: int) -> dict[str, list[floa
             unprepare(request)
 
         state = folder / "state"
-        record = (state / f"dra-{DRIVER}.json").read_bytes()  # one claim, as written
+        state.mkdir(exist_ok=True)
         files = _configured_files(folder, prepare, unprepare, next(counter))
+        # A claim's record as written (every claim's rides in its spec's owner record now
+        # that each gets device metadata): what the checkpoint's durable write would hold.
+        record = files["owner"]
 
         def bare_writes() -> None:
             start = time.perf_counter()

@@ -23,8 +23,10 @@ from tests.waiting import until_sync
 
 from .agent import DRIVER, VENDOR, NodeAgent, class_config
 from .claims import (
+    REQUEST,
     Claims,
     allocated_devices,
+    claim_consumer,
     device_attribute,
     for_extended_resource,
     generated_device_classes,
@@ -463,3 +465,67 @@ def test_an_unhealthy_device_reaches_the_pod_status_and_is_tainted(node: Node) -
     assert set(published(found)) == {cdi_name(device)}
     # NoSchedule: the pod that holds the device keeps running.
     assert pods.restarts("watched")[0] == 0 and phase(pods.get("watched")) == "Running"
+
+
+#: Prints the claim named in the device metadata file (KEP-5304) of the pod's claim, which
+#: has no configuration: the file reaches it through the claim's metadata spec.
+_METADATA_SCRIPT = """\
+trap 'exit 0' TERM
+while true; do
+  echo BEGIN
+  echo "ENV META=$(head -n 1 {path} 2>&1 | grep -o '"name":"[a-z0-9-]*"' | head -n 1)"
+  echo END
+  sleep 2 & wait
+done
+"""
+
+
+def _our_status(claims: Claims, name: str) -> list[dict[str, Any]]:
+    claim = claims.get_claim(name) or {}
+    entries = claim.get("status", {}).get("devices") or []
+    return [e for e in entries if e.get("driver") == DRIVER]
+
+
+@pytest.mark.lanes("current", "oldest")
+def test_a_plain_claim_gets_its_metadata_and_its_status(node: Node) -> None:
+    """Issue 36 items 4 and 5: a claim without configuration reads its device metadata file,
+    and the claim's status shows what it got (Ready, the CDI names, the host node) until
+    the pod is gone."""
+    claims, pods = node.claims, node.pods
+    device = node.loops.add()
+    _, device_class = node.serve([device])
+    claims.claim("meta-claim", device_class)
+    pod = claim_consumer("meta", claim="meta-claim")
+    (container,) = pod["spec"]["containers"]
+    path = (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/meta-claim/"
+        f"{REQUEST}/{DRIVER}-metadata.json"
+    )
+    container["command"] = ["sh", "-c", _METADATA_SCRIPT.replace("{path}", path)]
+    pods.add(pod)
+    pods.wait_running("meta")
+    assert pods.seen("meta").env == {"META": '"name":"meta-claim"'}
+
+    until_sync(
+        lambda: bool(_our_status(claims, "meta-claim")),
+        "our entry in the claim's status.devices",
+        30,
+        every=0.2,
+        observe=lambda: claims.get_claim("meta-claim"),
+    )
+    (entry,) = _our_status(claims, "meta-claim")
+    (result,) = allocated_devices(claims.get_claim("meta-claim"))
+    assert (entry["pool"], entry["device"]) == (result["pool"], result["device"])
+    (ready,) = entry["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert entry["data"]["cdiDeviceIDs"][0] == cdi_name(device)
+    assert entry["data"]["deviceNodes"] == [str(device.path)]
+
+    pods.delete("meta")
+    until_sync(
+        lambda: not _our_status(claims, "meta-claim"),
+        "our entry gone from the claim's status once the pod is gone",
+        60,
+        every=0.5,
+        observe=lambda: claims.get_claim("meta-claim"),
+    )

@@ -134,6 +134,15 @@ def test_dra_daemonset_as_shipped_serves_the_example_consumer(
     assert name, example["status"]
     (result,) = allocated_devices(claims.get_claim(name))
     assert (result["driver"], result["pool"]) == (DRIVER, NODE_NAME)
+    # Its status written with the pod's token: the RBAC as shipped grants resourceclaims/status
+    # and, from 1.36, resourceclaims/driver for claims of its own node.
+
+    def ours() -> list[dict[str, object]]:
+        entries = (claims.get_claim(name) or {}).get("status", {}).get("devices") or []
+        return [e for e in entries if e.get("driver") == DRIVER]
+
+    until_sync(lambda: bool(ours()), "the claim's status.devices entry", 30, every=0.5)
+    assert ours()[0]["device"] == result["device"]
 
     def example_log() -> str:
         return cluster.api.text(f"{EXAMPLE_POD}/log")

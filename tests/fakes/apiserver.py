@@ -1,7 +1,8 @@
 """A fake Kubernetes API server: real HTTP/1.1 on 127.0.0.1, the wire format of the real one;
 plain, or HTTPS under a CA of its own (``FakeApiServer(tls=folder)``) as a real one serves it.
 
-It serves what the agent calls — the Node, ResourceClaims, DaemonSets (the agent's own, asked
+It serves what the agent calls — the Node, ResourceClaims (read; their status.devices applied,
+:mod:`tests.fakes.devicestatus`), DaemonSets (the agent's own, asked
 about at exit), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
 lines from now or from a resourceVersion, with bookmarks when asked, create, replace with
 resourceVersion conflicts, delete) — and refuses what the real API server refuses where the
@@ -34,6 +35,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
+
+from tests.fakes.devicestatus import Owners, apply_status
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/"
@@ -86,6 +89,11 @@ class FakeApiServer:
         self.tls = tls
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
+        #: Per claim and field manager, the keys of the status.devices entries it owns
+        #: (server-side apply of the status subresource).
+        self.status_owners: dict[tuple[str, str], Owners] = {}
+        #: An API server with DRAResourceClaimDeviceStatus off: status.devices is dropped.
+        self.drop_device_status = False
         self.nodes: dict[str, str] = {}
         #: DaemonSets by (namespace, name), answered as they are.
         self.daemonsets: dict[tuple[str, str], Obj] = {}
@@ -334,15 +342,25 @@ class FakeApiServer:
             return self._node(path[len(NODES) :])
         if method == "GET" and path.startswith(DAEMONSETS) and "/daemonsets/" in path:
             return self._daemonset(path)
-        if method == "GET" and path.startswith(CLAIMS):
-            namespace, _, name = path[len(CLAIMS) :].partition("/resourceclaims/")
-            claim = self.claims.get((namespace, name))
-            if claim is None:
-                return _status(404, "NotFound", f'resourceclaims "{name}" not found')
-            return 200, claim
+        if method in ("GET", "PATCH") and path.startswith(CLAIMS):
+            return self._claim(method, path, query, body)
         if path == SLICES or path.startswith(SLICES + "/"):
             return self._slices(method, path[len(SLICES) + 1 :], query, body)
         return _status(404, "NotFound", f"{method} {path}")
+
+    def _claim(
+        self, method: str, path: str, query: dict[str, list[str]], body: Obj | None
+    ) -> tuple[int, Obj]:
+        namespace, _, name = (
+            path[len(CLAIMS) :].removesuffix("/status").partition("/resourceclaims/")
+        )
+        claim = self.claims.get((namespace, name))
+        if method == "PATCH" and path.endswith("/status") and claim is not None:
+            owners = self.status_owners.setdefault((namespace, name), {})
+            return apply_status(claim, owners, query, body or {}, self.drop_device_status)
+        if method != "GET" or claim is None:
+            return _status(404, "NotFound", f'resourceclaims "{name}" not found')
+        return 200, claim
 
     def _daemonset(self, path: str) -> tuple[int, Obj]:
         namespace, _, name = path[len(DAEMONSETS) :].partition("/daemonsets/")

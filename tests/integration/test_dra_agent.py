@@ -209,3 +209,53 @@ async def test_devices_are_withdrawn_while_the_plugin_cannot_serve(short_dir: Pa
             folder.unlink()
             folder.mkdir()
             await api.until(lambda: _offered(api) == DEVICES)
+
+
+def _allocated_claim(uid: str) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default", "uid": uid},
+        "spec": {},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": DRIVER, "pool": NODE, "device": "loop-loop0"}
+                    ]
+                }
+            }
+        },
+    }
+
+
+async def test_a_prepared_claim_shows_its_device_in_its_status_until_unprepared(
+    short_dir: Path,
+) -> None:
+    uid = str(uuid.uuid4())
+    async with FakeApiServer() as api, FakeDraKubelet(short_dir / "reg") as kubelet:
+        _api(api)
+        api.claims[("default", "c")] = _allocated_claim(uid)
+        async with _agent(short_dir, api):
+            connection = await kubelet.next_registration(within=10)
+            await api.until(lambda: _offered(api) == DEVICES)
+            claim = ("default", "c", uid)
+            answer = (await connection.prepare([claim])).claims[uid]
+            assert answer.error == ""
+
+            def entries() -> list[Obj]:
+                found = api.claims[("default", "c")]["status"].get("devices")
+                return list(found or [])
+
+            await api.until(lambda: bool(entries()))
+            [entry] = entries()
+            assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, "loop-loop0")
+            assert entry["conditions"][0]["type"] == "Ready"
+            assert entry["conditions"][0]["status"] == "True"
+            assert entry["data"]["cdiDeviceIDs"] == list(answer.devices[0].cdi_device_ids)
+            assert entry["data"]["deviceNodes"] == ["/dev/loop0"]
+            # The metadata file of the plain claim, mounted through its own spec.
+            assert any(i.endswith("-metadata") for i in entry["data"]["cdiDeviceIDs"])
+
+            assert (await connection.unprepare([claim])).claims[uid].error == ""
+            await api.until(lambda: not entries())

@@ -123,7 +123,8 @@ class Node:
     def write_class_spec(self) -> None:
         self.specs.sync(self.spec_dir, "example.com", "fpga", self.spec_bytes(), instance=None)
 
-    def plugin(self) -> DraPlugin:
+    def plugin(self, *, metadata: bool = True) -> DraPlugin:
+        """The plugin; without ``metadata``, a plain claim keeps its class's spec alone."""
         preparer = PoolPreparer(
             DRIVER,
             self.pool,
@@ -138,7 +139,7 @@ class Node:
                 "example.com",
                 store=self.specs,
                 driver=DRIVER,
-                metadata_dir=self.metadata_dir,
+                metadata_dir=self.metadata_dir if metadata else None,
             ),
         )
         return DraPlugin(
@@ -209,7 +210,7 @@ async def test_a_configured_claim_gets_its_own_spec_until_unprepared(node: Node)
 async def test_a_claim_without_config_keeps_the_class_spec(node: Node) -> None:
     other = ConfigEntry("FromClaim", "gpu.other.com", (), {"anything": "goes"}, 0)
     claim = node.claims.add("c1", UID, result("fpga-0"), config=[other])
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
         connection = await kubelet.next_registration()
         answer = (await connection.prepare([claim])).claims[UID]
         assert answer.error == ""
@@ -225,7 +226,7 @@ async def test_config_limited_to_one_request_configures_only_its_device(node: No
         result("fpga-1", "owned"),
         config=[entry(0, params(deviceNodes={"uid": 7}), requests=["owned"])],
     )
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
         connection = await kubelet.next_registration()
         answer = (await connection.prepare([claim])).claims[UID]
         assert answer.error == ""
@@ -248,7 +249,7 @@ async def test_a_bad_config_is_that_claims_error_and_writes_nothing(
 ) -> None:
     bad = node.claims.add("bad", UID, result("fpga-0"), config=[entry(3, parameters)])
     good = node.claims.add("good", "uid-2", result("fpga-1"))
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
         connection = await kubelet.next_registration()
         answers = (await connection.prepare([bad, good])).claims
         error = answers[UID].error
@@ -267,7 +268,7 @@ async def test_a_device_held_by_another_claim_is_refused_unless_admin_access(
     worker = node.claims.add("worker", "uid-w", result("fpga-0"))
     second = node.claims.add("second", "uid-2", result("fpga-0"))
     monitor = node.claims.add("monitor", "uid-m", result("fpga-0", admin=True))
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
         connection = await kubelet.next_registration()
         assert (await connection.prepare([worker])).claims["uid-w"].error == ""
         refused = (await connection.prepare([second])).claims["uid-2"].error
@@ -395,6 +396,52 @@ async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: N
         assert list(node.metadata_dir.iterdir()) == []
 
 
+async def test_a_plain_claim_gets_its_metadata_through_a_metadata_spec(node: Node) -> None:
+    claim = node.claims.add("c1", UID, result("fpga-0", "a"), result("fpga-1", "a"))
+    meta_spec = f"example.com-fpga@{UID}.metadata.json"
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answer = (await connection.prepare([claim])).claims[UID]
+        assert answer.error == ""
+        # The class's names stay; the request's first device carries the metadata mount.
+        ids = [list(d.cdi_device_ids) for d in answer.devices]
+        carrier = f"claim-{UID}-0-metadata"
+        assert ids == [
+            ["example.com/fpga=0", f"example.com/fpga={carrier}"],
+            ["example.com/fpga=1"],
+        ]
+        assert node.spec_files() == ["example.com-fpga.json", meta_spec]
+        spec = orjson.loads((node.spec_dir / meta_spec).read_bytes())
+        host = node.metadata_dir / f"{UID}_a.json"
+        assert spec["devices"] == [
+            {
+                "name": carrier,
+                "containerEdits": {
+                    "mounts": [
+                        {
+                            "hostPath": str(host),
+                            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+                            f"resourceclaims/c1/a/{DRIVER}-metadata.json",
+                            "options": ["ro", "bind"],
+                        }
+                    ]
+                },
+            }
+        ]
+        assert "containerEdits" not in spec
+        beta, _ = (orjson.loads(line) for line in host.read_bytes().splitlines())
+        assert [d["name"] for d in beta["requests"][0]["devices"]] == ["fpga-0", "fpga-1"]
+    # Read back at start from its spec's owner record, answered without the API server.
+    del node.claims.claims["c1"]
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        again = (await connection.prepare([claim])).claims[UID]
+        assert [list(d.cdi_device_ids) for d in again.devices] == ids
+        assert (await connection.unprepare([claim])).claims[UID].error == ""
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert list(node.metadata_dir.iterdir()) == []
+
+
 async def test_an_emptied_metadata_file_makes_the_claim_prepared_anew(node: Node) -> None:
     # Written without fsync: a power loss on a node whose /var/run is on disk may empty it.
     claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
@@ -430,7 +477,7 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
 async def test_a_configured_claim_needs_no_write_of_the_checkpoint(node: Node) -> None:
     configured = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
     plain = node.claims.add("c2", "uid-2", result("fpga-1"))
-    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
         connection = await kubelet.next_registration()
         # The checkpoint cannot be written: a file where its folder should be.
         state = node.root / "state"

@@ -151,8 +151,16 @@ def test_rbac_grants_what_the_agent_needs_and_no_more() -> None:
             "get", "list", "watch", "create", "update", "patch", "delete",
         },
         ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {
+            "associated-node:patch", "associated-node:update",
+        },
         ("", "nodes"): {"get"},
     }  # fmt: skip
+    (driver_rule,) = [
+        r for r in docs["ClusterRole"]["rules"] if r["resources"] == ["resourceclaims/driver"]
+    ]
+    assert driver_rule["resourceNames"] == ["example.com"]  # the vendor: the driver's name
     binding = docs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
     assert binding["subjects"] == [

@@ -1,4 +1,5 @@
-"""The API server calls the agent makes: claims, the Node's UID, this node's ResourceSlices
+"""The API server calls the agent makes: claims (read, and their device status written),
+the Node's UID, this node's ResourceSlices
 (list, write, watch) and the agent's own DaemonSet (asked about at exit) — a thin async layer
 over an HTTP client that lightkube configures.
 
@@ -104,6 +105,7 @@ class ApiClient:
         *,
         params: dict[str, str] | None = None,
         body: Obj | None = None,
+        content_type: str = "application/json",
     ) -> Obj:
         """One call; its answer's JSON object, or :class:`ApiServerError` in one line."""
         try:
@@ -112,7 +114,7 @@ class ApiClient:
                 path,
                 params=params,
                 content=None if body is None else json.dumps(body).encode(),
-                headers=None if body is None else {"Content-Type": "application/json"},
+                headers=None if body is None else {"Content-Type": content_type},
             )
         except (httpx2.HTTPError, OSError) as exc:
             raise ApiServerError(f"{what}: {first_line(exc)}") from None
@@ -146,6 +148,52 @@ class ApiClient:
         if kind is not None and kind != "ResourceClaim":
             raise ClaimError(f"{what}: the answer is not a ResourceClaim: kind {quote(kind)}")
         return claim_view(obj)
+
+    async def apply_claim_status(
+        self, namespace: str, name: str, uid: str, devices: list[Obj], manager: str
+    ) -> bool | None:
+        """Make ``devices`` the ``status.devices`` entries field manager ``manager`` owns in
+        claim ``namespace/name`` (server-side apply of the status subresource; none: ours
+        released, so removed); whether the answer keeps them (False: the API server drops
+        ``status.devices``), or None when the claim is gone or is another one now (its UID
+        not ``uid``). :class:`ApiServerError` when the API server fails."""
+        what = f"ResourceClaim {namespace}/{name}: status"
+        if not is_dns_label(namespace) or not is_dns_subdomain(name):
+            raise ApiServerError(f"{quote(f'{namespace}/{name}')}: not a claim's name")
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{url_quote(namespace, safe='')}"
+            f"/resourceclaims/{url_quote(name, safe='')}/status"
+        )
+        body: Obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            # The UID is a precondition: a claim deleted and made anew under the name is
+            # not ours to write.
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"devices": devices},
+        }
+        params = {"fieldManager": manager, "force": "true"}
+        try:
+            obj = await self._call(
+                "PATCH",
+                path,
+                what,
+                params=params,
+                body=body,
+                content_type="application/apply-patch+yaml",  # JSON is YAML
+            )
+        except ApiServerError as exc:
+            if exc.status in (404, 409, 422):
+                return None
+            raise
+        status = obj.get("status")
+        found = status.get("devices") if isinstance(status, dict) else None
+        have = (
+            {_device_key(d) for d in found if isinstance(d, dict)}
+            if isinstance(found, list)
+            else set()
+        )
+        return all(_device_key(d) in have for d in devices)
 
     async def node_uid(self, node: str) -> str:
         """The UID of Node ``node`` (the owner of its slices)."""
@@ -266,6 +314,11 @@ class ApiClient:
 
 def _selector(driver: str, node: str) -> dict[str, str]:
     return {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
+
+
+def _device_key(entry: Obj) -> tuple[object, ...]:
+    """The key of a ``status.devices`` entry (a list map by these four)."""
+    return tuple(entry.get(k) for k in ("driver", "pool", "device", "shareID"))
 
 
 def _name(obj: Obj) -> str:

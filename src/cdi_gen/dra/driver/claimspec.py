@@ -1,7 +1,7 @@
 """A DRA claim's own CDI spec: its class's devices with the claim's configuration applied (pure).
 
 A claim whose configuration (:mod:`cdi_gen.dra.driver.claimconfig`) selects some of its devices
-gets, per class, a transient spec ``<vendor>-<class>_<tag>.json`` holding one device per
+gets, per class, a transient spec ``<vendor>-<class>@<tag>.json`` holding one device per
 configured device: the class device's edits with every device node's ``uid``, ``gid``,
 ``fileMode`` and ``permissions`` set from the configuration and its environment variables
 added (replacing the class's of the same name). The kubelet is answered with those devices'
@@ -24,6 +24,11 @@ claim's devices (a letter first: a name starting with a digit needs cdiVersion 0
 on the node (two specs of one kind must never define one name, or the
 runtime drops both), within the CDI length limit whatever the device's own name, and stable
 for a claim prepared again.
+
+A request none of whose devices is configured still gets its device metadata file
+(KEP-5304): its first device carries one more CDI device, ``claim-<tag>-<n>-metadata``, from
+the claim's metadata spec ``<vendor>-<class>@<tag>.metadata.json`` (:func:`metadata_spec`),
+which holds only the file's mount.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ __all__ = [
     "claim_tag",
     "configured_edits",
     "device_index",
+    "metadata_device_name",
+    "metadata_spec",
+    "metadata_tag",
     "widening",
 ]
 
@@ -66,6 +74,29 @@ def claim_tag(uid: str) -> str:
 def claim_device_name(uid: str, index: int) -> str:
     """The name of the claim's ``index``-th device in its own spec."""
     return f"claim-{claim_tag(uid)}-{index}"
+
+
+def metadata_tag(uid: str) -> str:
+    """The transient ID of the claim's metadata spec (beside its configured spec's
+    :func:`claim_tag`, never equal to one: a tag holds no ``.``)."""
+    return f"{claim_tag(uid)}.metadata"
+
+
+def metadata_device_name(uid: str, index: int) -> str:
+    """The name of the device, in the claim's metadata spec, that the claim's ``index``-th
+    device carries to mount its request's metadata file."""
+    return f"{claim_device_name(uid, index)}-metadata"
+
+
+def metadata_spec(kind: str, mounts: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """The wire spec document of a claim's devices of ``kind`` that carry only their
+    request's metadata mounts (``mounts`` by device name): nothing of the class's edits,
+    which the class's own device already brings. Raises
+    :class:`~cdi_gen.errors.SpecError` when the result is not a valid spec."""
+    entries = [
+        build_entry(name, {"mounts": [dict(m) for m in found]}) for name, found in mounts.items()
+    ]
+    return assemble(kind, entries)
 
 
 #: The host node's permission bits at ``path``, or None when it cannot be read.

@@ -15,12 +15,17 @@ with ownership records naming this agent's instance and carrying the claim's rec
 prepared claim names and the claims whose files are gone (a node restart empties
 ``/var/run/cdi``: such a claim is read and prepared anew).
 
-With a ``metadata_dir``, the claim's spec also mounts, for each request with a configured
-device, the device metadata file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
+With a ``metadata_dir``, every prepared claim gets, for each request, the device metadata
+file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
 :class:`~cdi_gen.dra.driver.metadatafiles.MetadataFolder` keeps there, named after the claim's
 UID and the request (one flat folder: a file and a rename per request, where folders per
-claim and request cost tens of times more to make and remove); the claim's files go with its
-specs.
+claim and request cost tens of times more to make and remove), mounted by the claim's spec
+of the request's first configured device or, for a request with none, by its metadata spec
+(:func:`~cdi_gen.dra.driver.claimspec.metadata_spec`): then every claim has a spec of its own
+and its record rides there. The claim's files go with its specs. KEP-5304 has no Kubernetes
+gate: the file is the driver's and reaches the container through CDI, which every kubelet
+the driver supports passes on, so the driver serves it whenever it has a metadata folder
+(the agent always gives it one).
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ from cdi_gen.dra.driver.claimspec import (
     claim_spec,
     claim_tag,
     device_index,
+    metadata_device_name,
+    metadata_spec,
+    metadata_tag,
 )
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
@@ -161,6 +169,11 @@ class ClaimSpecs:
         #: changes neither. Replaced whole, so safe from any server thread.
         self._indexed: dict[Path, tuple[WrittenSpec, dict[str, Mapping[str, Any]]]] = {}
 
+    @property
+    def serves_metadata(self) -> bool:
+        """Whether every prepared claim gets its device metadata (and so a spec of its own)."""
+        return self.metadata is not None
+
     def write(
         self,
         uid: str,
@@ -171,9 +184,11 @@ class ClaimSpecs:
         configs: Sequence[Layered],
         pool: Mapping[str, PoolDevice],
     ) -> tuple[tuple[PreparedDevice, ...], tuple[ClaimSpec, ...]]:
-        """Write the claim's spec of each class with a configured device (and its device
-        metadata); return the devices (a configured one now named in the claim's spec) and
-        the specs written. Raises :class:`~cdi_gen.dra.plugin.claims.ClaimRefused`
+        """Write the claim's spec of each class with a configured device and, with metadata,
+        each request's device metadata file and the metadata spec of each class whose device
+        carries the mount of a request without a configured device; return the devices (a
+        configured one now named in the claim's spec, a carrier with the metadata device
+        added) and the specs written. Raises :class:`~cdi_gen.dra.plugin.claims.ClaimRefused`
         (``widens-class`` when the claim asks for more than its class grants, else
         ``claim-spec``) naming the claim and why; what it wrote before failing is removed.
         ``claim`` is the one the kubelet asked for (namespace, name and UID checked)."""
@@ -186,20 +201,39 @@ class ClaimSpecs:
             new_name = claim_device_name(uid, index)
             by_kind.setdefault(f"{vendor}/{cls}", []).append((name, new_name, config))
             out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
-        specs = tuple(ClaimSpec(kind, claim_tag(uid)) for kind in by_kind)
+        carriers = self._carriers(uid, out, configs)
+        meta_kinds: dict[str, list[str]] = {}
+        for index, name in carriers.values():
+            if configs[index]:
+                continue
+            kind = pool[out[index].device].cdi_name.partition("=")[0]
+            meta_kinds.setdefault(kind, []).append(name)
+            ids = (*out[index].cdi_device_ids, f"{kind}={name}")
+            out[index] = replace(out[index], cdi_device_ids=ids)
+        specs = (
+            *(ClaimSpec(kind, claim_tag(uid)) for kind in by_kind),
+            *(ClaimSpec(kind, metadata_tag(uid)) for kind in meta_kinds),
+        )
         # The claim's record rides in each of its specs' owner records (written before the
         # spec): the claim is prepared exactly as long as a spec of it is there.
         prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
         record = claim_record(uid, prepared)
         written: list[ClaimSpec] = []
         try:
-            mounts = self._write_metadata(uid, claim, out, configs, pool)
-            for spec, entries in zip(specs, by_kind.values(), strict=True):
-                vendor, _, cls = spec.kind.partition("/")
-                class_spec, by_name = self._class_spec(vendor, cls)
-                doc = claim_spec(
-                    class_spec, entries, mounts, index=by_name, host_mode=self.read_mode
+            mounts = self._write_metadata(uid, claim, out, carriers, pool)
+            docs = [
+                (spec, self._configured_spec(spec, entries, mounts))
+                for spec, entries in zip(specs[: len(by_kind)], by_kind.values(), strict=True)
+            ]
+            docs += [
+                (
+                    ClaimSpec(kind, metadata_tag(uid)),
+                    metadata_spec(kind, {n: mounts[n] for n in names}),
                 )
+                for kind, names in meta_kinds.items()
+            ]
+            for spec, doc in docs:
+                vendor, _, cls = spec.kind.partition("/")
                 write_bytes(
                     self.spec_dir,
                     vendor,
@@ -234,29 +268,58 @@ class ClaimSpecs:
                 "%s: what its refused prepare wrote stays until the next start: %s", label, exc
             )
 
+    def _configured_spec(
+        self,
+        spec: ClaimSpec,
+        entries: Sequence[tuple[str, str, Layered]],
+        mounts: Mapping[str, Sequence[Mapping[str, Any]]],
+    ) -> dict[str, Any]:
+        vendor, _, cls = spec.kind.partition("/")
+        class_spec, by_name = self._class_spec(vendor, cls)
+        return claim_spec(class_spec, entries, mounts, index=by_name, host_mode=self.read_mode)
+
+    def _carriers(
+        self,
+        uid: str,
+        devices: Sequence[PreparedDevice],
+        configs: Sequence[Layered],
+    ) -> dict[str, tuple[int, str]]:
+        """Per request, the claim device that carries its metadata mount (the runtime mounts
+        each file once) and the CDI device name it mounts through: the request's first
+        configured device, by its name in the claim's spec; else its first device, by a
+        device of the claim's metadata spec. Empty without metadata."""
+        if self.metadata is None:
+            return {}
+        carriers: dict[str, tuple[int, str]] = {}
+        for index, device in enumerate(devices):
+            request = device.request_names[0]
+            if configs[index]:
+                found = carriers.get(request)
+                if found is None or not configs[found[0]]:
+                    name = device.cdi_device_ids[0].partition("=")[2]
+                    carriers[request] = (index, name)
+            elif request not in carriers:
+                carriers[request] = (index, metadata_device_name(uid, index))
+        return carriers
+
     def _write_metadata(
         self,
         uid: str,
         claim: ClaimView,
         devices: Sequence[PreparedDevice],
-        configs: Sequence[Layered],
+        carriers: Mapping[str, tuple[int, str]],
         pool: Mapping[str, PoolDevice],
     ) -> dict[str, list[dict[str, Any]]]:
-        """Write the metadata file of each request with a configured device; return the
-        mounts by the claim device that carries them (the request's first configured one:
-        the runtime mounts each file once)."""
+        """Write the metadata file of each request of ``carriers``; return the mounts by the
+        CDI device name that carries them."""
         folder = self.metadata
         if folder is None:
             return {}
-        by_request: dict[str, list[int]] = {}
-        for index, device in enumerate(devices):
-            by_request.setdefault(device.request_names[0], []).append(index)
+        members: dict[str, list[PreparedDevice]] = {}
+        for device in devices:
+            members.setdefault(device.request_names[0], []).append(device)
         mounts: dict[str, list[dict[str, Any]]] = {}
-        for request, indexes in by_request.items():
-            carrier = next((i for i in indexes if configs[i]), None)
-            if carrier is None:
-                continue
-            members = [devices[i] for i in indexes]
+        for request, (_, name) in carriers.items():
             data = metadata_stream(
                 driver=self.driver,
                 namespace=claim.namespace,
@@ -264,11 +327,10 @@ class ClaimSpecs:
                 uid=uid,
                 pod_claim_name=claim.pod_claim_name,
                 request=request,
-                devices=[(d.pool, d.device, pool[d.device].attributes) for d in members],
+                devices=[(d.pool, d.device, pool[d.device].attributes) for d in members[request]],
             )
             host = folder.write(uid, claim.namespace, claim.name, request, data)
             target = container_path(self.driver, claim.name, request, claim.pod_claim_name)
-            name = devices[carrier].cdi_device_ids[0].partition("=")[2]
             mounts.setdefault(name, []).append(metadata_mount(str(host), target))
         return mounts
 
@@ -286,6 +348,18 @@ class ClaimSpecs:
         index = device_index(doc)
         self._indexed[written.path] = (written, index)
         return doc, index
+
+    def device_nodes(self, cdi_name: str) -> tuple[str, ...]:
+        """The host device nodes the class's spec gives device ``cdi_name`` (what a claim's
+        status shows); empty when the spec cannot say."""
+        try:
+            vendor, cls, name = parse_qualified_name(cdi_name)
+            _, by_name = self._class_spec(vendor, cls)
+        except (SpecWriteError, InvalidNameError, OSError, ValueError):
+            return ()
+        edits = (by_name.get(name) or {}).get("containerEdits") or {}
+        nodes = edits.get("deviceNodes") or []
+        return tuple(str(n.get("hostPath") or n.get("path")) for n in nodes if isinstance(n, dict))
 
     def remove(self, label: str, uid: str, claim: PreparedClaim) -> None:
         """Remove the claim's specs (one already gone is fine), then its device metadata.

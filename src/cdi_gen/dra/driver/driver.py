@@ -45,6 +45,7 @@ from cdi_gen.retry import Retry, Tools, bounded, describe
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
     from cdi_gen.cdi.resolution import SpecResolver
+    from cdi_gen.dra.driver.claimstatus import ClaimStatus
     from cdi_gen.dra.plugin.publisher import SlicePublisher
     from cdi_gen.dra.plugin.server import DraPlugin
 
@@ -101,6 +102,8 @@ class DraDriver:
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.client: ApiClient | None = None
+        #: The prepared claims' status writes (made with the plugin).
+        self.claim_status: ClaimStatus | None = None
         #: Why the driver could not start (set by the agent's start attempts), or None.
         self.error: str | None = None
         #: Why the started plugin does not serve now ("" while it does).
@@ -274,6 +277,7 @@ class DraDriver:
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+        from cdi_gen.dra.driver.claimstatus import ClaimStatus
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
         from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
@@ -287,6 +291,9 @@ class DraDriver:
         def on_register(ok: bool, error: str) -> None:
             registered[ok].inc()
 
+        self.claim_status = ClaimStatus(
+            client, self.name, asyncio.get_running_loop(), retry_max=settings.retry.max_seconds
+        )
         preparer = PoolPreparer(
             self.name,
             self.pool,
@@ -307,6 +314,7 @@ class DraDriver:
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
                 metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
             ),
+            status=self.claim_status,
         )
         return DraPlugin(
             self.name,
@@ -391,5 +399,7 @@ class DraDriver:
         self.pool.close()
         if self.plugin is not None:
             await self.plugin.stop(grace=1.0)
+        if self.claim_status is not None:
+            await self.claim_status.close()
         if self.client is not None:
             await self.client.close()

@@ -15,7 +15,8 @@ nothing), its CDI names checked by the same resolver as Allocate's
 (:func:`~cdi_gen.cdi.resolution.unresolved`), recorded, and answered with the devices'
 CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
 configuration for this driver (:mod:`~cdi_gen.dra.driver.claimspecs`) gets its configured
-devices from a spec of its own, whose owner record carries the claim's record: such a claim
+devices from a spec of its own, and with device metadata every claim gets a spec of its own
+for the metadata mounts; its owner record carries the claim's record: such a claim
 costs no write of the checkpoint file, lives as long as its spec (a node restart empties
 ``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
 unprepare.
@@ -55,6 +56,7 @@ from cdi_gen.dra.driver.checkpoint import (
 )
 from cdi_gen.dra.driver.claimcheck import prepare_claim
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
+from cdi_gen.dra.driver.claimstatus import ClaimStatus, device_entries
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
     ClaimRef,
@@ -121,7 +123,9 @@ class PoolPreparer:
     every CDI name it gets resolves in the runtime's spec folders, as Allocate checks them.
     ``max_reading_calls`` bounds the calls waiting for the API server at once. With
     ``claim_specs``, a claim configured for this driver gets its own spec there; without, such
-    a claim is refused.
+    a claim is refused. With ``status``, a prepared claim's devices are written into its
+    ResourceClaim's status (:mod:`~cdi_gen.dra.driver.claimstatus`, never waited for) and
+    cleared at unprepare.
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class PoolPreparer:
         max_reading_calls: int,
         resolver: SpecResolver | None = None,
         claim_specs: ClaimSpecs | None = None,
+        status: ClaimStatus | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -148,6 +153,7 @@ class PoolPreparer:
         )
         self.locks = ClaimLocks()
         self.claim_specs = claim_specs
+        self.status = status
         #: Spans "is a device held by another claim?" and the record that holds it: two
         #: claims of one device, prepared at once, must not both pass.
         self._holding = threading.Lock()
@@ -285,7 +291,22 @@ class PoolPreparer:
                 error=f"{label}: internal error of driver {self.driver}: {exc}", reason="internal"
             )
         log.info("prepared %s: %s", label, _describe(devices))
+        self._write_status(ref, devices)
         return PrepareResult(devices)
+
+    def _write_status(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> None:
+        """Hand the claim's status to the loop (the answer does not wait for it)."""
+        if self.status is None:
+            return
+        pool = self.pool.devices
+        specs = self.claim_specs
+        nodes = {
+            d.device: specs.device_nodes(pool[d.device].cdi_name)
+            for d in devices
+            if specs is not None and d.device in pool
+        }
+        entries = device_entries(self.driver, devices, pool, nodes)
+        self.status.prepared(ref.namespace, ref.name, ref.uid, entries)
 
     def _prepare_checked(
         self, ref: ClaimRef, label: str, claim: ClaimView
@@ -298,7 +319,8 @@ class PoolPreparer:
         with self._holding:
             self._check_exclusive(ref.uid, label, devices)
             specs: tuple[ClaimSpec, ...] = ()
-            if any(configs):
+            own = self.claim_specs is not None and self.claim_specs.serves_metadata
+            if any(configs) or own:
                 if self.claim_specs is None:
                     raise ClaimRefused(
                         Refusal.CLAIM_SPEC,
@@ -382,6 +404,8 @@ class PoolPreparer:
                     self.claim_specs.remove(label, ref.uid, known)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
+                    if self.status is not None:
+                        self.status.unprepared(ref.namespace, ref.name, ref.uid)
                 else:
                     log.info("unprepared %s: it was not prepared here (nothing to do)", label)
                 return ""
