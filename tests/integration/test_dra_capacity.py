@@ -118,10 +118,19 @@ async def test_a_shared_device_is_published_once_and_each_share_prepared(
             for uid, a in answer.claims.items()
         }
         assert {uid: a.error for uid, a in answer.claims.items()} == {"u1": "", "u2": ""}
-        cdi = ["example.com/loop=loop0-0"]
+        # Each share the class's one CDI device; each request's first device also its own
+        # device-metadata mount.
+        cdi = "example.com/loop=loop0-0"
+
+        def meta(uid: str, n: int) -> str:
+            return f"example.com/loop=claim-{uid}-{n}-metadata"
+
         assert got == {
-            "u1": [("loop-loop0", first, cdi), ("loop-loop0", second, cdi)],
-            "u2": [("loop-loop0", third, cdi)],
+            "u1": [
+                ("loop-loop0", first, [cdi, meta("u1", 0)]),
+                ("loop-loop0", second, [cdi, meta("u1", 1)]),
+            ],
+            "u2": [("loop-loop0", third, [cdi, meta("u2", 0)])],
         }
     assert [r.getMessage() for r in caplog.records].count(BY_CAPACITY) == 1
     assert AS_SLOTS not in caplog.text
