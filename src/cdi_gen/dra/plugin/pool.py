@@ -8,8 +8,12 @@ health stream) sees a device only while its CDI entry resolves.
 :func:`pool_devices` maps a class's advertised devices to :class:`~cdi_gen.model.PoolDevice`:
 a DNS-label name unique on the node (:func:`device_name`), the fully-qualified CDI name, and
 the attributes a DeviceClass or a claim can select on, taken from udev (the first record of
-the device). Every entry fits what the API server accepts in a ResourceSlice: a value that
-does not (a string over 64 bytes, a number beyond int64) is left out, never the device.
+the device), and where the device sits on the PCI bus under the names Kubernetes
+standardised (``resource.kubernetes.io/pcieRoot`` and ``pciBusID``, see
+:mod:`cdi_gen.discovery.topology`), so that a claim can align it with another driver's devices.
+Every entry fits what the API server accepts in a ResourceSlice: a value that does not (a
+string over 64 bytes, a number beyond int64) is left out, never the device; so are the
+standard attributes where the class's own ones leave no room within the 32 a device may carry.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
-from cdi_gen.config.models import ClassConfig
+from cdi_gen.config.models import MAX_DEVICE_ATTRIBUTES, ClassConfig
+from cdi_gen.discovery.topology import PCI_BUS_ID, PCIE_ROOT, device_topology
 from cdi_gen.kubelet.boundary import Versioned
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import hashed_label, is_kept_label, qualified_name
@@ -95,6 +100,17 @@ def _udev_attributes(device: DiscoveredDevice) -> dict[str, AttributeValue]:
     return out
 
 
+def _add_topology(attributes: dict[str, AttributeValue], device: DiscoveredDevice) -> None:
+    # The class's own attributes were bounded before these names existed: a config that uses
+    # all of its room keeps working, and only the standard attributes that fit are added,
+    # the root first (what claims align on).
+    topology = device_topology(device.records)
+    for key in (PCIE_ROOT, PCI_BUS_ID):
+        value = topology.get(key)
+        if value is not None and _fits(value) and len(attributes) < MAX_DEVICE_ATTRIBUTES:
+            attributes[key] = value
+
+
 #: What :func:`pool_devices` built for each device ID last time, and from what: a class of a
 #: thousand devices changes one device per event, and the other entries are kept.
 PoolCache = dict[str, tuple[AdvertisedDevice, DiscoveredDevice | None, int | None, PoolDevice]]
@@ -122,6 +138,8 @@ def _pool_device(
         attributes["numaNode"] = adv.numa_node
     if slot is not None:
         attributes["slot"] = slot
+    if found is not None:
+        _add_topology(attributes, found)
     return PoolDevice(
         name=device_name(config.name, adv.id, classes),
         cdi_name=cdi,

@@ -120,8 +120,9 @@ def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
 def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
-        # Unqualified names: the driver's domain is implied, and a qualified key is limited
-        # to a 63-character domain that a driver name may exceed.
+        # The driver's own names unqualified: its domain is implied, and a qualified key is
+        # limited to a 63-character domain that a driver name may exceed. Names of another
+        # domain (Kubernetes' standard ones) must be written qualified, and already are.
         out["attributes"] = {k: attribute_wire(v) for k, v in sorted(device.attributes.items())}
     taints = device_taints(driver, device)
     if taints:
