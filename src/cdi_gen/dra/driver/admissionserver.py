@@ -71,7 +71,9 @@ async def _read(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
         raise _RefusedError("400 Bad Request", "bad Content-Length") from None
     if len(line) < 2:
         raise _RefusedError("400 Bad Request", "bad request line")
-    if not 0 <= length <= MAX_BODY:
+    if length < 0:
+        raise _RefusedError("400 Bad Request", "bad Content-Length")
+    if length > MAX_BODY:
         raise _RefusedError("413 Content Too Large", f"body over {MAX_BODY} bytes")
     body = await reader.readexactly(length) if length else b""
     return line[0], line[1].split("?")[0], body
