@@ -1,5 +1,7 @@
 # The two commands a newcomer needs: `make run` (set up, then run the node agent on the
 # embedded default config) and `make test` (set up, then the whole suite, as CI runs it).
+# `make test-fast` is the inner loop: the unit and integration tiers, which need no Go build,
+# image or cluster, set up with only what they use.
 # Both set up through scripts/setup.sh, which installs only what is missing. Python runs in the
 # project's own virtual environment, .venv (made by setup.sh from pyproject.toml), never in the
 # machine's interpreter; PYTHON names the interpreter that makes it.
@@ -11,13 +13,16 @@ PY := $(VENV)/bin/python
 unexport PYTHONPATH PYTHONHOME PYTHONUSERBASE
 export PYTHONNOUSERSITE := 1
 
-.PHONY: run test lint fuzz bench bench-fleet proto check-setup setup-run setup-test setup-lint
+.PHONY: run test test-fast lint fuzz bench bench-fleet proto check-setup setup-run setup-test setup-fast setup-lint
 
 setup-run:
 	scripts/setup.sh run
 
 setup-test:
 	scripts/setup.sh test
+
+setup-fast:
+	scripts/setup.sh fast
 
 setup-lint:
 	scripts/setup.sh lint
@@ -27,6 +32,16 @@ run: setup-run
 
 test: setup-test
 	$(PY) -m pytest
+
+# One pytest worker per core (pytest-xdist), each test file on one worker, so a module's
+# fixtures (the wheel test's build, a udevd) are made once; the tests are safe side by side
+# (temporary folders of their own, ports from the kernel, loop numbers picked at random).
+# FAST_EXAMPLES caps each property-based test's examples (tests/conftest.py); make test runs
+# them all.
+FAST_EXAMPLES ?= 25
+test-fast: setup-fast
+	CDI_GEN_FAST_EXAMPLES=$(FAST_EXAMPLES) $(PY) -m pytest -q -n auto --dist loadfile \
+		tests/unit tests/integration
 
 lint: setup-lint
 	$(VENV)/bin/ruff check src tests benchmarks scripts

@@ -363,7 +363,7 @@ def _floors(tmp: Path, rounds: int) -> tuple[list[Child], list[float]]:
     ):
         (tmp / name).mkdir()
         if args == ("dra", "used"):
-            from tests.cluster.pki import Authority
+            from tests.pki import Authority
 
             Authority(tmp / name)  # its ca.crt, which the floor's client trusts
         child = Child("_floor.py", str(tmp / name), *args, log=tmp / f"{name}.log")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up this machine for one purpose, idempotently: `run` (the agent alone), `test` (the
 # whole suite: the real runtimes, udev, the Go CDI library, containerd, Kubernetes nodes of
-# every cluster lane and the agent's image) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
+# every cluster lane and the agent's image), `fast` (the unit and integration tiers only, for
+# `make test-fast`: the package with its test extra, udev, util-linux, the upstream CDI schema
+# and the wheel test's wheels; no Go build, image, runtime or cluster) or `lint`. `make run`, `make test`, `make lint` and .ci/run all call it,
 # so CI proves the very path a newcomer takes. `scripts/setup.sh --packages MODE` prints the
 # Debian packages MODE installs, one a line (what `make check-setup` builds a root file system
 # from).
@@ -24,9 +26,9 @@ if [ "${1:-}" = "--packages" ]; then
 fi
 mode="${1:-}"
 case "$mode" in
-    run | test | lint) ;;
+    run | test | fast | lint) ;;
     *)
-        echo "usage: scripts/setup.sh [--packages] run|test|lint" >&2
+        echo "usage: scripts/setup.sh [--packages] run|test|fast|lint" >&2
         exit 2
         ;;
 esac
@@ -60,6 +62,14 @@ test_packages=(
     golang-go golang-github-container-orchestrated-devices-container-device-interface-dev
     gcc libc6-dev pkg-config libseccomp-dev
 )
+# The unit and integration tiers' share of that list: systemd-udevd and udevadm
+# (test_udev_real.py), unshare and mount (a private mount namespace, a tmpfs, a UTS namespace)
+# and the upstream CDI schema with its test data, which Debian ships in the Go CDI library's
+# package (test_spec_rules.py, test_samples.py; Debian's Go toolchain is not needed for it).
+fast_packages=(
+    ca-certificates make git util-linux mount udev
+    golang-github-container-orchestrated-devices-container-device-interface-dev
+)
 
 missing_packages() {
     local pkg
@@ -85,13 +95,26 @@ ensure_packages() {
 }
 
 # --- the Python package, in the project's virtual environment ------------------------------
-# Two sets: `base` (the agent: make run) and `dev` (the package with its test and lint extras:
-# make test, make lint, make bench). One environment holds base or dev, never anything else:
-# dev is a superset of base, and test and lint share one set so that the order in which the
-# targets ran cannot change what a test sees.
+# Three sets, each a superset of the one before: `base` (the agent: make run), `test` (the
+# package with its test extra: make test-fast) and `dev` (with the test and lint extras: make
+# test, make lint, make bench). One environment holds one of them, never anything else; a set
+# already covered installs nothing. make test and make lint share dev so that the order in
+# which they ran cannot change what a test sees; make test-fast after either runs in dev, on
+# a fresh clone in test, and the suite checks the environment against the set it holds
+# (tests/plugins/environment.py reads .cdi-gen-set).
 venv_key() {
     printf '%s %s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')" \
         "$(sha256sum pyproject.toml | cut -c1-64)"
+}
+
+# How much of the package a set holds: nothing (0), base, test, dev.
+set_rank() {
+    case "$1" in
+        base) echo 1 ;;
+        test) echo 2 ;;
+        dev) echo 3 ;;
+        *) echo 0 ;;
+    esac
 }
 
 ensure_venv() {
@@ -108,14 +131,16 @@ ensure_venv() {
         printf '%s\n' "$key" >"$VENV/.cdi-gen-key"
     fi
     have="$(cat "$VENV/.cdi-gen-set" 2>/dev/null || true)"
-    # dev includes base; anything else (nothing yet, or base when dev is wanted) installs.
-    if [ "$have" = "$set" ] || [ "$have" = dev ]; then
+    if [ "$(set_rank "$have")" -ge "$(set_rank "$set")" ]; then
         return 0
     fi
     local target="."
+    [ "$set" = test ] && target=".[test]"
     [ "$set" = dev ] && target=".[test,lint]"
     say "pip install -e '$target' into $VENV"
-    "$VENV/bin/python" -m pip install -q --no-warn-script-location -e "$target" >&2 \
+    # --no-compile: pip would compile every installed module (mypy's and grpc_tools' too);
+    # Python compiles what is imported on first use instead, which is less and costs the same.
+    "$VENV/bin/python" -m pip install -q --no-compile --no-warn-script-location -e "$target" >&2 \
         || fail "pip install -e '$target' into $VENV failed (no network? see above)"
     printf '%s\n' "$set" >"$VENV/.cdi-gen-set"
 }
@@ -133,6 +158,23 @@ check_test_machine() {
     # podman 4.3 reads /etc/cdi and /var/run/cdi only; the e2e tests bind-mount test folders
     # over them in a private mount namespace, which needs the mount points to exist.
     mkdir -p /etc/cdi /var/run/cdi
+}
+
+check_fast_machine() {
+    local tool missing=()
+    for tool in unshare mount udevadm; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    [ -x /lib/systemd/systemd-udevd ] || missing+=(/lib/systemd/systemd-udevd)
+    [ "${#missing[@]}" -eq 0 ] || fail "programs missing after the install: ${missing[*]}"
+    test -d /usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema \
+        || fail "the upstream CDI schema is missing under /usr/share/gocode (Debian's Go CDI library package)"
+    test -e /dev/loop-control || fail "/dev/loop-control missing: the kernel has no loop support"
+}
+
+ensure_wheelhouse() {
+    # The wheel test installs offline from these (tests/wheelhouse.py).
+    "$VENV/bin/python" tests/wheelhouse.py >&2 || fail "the run-time dependencies' wheels could not be downloaded (output above)"
 }
 
 ensure_containerd() {
@@ -159,6 +201,7 @@ if $list_only; then
     case "$mode" in
         run) printf '%s\n' "${run_packages[@]}" ;;
         test) printf '%s\n' "${run_packages[@]}" "${test_packages[@]}" ;;
+        fast) printf '%s\n' "${run_packages[@]}" "${fast_packages[@]}" ;;
         lint) printf '%s\n' "${run_packages[@]}" ;;
     esac
     exit 0
@@ -177,11 +220,17 @@ case "$mode" in
         ensure_packages "${run_packages[@]}" "${test_packages[@]}"
         check_test_machine
         ensure_venv dev
-        # The wheel test installs offline from these (tests/wheelhouse.py); helm comes with
-        # the cluster's parts (tests/cluster/setup.py).
-        "$VENV/bin/python" tests/wheelhouse.py >&2 || fail "the run-time dependencies' wheels could not be downloaded (output above)"
+        # helm comes with the cluster's parts (tests/cluster/setup.py).
+        ensure_wheelhouse
         ensure_containerd
         ensure_cluster
+        ;;
+    fast)
+        is_root || fail "the integration tests need root (loop devices, mount namespaces): run make test-fast as root"
+        ensure_packages "${run_packages[@]}" "${fast_packages[@]}"
+        check_fast_machine
+        ensure_venv test
+        ensure_wheelhouse
         ;;
     lint)
         ensure_packages "${run_packages[@]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,7 +16,17 @@ from hypothesis import settings
 # Hypothesis's per-example deadline is a timing assertion: on a loaded 2-core machine (a
 # fresh `make test` building Kubernetes beside the suite) a 200 ms deadline failed a correct
 # test. Speed is the benchmarks' business; examples only have to be right.
-settings.register_profile("cdi-gen", deadline=None)
+#: make test-fast's cap on the examples of each property-based test (CDI_GEN_FAST_EXAMPLES): the
+#: inner loop tries the first inputs of every property, make test (unset) all it asks for.
+FAST_EXAMPLES = int(os.environ.get("CDI_GEN_FAST_EXAMPLES", "0"))
+
+
+def examples(wanted: int) -> int:
+    """The examples a property-based test asking for ``wanted`` runs in this tier."""
+    return min(wanted, FAST_EXAMPLES) if FAST_EXAMPLES > 0 else wanted
+
+
+settings.register_profile("cdi-gen", deadline=None, max_examples=examples(100))
 settings.load_profile("cdi-gen")
 
 pytest_plugins = ["tests.plugins.no_skips", "tests.plugins.environment"]

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from containerd.daemon import Containerd, DaemonError, remove_work
 from containerd.image import IMAGE_NAME, build_archive
+from pki import Authority, Pair, kubeconfig
 from ports import free_port
 
 from .api import Api
@@ -40,7 +41,6 @@ from .build import Binaries
 from .crio import Crio, CrioError
 from .lane import Lane
 from .namespace import NodeNamespace
-from .pki import Authority, Pair, kubeconfig
 from .process import Component, ComponentError
 
 NODE_NAME = "cdi-gen-node"

@@ -119,7 +119,7 @@ class FakeApiServer:
     async def __aenter__(self) -> FakeApiServer:
         context = None
         if self.tls is not None:
-            from tests.cluster.pki import Authority
+            from tests.pki import Authority
 
             authority = Authority(self.tls)
             serving = authority.issue(

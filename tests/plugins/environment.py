@@ -11,8 +11,10 @@ when:
 - a folder outside the repository and the interpreter's standard library is on ``sys.path``
   (``PYTHONPATH``, a user or system site-packages);
 - pyproject.toml changed since ``.venv`` was made (``scripts/setup.sh`` would make it anew);
-- ``.venv`` holds a distribution that the package's requirements (with the ``test`` and ``lint``
-  extras, followed through every dependency) do not ask for, or lacks one they ask for.
+- ``.venv`` holds a distribution that the package's requirements (with the extras of the set
+  setup installed, ``.venv/.cdi-gen-set``: ``test`` and ``lint`` for ``make test``, ``test``
+  alone for ``make test-fast``; followed through every dependency) do not ask for, or lacks
+  one they ask for.
 
 Loaded by ``tests/conftest.py``; the check runs once, before collection.
 """
@@ -33,11 +35,18 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
 PROJECT = "cdi-gen"
-#: The extras setup.sh installs for the suite (its `dev` set).
-EXTRAS = frozenset({"test", "lint"})
+#: The extras of each set setup.sh installs the package with for the suite (``make test``'s
+#: and ``make lint``'s ``dev``, ``make test-fast``'s ``test``).
+SET_EXTRAS = {"dev": frozenset({"test", "lint"}), "test": frozenset({"test"})}
+_SET = VENV / ".cdi-gen-set"
+#: The extras this environment holds: its set's, or dev's when setup made no test set.
+EXTRAS = SET_EXTRAS.get(_SET.read_text().strip() if _SET.is_file() else "dev", SET_EXTRAS["dev"])
 #: What ``python -m venv`` puts in every environment before anything is asked for.
 BOOTSTRAP = frozenset({"pip", "setuptools", "wheel"})
-HINT = "make test (scripts/setup.sh test) makes it; by hand: .venv/bin/pytest tests/unit/test_x.py"
+HINT = (
+    "make test (scripts/setup.sh test) or make test-fast (scripts/setup.sh fast) makes it; "
+    "by hand: .venv/bin/pytest tests/unit/test_x.py"
+)
 
 
 def wanted_distributions(dists: dict[str, metadata.Distribution]) -> tuple[set[str], set[str]]:

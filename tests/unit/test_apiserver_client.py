@@ -263,7 +263,7 @@ print(sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in
 async def test_the_client_speaks_https_trusting_the_kubeconfigs_ca_only(tmp_path: Path) -> None:
     """As in a pod (the service account's ca.crt): the client reads the Node over HTTPS from a
     server the kubeconfig's CA signed, and refuses, in one line, one that another CA signed."""
-    from tests.cluster.pki import Authority
+    from tests.pki import Authority
 
     async with FakeApiServer(tls=tmp_path / "pki") as api:
         api.nodes[NODE] = "node-uid"

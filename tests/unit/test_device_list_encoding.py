@@ -13,6 +13,7 @@ from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.deviceplugin.server import DevicePlugin
 from cdi_gen.model import AdvertisedDevice
+from tests.conftest import examples
 
 _DEVICE = st.builds(
     AdvertisedDevice,
@@ -34,7 +35,7 @@ def _expected(devices: list[AdvertisedDevice]) -> bytes:
     return api_pb2.ListAndWatchResponse(devices=wires).SerializeToString()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(lists=_LISTS)
 def test_the_encoded_list_is_protobufs_encoding(lists: list[list[AdvertisedDevice]]) -> None:
     board = DeviceBoard()

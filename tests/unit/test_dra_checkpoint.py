@@ -28,6 +28,7 @@ from cdi_gen.dra.driver.checkpoint import (
 )
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
 from cdi_gen.dra.plugin.claims import PreparedDevice
+from tests.conftest import examples
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoint"
 DRIVER = "cdi-gen.example.com"
@@ -105,7 +106,7 @@ claims = st.dictionaries(
 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(claims)
 def test_any_claims_survive_the_file(
     tmp_path_factory: pytest.TempPathFactory, data: dict[str, PreparedClaim]

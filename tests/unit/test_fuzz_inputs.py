@@ -37,9 +37,10 @@ from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import CdiGenError, ConfigError
 from cdi_gen.sources.records import record_from_json, records_from_export_db
+from tests.conftest import examples
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("CDI_GEN_FUZZ_EXAMPLES", "40"))
+EXAMPLES = examples(int(os.environ.get("CDI_GEN_FUZZ_EXAMPLES", "40")))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=timedelta(seconds=2),

@@ -30,6 +30,7 @@ from cdi_gen.dra.plugin.slices import (
 from cdi_gen.model import DeviceRecord, PoolDevice
 from cdi_gen.names import is_dns_label, is_dns_subdomain
 from cdi_gen.sources.records import record_to_json
+from tests.conftest import examples
 from tests.slicerules import pool_problems, slice_problems
 
 DRIVER = "cdi-gen.example.com"
@@ -296,7 +297,7 @@ def _node(draw: st.DrawFn) -> tuple[dict[str, Any], list[DeviceRecord], str]:
     return {"vendor": vendor, "classes": classes}, records, draw(_SUBDOMAIN)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_node(), st.booleans(), st.none() | st.uuids())
 def test_every_pool_built_is_one_the_api_server_accepts(
     node: tuple[dict[str, Any], list[DeviceRecord], str], sick: bool, uid: object

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from cdi_gen.cdi import folderwatch
 from cdi_gen.cdi.folderwatch import IN_Q_OVERFLOW, FolderWatch, path_entries
 from cdi_gen.cdi.registry import SpecCache, load_registry
+from tests.conftest import examples
 
 KIND = "example.com/loop"
 
@@ -257,7 +258,9 @@ _OPS = st.lists(
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(ops=_OPS)
 def test_the_cache_always_agrees_with_a_fresh_scan(
@@ -557,7 +560,9 @@ class PathChanges:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(ops=_PATH_OPS)
 def test_the_cache_agrees_with_a_fresh_scan_whatever_happens_to_the_path(

@@ -16,7 +16,7 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document, load_spec
 from cdi_gen.cli.schema import cdi_spec_schema, dump_schema
 from cdi_gen.errors import SpecError
-from tests.conftest import REPO, upstream_testdata, upstream_validator
+from tests.conftest import REPO, examples, upstream_testdata, upstream_validator
 
 GOOD = upstream_testdata("good")
 BAD = upstream_testdata("bad")
@@ -284,7 +284,7 @@ _edits = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.sampled_from(["example.com/fpga", "vendor.io/loop"]),
     st.dictionaries(_name, _edits, min_size=1, max_size=4),

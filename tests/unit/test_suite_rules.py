@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.plugins.environment import distribution_problems
+from tests.plugins.environment import EXTRAS, distribution_problems
 
 TESTS = REPO / "tests"
 
@@ -104,7 +104,7 @@ def test_a_package_installed_by_hand_stops_the_run(tmp_path: Path) -> None:
     # What made a test pass only on the machine that had run `make lint` before.
     found = [*metadata.distributions(), _distribution(tmp_path, "mypy-protobuf-by-hand")]
     assert distribution_problems(found) == [
-        "installed but not required by cdi-gen[lint,test]: mypy-protobuf-by-hand "
+        f"installed but not required by cdi-gen[{','.join(sorted(EXTRAS))}]: mypy-protobuf-by-hand "
         "(installed by hand? add it to pyproject.toml, or rm -rf .venv)"
     ]
 

@@ -61,7 +61,8 @@ from cdi_gen.cdi import atomicfile, writer
 from cdi_gen.cdi.registry import SpecCache
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
-from cdi_gen.config.settings import Settings, parse_address
+from cdi_gen.config.settinggroups import parse_address
+from cdi_gen.config.settings import Settings
 from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, SpecWriteError, quote

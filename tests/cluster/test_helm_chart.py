@@ -1,5 +1,5 @@
 """The Helm chart (deploy/helm/cdi-gen), rendered by the pinned Helm 3 and Helm 4
-(tests/cluster/helm.py): every test of the chart runs with both.
+(helm.py, built with the lanes by tests/cluster/setup.py): every test of the chart runs with both.
 
 One source of truth: for the same settings the chart renders the objects deploy/kubernetes
 renders (kubectl kustomize of the lane's kubectl), modulo Helm's standard labels and the
@@ -24,10 +24,11 @@ import yaml
 from click.testing import CliRunner
 
 from cdi_gen.cli.main import cli
-from tests.cluster.helm import helm
-from tests.cluster.lane import CURRENT
 from tests.conftest import REPO
 from tests.unit.test_deploy_dra import assert_slice_policy
+
+from .helm import helm
+from .lane import CURRENT
 
 CHART = REPO / "deploy" / "helm" / "cdi-gen"
 KUSTOMIZE = REPO / "deploy" / "kubernetes"

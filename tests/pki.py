@@ -1,8 +1,9 @@
-"""The cluster's certificates: one CA, serving certs and client certs, and kubeconfigs.
+"""Certificates for the tests' TLS: one CA, serving certs and client certs, and kubeconfigs, for
+the cluster of tests/cluster and the fake API server's HTTPS (tests/fakes/apiserver.py).
 
-Everything is generated per cluster with the ``cryptography`` package (EC P-256 keys: fast to
-make, accepted by every component). Client identities follow what the API server's Node and RBAC
-authorizers expect: ``CN=system:node:<name>, O=system:nodes`` for the kubelet,
+Everything is generated per cluster or server with the ``cryptography`` package (EC P-256 keys:
+fast to make, accepted by every component). Client identities follow what the API server's Node
+and RBAC authorizers expect: ``CN=system:node:<name>, O=system:nodes`` for the kubelet,
 ``CN=system:kube-scheduler`` and ``CN=system:kube-controller-manager`` for the control plane,
 ``O=system:masters`` for the tests' admin.
 """
