@@ -25,12 +25,12 @@ from ports import free_port
 
 from cdi_gen.dra.driver.admission import config_problem
 from cdi_gen.dra.driver.admissionserver import PATH
-from tests.unit.test_admission_deploy import NAME, copy_deploy, overlay
-from tests.unit.test_helm_chart import kustomize
 
 from .agent import DRIVER
 from .cluster import Cluster
 from .image import AgentImage
+from .test_admission_deploy import NAME, copy_deploy, overlay
+from .test_helm_chart import kustomize
 
 #: resource.k8s.io/v1 claims and matchConditions are served by every lane's release (v1 since
 #: 1.34, matchConditions GA in 1.30): the oldest must refuse as the current one does.

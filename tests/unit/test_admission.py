@@ -19,7 +19,7 @@ from cdi_gen.dra.driver.admissionserver import MAX_BODY, PATH, serve_admission, 
 from cdi_gen.dra.driver.claimspecs import device_configs
 from cdi_gen.dra.plugin.claims import ClaimRefused
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
-from tests.cluster.pki import Authority
+from tests.pki import Authority
 
 DRIVER = "example.com"
 OTHER = "gpu.other.example"

@@ -22,11 +22,18 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from cdi_gen.dra.driver.admissionserver import PATH
-from tests.cluster.pki import Authority
+from tests.cluster import test_helm_chart
+from tests.cluster.test_helm_chart import (
+    CHART,
+    Chart,
+    _helm,
+    _normal,
+    assert_same_objects,
+    kustomize,
+)
 from tests.conftest import REPO
-from tests.unit import test_helm_chart
+from tests.pki import Authority
 from tests.unit.test_deploy_dra import _shipped_config_text
-from tests.unit.test_helm_chart import CHART, Chart, _helm, _normal, assert_same_objects, kustomize
 
 # The chart's fixtures (both Helm majors), shared with the chart's own tests.
 chart = test_helm_chart.chart
