@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import signal
 import ssl
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from cdi_gen.dra.driver.claimspecs import device_configs
 from cdi_gen.dra.plugin.claims import ClaimRefused
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.pki import Authority
+from tests.ports import free_port
+from tests.waiting import until_sync
 
 DRIVER = "example.com"
 OTHER = "gpu.other.example"
@@ -246,3 +249,37 @@ def test_the_command_refuses_unusable_certificate_files(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"error: --tls-cert-file {missing}, --tls-key-file {missing}: ")
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_the_command_serves_reviews_until_sigterm(tls: tuple[Path, Path, Path]) -> None:
+    """``cdi-gen admission`` as the Deployment runs it: a real process, its start line, a
+    refusal over TLS, exit 0 on SIGTERM."""
+    ca, cert, key = tls
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdi_gen", "admission", "--driver", DRIVER,
+         "--address", f"127.0.0.1:{port}", "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        def health() -> tuple[int, bytes] | None:
+            assert proc.poll() is None, "cdi-gen admission exited"
+            try:
+                return _post(port, ca, "/healthz", b"", method="GET")
+            except OSError:
+                return None
+
+        assert until_sync(health, "cdi-gen admission answering /healthz", 30) == (200, b"ok\n")
+        status, body = _post(port, ca, PATH, json.dumps(_review(_claim(_entry(TYPO)))).encode())
+        assert status == 200
+        assert json.loads(body)["response"]["allowed"] is False
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert (
+        f"admission: checking {DRIVER}'s claim configuration at https://127.0.0.1:{port}{PATH}"
+        in err
+    ), err
