@@ -25,6 +25,7 @@ REVISION_FILE = Path("share", "cdi-gen", "revision")
 
 #: Every command: its name -> the module (one per command) and the click command in it.
 COMMANDS = {
+    "admission": ("cdi_gen.cli.admission", "admission"),
     "check-config": ("cdi_gen.cli.check_config", "check_config"),
     "deviceclasses": ("cdi_gen.cli.deviceclasses", "deviceclasses"),
     "discover": ("cdi_gen.cli.discover", "discover"),
