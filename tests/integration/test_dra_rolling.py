@@ -18,6 +18,7 @@ from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from tests.fakes.drakubelet import FakeDraKubelet
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,8 +88,11 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
                 assert to_new.socket == registry / f"{DRIVER}-{NEW}-reg.sock"
                 await asyncio.wait_for(new.wait_registered(), 5)
                 # Both registered, both served: the newer is the old one's successor, and
-                # no instance is the newer one's.
+                # no instance is the newer one's. Each says it is registered beside its socket.
                 assert await asyncio.wait_for(old.superseded(), 5) == to_new.socket
+                plugins = short_dir / "plugins" / DRIVER
+                assert (plugins / f"{DRIVER}-{NEW}-reg.sock.registered").exists()
+                assert (plugins / f"{DRIVER}-{OLD}-reg.sock.registered").exists()
                 assert new.successors() == []
                 # The claim the old one prepared: answered by the new one from the shared
                 # checkpoint, its device held against another claim there.
@@ -106,6 +110,7 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
                 assert await old.hand_over(within=5)
                 await old.stop()
                 assert not (registry / f"{DRIVER}-{OLD}-reg.sock").exists()
+                assert not (plugins / f"{DRIVER}-{OLD}-reg.sock.registered").exists()
                 assert not (short_dir / "plugins" / DRIVER / f"dra-{OLD}.sock").exists()
                 assert (registry / f"{DRIVER}-{NEW}-reg.sock").is_socket()
                 assert (short_dir / "plugins" / DRIVER / f"dra-{NEW}.sock").is_socket()
@@ -132,3 +137,17 @@ async def test_the_newest_hands_over_to_nobody_within_its_bound(short_dir: Path)
         await kubelet.next_registration()
         # A drain or an uninstall: no newer instance comes; the stop waits its bound only.
         assert not await plugin.hand_over(within=0.1)
+
+
+async def test_a_newer_socket_not_yet_registered_is_no_successor(short_dir: Path) -> None:
+    old = instance(short_dir, OLD, Claims())
+    # The kubelet stand-in refuses every plugin: the newer one serves but is not registered.
+    kubelet = FakeDraKubelet(short_dir / "registry", refuse="not now")
+    async with kubelet, old:
+        new = instance(short_dir, NEW, Claims())
+        async with new:
+            await until(lambda: len(kubelet.notified) >= 2, "both registrations refused")
+            newer = short_dir / "registry" / f"{DRIVER}-{NEW}-reg.sock"
+            assert newer.is_socket()
+            assert old.successors() == []
+            assert not await old.hand_over(within=0.1)

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.dra.plugin.server import dra_socket
-from cdi_gen.kubelet.registration import hashed_name, newer_siblings, registration_socket
+from cdi_gen.kubelet.registration import (
+    endpoint_socket,
+    hashed_name,
+    newer_siblings,
+    registration_socket,
+)
 from cdi_gen.kubelet.transport import MAX_SOCKET_PATH
 
 DRIVER = "cdi-gen.example.com"
@@ -23,13 +27,13 @@ REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 def test_without_a_pod_uid_the_names_are_todays() -> None:
     assert registration_socket(REGISTRY, DRIVER, None) == REGISTRY / f"{DRIVER}-reg.sock"
     folder = Path("/var/lib/kubelet/plugins") / DRIVER
-    assert dra_socket(folder, None) == folder / "dra.sock"
+    assert endpoint_socket(folder, None) == folder / "dra.sock"
 
 
 def test_with_a_pod_uid_both_sockets_are_the_pods() -> None:
     assert registration_socket(REGISTRY, DRIVER, UID) == REGISTRY / f"{DRIVER}-{UID}-reg.sock"
     folder = Path("/var/lib/kubelet/plugins") / DRIVER
-    assert dra_socket(folder, UID) == folder / f"dra-{UID}.sock"
+    assert endpoint_socket(folder, UID) == folder / f"dra-{UID}.sock"
 
 
 def test_too_long_a_name_is_shortened_to_a_digest_within_the_limit() -> None:
@@ -48,7 +52,7 @@ def test_too_long_a_name_is_shortened_to_a_digest_within_the_limit() -> None:
     assert registration_socket(REGISTRY, longest, UID) == path
     # dra-<uid>.sock in the folder of a 45-character driver would be 117 bytes.
     folder = Path("/var/lib/kubelet/plugins") / ("c" * 33 + ".example.com")
-    service = dra_socket(folder, UID)
+    service = endpoint_socket(folder, UID)
     assert service == folder / f"dra-{hashed_name(UID, size=16)}.sock"
     assert len(os.fsencode(service)) <= MAX_SOCKET_PATH
 

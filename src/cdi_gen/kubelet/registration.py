@@ -20,7 +20,8 @@ Two instances of one driver (a rolling update with ``maxSurge``, kubelet >= 1.33
 by side when their sockets have distinct names: :func:`registration_socket` names the
 registration socket after the pod's UID, ``<driver>-<uid>-reg.sock``, or, when that path
 would not fit a unix socket address, after a digest of the UID, then of the driver and the
-UID (the names Kubernetes' helper library gives). :func:`newer_siblings` finds the
+UID (the names Kubernetes' helper library gives), and :func:`endpoint_socket` the DRA socket,
+``dra-<uid>.sock``. :func:`newer_siblings` finds the
 registration sockets of the same driver made after ours: the instance that replaces us.
 
 The kubelet's error text is input like any other: it is kept quoted (control characters
@@ -58,6 +59,7 @@ __all__ = [
     "Notice",
     "PluginWatcherRegistrar",
     "RegistrationService",
+    "endpoint_socket",
     "hashed_name",
     "newer_siblings",
     "registration_socket",
@@ -107,6 +109,18 @@ def registration_socket(folder: Path, driver: str, pod_uid: str | None) -> Path:
     return Path(folder) / candidates[-1]
 
 
+def endpoint_socket(folder: Path, pod_uid: str | None) -> Path:
+    """The endpoint a DRA driver registers, in its plugin ``folder``: ``dra.sock`` without a
+    pod UID, else ``dra-<uid>.sock``, or ``dra-<digest of the uid>.sock`` where that path
+    would be too long for a unix socket address."""
+    if pod_uid is None:
+        return Path(folder) / "dra.sock"
+    path = Path(folder) / f"dra-{pod_uid}.sock"
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    return Path(folder) / f"dra-{hashed_name(pod_uid, size=16)}.sock"
+
+
 def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
     """The registration sockets beside ``ours`` of another instance of ``driver`` made after
     ours (bound at ``since_ns``, a change time: when a socket was bound), newest first. A
@@ -134,14 +148,14 @@ def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
-async def successor(folder: Path, newer: Callable[[], Sequence[Path]]) -> Path:
-    """Wait until ``newer()`` (the registration sockets in ``folder`` of newer instances,
-    newest first, as :func:`newer_siblings` finds them) names one; that one. Looked at
-    whenever an entry of the folder changes (inotify), else every
-    :data:`~cdi_gen.kubelet.supervisor.WATCH_INTERVAL` (often while it cannot be watched)."""
+async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]) -> Path:
+    """Wait until ``newer()`` (the registration sockets of newer instances, newest first, as
+    :func:`newer_siblings` finds them) names one; that one. Looked at whenever an entry of
+    one of ``folders`` changes (inotify), else every
+    :data:`~cdi_gen.kubelet.supervisor.WATCH_INTERVAL` (often while one cannot be watched)."""
     woken = asyncio.Event()
     watch = SocketWatch.of(asyncio.get_running_loop())
-    handle = watch.follow((), woken.set, folders=[folder])
+    handle = watch.follow((), woken.set, folders=folders)
     try:
         while True:
             woken.clear()  # before the look: a socket made after it wakes us again

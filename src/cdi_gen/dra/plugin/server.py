@@ -24,7 +24,10 @@ sockets are named after it (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``; dig
 where a path would be too long for a unix socket), so that the new pod's instance registers
 beside the old one and the kubelet sends its calls to the newest. The old instance then hands
 over: :meth:`DraPlugin.superseded` returns once a newer instance's registration socket is
-there (the driver stops publishing the slices then, the newest publishes them), and
+there and the kubelet has registered it (each instance says so with a file beside its DRA
+socket, ``<its registration socket's name>.registered``, in the plugin folder both share,
+removed at its stop; the driver stops publishing the slices then, the newest publishes them),
+and
 :meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until it is, bounded, before the
 stop removes only this instance's own sockets. Either instance may get any call: the
 preparer shares its state with the other through files, under a lock.
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,14 +69,14 @@ from cdi_gen.errors import InvalidNameError, RegistrationError
 from cdi_gen.kubelet.registration import (
     PluginWatcherRegistrar,
     RegistrationService,
-    hashed_name,
+    endpoint_socket,
     newer_siblings,
     registration_socket,
     successor,
 )
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
-from cdi_gen.kubelet.transport import MAX_SOCKET_PATH, WORKERS, UnixServer, check_socket_path
+from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
 from cdi_gen.model import PoolDevice
 from cdi_gen.modes import make_folder
 from cdi_gen.names import is_dns_subdomain
@@ -89,7 +91,6 @@ __all__ = [
     "READ_TIMEOUT_SECONDS",
     "DraPlugin",
     "PrepareHook",
-    "dra_socket",
     "work_timeout",
 ]
 
@@ -132,18 +133,6 @@ _REFUSALS = frozenset(Refusal)
 #: read, or was not: too many calls already wait for the API server, or another call holds
 #: it), ``"checkpoint"`` or ``"internal"``. Called on server threads.
 PrepareHook = Callable[[str, str], None]
-
-
-def dra_socket(folder: Path, pod_uid: str | None) -> Path:
-    """The DRA service socket in the driver's plugin ``folder``: ``dra.sock`` without a pod
-    UID, else ``dra-<uid>.sock``, or ``dra-<digest of the uid>.sock`` where that path would
-    be too long for a unix socket address."""
-    if pod_uid is None:
-        return Path(folder) / "dra.sock"
-    path = Path(folder) / f"dra-{pod_uid}.sock"
-    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-        return path
-    return Path(folder) / f"dra-{hashed_name(pod_uid, size=16)}.sock"
 
 
 def work_timeout(left: float | None) -> float:
@@ -194,11 +183,16 @@ class DraPlugin(SupervisedPlugin):
         self.preparer = preparer
         self.pool_name = pool_name
         self.pod_uid = pod_uid
-        self.socket_path = dra_socket(Path(plugins_dir) / driver, pod_uid)
+        self.socket_path = endpoint_socket(Path(plugins_dir) / driver, pod_uid)
         self.registration_socket = registration_socket(Path(registry_dir), driver, pod_uid)
         check_socket_path(self.socket_path)
         check_socket_path(self.registration_socket)
         self._on_prepare = on_prepare
+        self._on_register = on_register
+        #: Where this instance says the kubelet registered it (with a pod UID only).
+        self.registered_file = (
+            self.socket_path.parent / f"{self.registration_socket.name}.registered"
+        )
         self._service = _Service(self)
         self.server = UnixServer(
             self.socket_path, self._service.services, on_stop=self._service.end_streams
@@ -210,7 +204,7 @@ class DraPlugin(SupervisedPlugin):
             # The service first: the kubelet dials the endpoint as soon as it is told.
             [self.server, self.registration_server],
             PluginWatcherRegistrar(self.registration, register_timeout),
-            on_register=on_register,
+            on_register=self._registered,
             watch_interval=watch_interval,
             max_backoff=max_backoff,
             serve_anew_on_restart=False,
@@ -244,18 +238,37 @@ class DraPlugin(SupervisedPlugin):
         """The health of every device of the pool, as the health stream sends it."""
         return self._service.health_response()
 
+    def _registered(self, ok: bool, error: str) -> None:
+        # On the loop, after each registration attempt (the supervisor logs what raises).
+        if ok and self.pod_uid is not None:
+            # For the older instance, waiting to hand over (see the module docstring).
+            self.registered_file.write_bytes(b"")
+        if self._on_register is not None:
+            self._on_register(ok, error)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.registered_file.unlink(missing_ok=True)
+        await super().stop(grace)
+
     def successors(self) -> list[Path]:
-        """The registration sockets of newer instances of this driver, newest first (none
-        without a pod UID, or while our own socket is not served)."""
+        """The registration sockets of newer instances of this driver that the kubelet
+        registered, newest first (none without a pod UID, or while our own socket is not
+        served)."""
         served = self.registration_server.socket_id
         if self.pod_uid is None or served is None:
             return []
-        return newer_siblings(self.registration_socket, self.driver, served[2])
+        folder = self.socket_path.parent
+        return [
+            path
+            for path in newer_siblings(self.registration_socket, self.driver, served[2])
+            if (folder / f"{path.name}.registered").exists()
+        ]
 
     async def superseded(self) -> Path:
-        """Wait until a newer instance of this driver serves its registration socket beside
-        ours; its path. Without a pod UID there is none: this waits until cancelled."""
-        return await successor(self.registration_socket.parent, self.successors)
+        """Wait until a newer instance of this driver is registered beside us; its
+        registration socket. Without a pod UID there is none: this waits until cancelled."""
+        folders = (self.registration_socket.parent, self.socket_path.parent)
+        return await successor(folders, self.successors)
 
     async def hand_over(self, within: float = HANDOVER_SECONDS) -> bool:
         """Before a stop: keep serving until a newer instance has registered beside us, at
