@@ -21,6 +21,7 @@ import yaml
 
 from cdi_gen.cli.main import main
 from cdi_gen.config.loader import parse_config
+from cdi_gen.dra.plugin import server as draplugin
 from tests.conftest import REPO
 
 K8S = REPO / "deploy" / "kubernetes"
@@ -268,3 +269,11 @@ def test_the_dra_daemonset_surges_and_the_device_plugin_one_replaces() -> None:
     # A device plugin registers one per resource name: one instance at a time.
     (base,) = _load(K8S / "base" / "daemonset.yaml")
     assert base["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # With the host's network a container port is a host port: the surge pod would never be
+    # scheduled beside the old one. The probes name the port instead.
+    spec, container = _patched_container()
+    assert "ports" in container and container["ports"] is None  # deleted from the base's
+    assert container["livenessProbe"]["httpGet"]["port"] == 9400
+    assert container["readinessProbe"]["httpGet"]["port"] == 9400
+    # Room for the handover (HANDOVER_SECONDS) and the stop after it.
+    assert spec["terminationGracePeriodSeconds"] > draplugin.HANDOVER_SECONDS + 5

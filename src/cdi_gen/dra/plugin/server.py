@@ -121,9 +121,11 @@ READ_TIMEOUT_SECONDS = 10.0
 #: What is kept of the caller's deadline for recording and answering after that work: a
 #: tenth of it, at most this (an answer after the deadline is lost, prepared or not).
 ANSWER_MARGIN_SECONDS = 0.5
-#: Longest an instance stopping keeps serving for its successor to come (a rolling update):
-#: well within the pod's grace period (10 s in the manifests), which also covers the stop.
-HANDOVER_SECONDS = 5.0
+#: Longest an instance stopping keeps serving for its successor to be registered (a rolling
+#: update): within the DRA pod's grace period (30 s in the manifests), which also covers the
+#: stop. The successor may be Ready before it registers (see the chart: the older one answers
+#: its probes until it has gone), so this covers the newer one's start.
+HANDOVER_SECONDS = 20.0
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
 _REFUSALS = frozenset(Refusal)
