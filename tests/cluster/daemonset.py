@@ -186,10 +186,17 @@ def write_dra_overlay(
         }]}}},
     }  # fmt: skip
     container = "/spec/template/spec/containers/0"
-    # Ports merge by containerPort, which is what changes: a JSON patch, checked first.
+    # No container port in the DRA variant (a host port would keep a rolling update's pod off
+    # the node): the probes name the port, checked first.
     port_patch = [
-        {"op": "test", "path": f"{container}/ports/0/name", "value": "metrics"},
-        {"op": "replace", "path": f"{container}/ports/0/containerPort", "value": metrics_port},
+        {"op": "test", "path": f"{container}/livenessProbe/httpGet/port", "value": 9400},
+        {"op": "replace", "path": f"{container}/livenessProbe/httpGet/port", "value": metrics_port},
+        {"op": "test", "path": f"{container}/readinessProbe/httpGet/port", "value": 9400},
+        {
+            "op": "replace",
+            "path": f"{container}/readinessProbe/httpGet/port",
+            "value": metrics_port,
+        },
     ]
     return _write_overlay(
         dest,
@@ -227,7 +234,6 @@ def write_fleet_dra_overlay(
         {"op": "test", "path": f"{container}/name", "value": "agent"},
         {"op": "remove", "path": f"{container}/livenessProbe"},
         {"op": "remove", "path": f"{container}/readinessProbe"},
-        {"op": "remove", "path": f"{container}/ports"},
     ]
     return _write_overlay(
         dest,

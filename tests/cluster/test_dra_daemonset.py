@@ -20,9 +20,10 @@ from tests.waiting import until_sync
 from .agent import DRIVER
 from .claims import Claims, allocated_devices, device_attribute
 from .cluster import NODE_NAME, Cluster
-from .daemonset import DEPLOY_DRA, loop_fpga_config, write_dra_overlay
+from .daemonset import DEPLOY_DRA, NAME, NAMESPACE, loop_fpga_config, write_dra_overlay
 from .image import AgentImage
 from .lane import Lane
+from .pods import NAMESPACE as POD_NAMESPACE
 from .test_daemonset import (
     EXAMPLE,
     EXAMPLE_POD,
@@ -161,3 +162,77 @@ def test_dra_daemonset_as_shipped_serves_the_example_consumer(
     assert node.group(1) == f"/dev/dfl-port.{device.number}", log
     assert f"FPGA_DEVICE=fpga-{device.number}" in log.splitlines(), log
     print(f"example pod output:\n{log}")
+
+
+def _prepare_failures(cluster: Cluster, pod: str) -> list[str]:
+    """The kubelet's FailedPrepareDynamicResources events of ``pod``: a NodePrepareResources
+    that found no driver, or one that failed."""
+    assert cluster.api is not None
+    selector = f"involvedObject.name={pod},reason=FailedPrepareDynamicResources"
+    events = cluster.api.get(f"/api/v1/namespaces/{POD_NAMESPACE}/events?fieldSelector={selector}")
+    return [str(e.get("message", "")) for e in events["items"]]
+
+
+def test_dra_daemonset_rolls_without_a_gap(
+    cluster: Cluster,
+    loops: LoopDevices,
+    claims: Claims,
+    shipped_dra_daemonset: tuple[Path, int],
+    agent_image: AgentImage,
+) -> None:
+    """A changed DaemonSet rolls with surge (two agents of the driver, each with its pod's
+    sockets) while pods with claims start one after another: every pod starts, and the
+    kubelet never fails a NodePrepareResources."""
+    overlay, port = shipped_dra_daemonset
+    device = loops.add()
+    assert cluster.api is not None
+    write_dra_overlay(
+        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
+    )
+    cluster.kubectl("apply", "-k", str(overlay))
+    old = wait_agent_ready(cluster)
+    cdi = f"example.com/fpga=fpga-{device.number}"
+    claims.wait_devices(
+        DRIVER,
+        lambda found: any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values()),
+        f"{cdi} published",
+        timeout=60,
+    )
+    claims.template("rolling", "fpga.example.com")
+
+    pods = claims.pods
+    started: list[str] = []
+    failures: dict[str, list[str]] = {}
+
+    def one_pod() -> None:
+        name = f"rolling-{len(started)}"
+        claims.pod_with_template(name, "rolling")
+        pods.wait_running(name, timeout=120)
+        started.append(name)
+        found = _prepare_failures(cluster, name)
+        if found:
+            failures[name] = found
+        pods.delete(name, timeout=120)  # unprepared by whichever agent the kubelet picks
+
+    one_pod()
+    # A changed pod template rolls the DaemonSet, as a changed config does (the chart
+    # checksums it into an annotation).
+    cluster.kubectl("-n", NAMESPACE, "set", "env", f"daemonset/{NAME}", "CDI_GEN_LOG_LEVEL=debug")
+
+    def rolled() -> bool:
+        agents = agent_pods(cluster)
+        return (
+            len(agents) == 1
+            and agents[0]["metadata"]["uid"] != old["metadata"]["uid"]
+            and bool(agents[0].get("status", {}).get("containerStatuses"))
+            and all(s.get("ready") for s in agents[0]["status"]["containerStatuses"])
+        )
+
+    # Pods keep coming, one at a time, until the new agent alone serves; then one more.
+    while not rolled():
+        one_pod()
+    one_pod()
+    new = wait_agent_ready(cluster)
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert not failures, failures
+    print(f"pods started during the rollout: {len(started)}, prepare failures: 0")

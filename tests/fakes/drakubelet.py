@@ -5,11 +5,12 @@ same), and for each new socket file does what the kubelet's plugin watcher does:
 call ``GetInfo``, check the answer (type ``DRAPlugin``, a DNS-subdomain name, an endpoint,
 a DRAPlugin service it speaks, taking the first of the plugin's list it knows), then call
 ``NotifyRegistrationStatus`` with the outcome. A socket re-created under the same name is
-registered again; a removed one is forgotten. Accepted plugins land in ``registered`` as
-:class:`DraConnection`, which calls NodePrepareResources / NodeUnprepareResources with the
-chosen version and reads NodeWatchResources of the health service picked as the kubelet picks
-it: the first of its own list (``v1`` then ``v1alpha1`` for 1.37, ``v1alpha1`` alone before)
-that the plugin lists.
+registered again; a removed one is forgotten. Two instances of one driver on distinct
+endpoints (a rolling update) are both kept, as kubelets from 1.33 keep them. Accepted plugins
+land in ``registered`` as :class:`DraConnection`, which calls NodePrepareResources /
+NodeUnprepareResources with the chosen version and reads NodeWatchResources of the health
+service picked as the kubelet picks it: the first of its own list (``v1`` then ``v1alpha1``
+for 1.37, ``v1alpha1`` alone before) that the plugin lists.
 
 :meth:`FakeDraKubelet.restart` behaves like a kubelet restart: connections break, everything
 known is forgotten, and the existing sockets are registered again (the plugin watcher walks
@@ -175,8 +176,9 @@ class FakeDraKubelet:
         #: Every (socket, registered, error) notified.
         self.notified: list[tuple[Path, bool, str]] = []
         self.registered: asyncio.Queue[DraConnection] = asyncio.Queue()
-        #: The newest connection per driver name.
+        #: The newest connection per driver name, and the older instances' kept beside them.
         self.plugins: dict[str, DraConnection] = {}
+        self.older: list[DraConnection] = []
         #: Passes over the registry folder completed: a test waits for it to move on to know
         #: that a socket replaced before that moment would have been seen (and registered).
         self.scans = 0
@@ -193,7 +195,8 @@ class FakeDraKubelet:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        plugins, self.plugins = list(self.plugins.values()), {}
+        plugins, self.plugins = [*self.plugins.values(), *self.older], {}
+        self.older = []
         for plugin in plugins:
             await plugin.close()
         self._known.clear()
@@ -259,7 +262,11 @@ class FakeDraKubelet:
             )
         if connection is not None:
             old = self.plugins.pop(info.name, None)
-            if old is not None:
+            if old is not None and old.info.endpoint != info.endpoint:
+                # Another instance of the driver (a rolling update): kubelets >= 1.33 keep
+                # both, the newest first.
+                self.older.append(old)
+            elif old is not None:
                 await old.close()
             self.plugins[info.name] = connection
             await self.registered.put(connection)

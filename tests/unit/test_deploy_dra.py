@@ -21,6 +21,7 @@ import yaml
 
 from cdi_gen.cli.main import main
 from cdi_gen.config.loader import parse_config
+from cdi_gen.dra.plugin import server as draplugin
 from tests.conftest import REPO
 
 K8S = REPO / "deploy" / "kubernetes"
@@ -120,6 +121,8 @@ def test_daemonset_patch_serves_through_dra() -> None:
     assert env["CDI_GEN_API"]["value"] == "dra"
     assert env["CDI_GEN_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["CDI_GEN_STATE_DIR"]["value"] == "/var/lib/cdi-gen"
+    # Sockets per pod: the two pods of a rolling update register side by side.
+    assert env["CDI_GEN_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"] if "$patch" not in m}
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "$patch" not in v}
     for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
@@ -261,3 +264,24 @@ if __name__ == "__main__":
     CATALOGUE_CLASSES.parent.mkdir(exist_ok=True)
     CATALOGUE_CLASSES.write_text(generate(catalogue=True))
     print(f"wrote {DEVICE_CLASSES.relative_to(REPO)}, {CATALOGUE_CLASSES.relative_to(REPO)}")
+
+
+def test_the_dra_daemonset_surges_and_the_device_plugin_one_replaces() -> None:
+    # DRA: the new pod serves before the old one stops (kubelet >= 1.33, sockets per pod).
+    (patch,) = _load(DRA / "daemonset-patch.yaml")
+    strategy = patch["spec"]["updateStrategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    # A device plugin registers one per resource name: one instance at a time.
+    (base,) = _load(K8S / "base" / "daemonset.yaml")
+    assert base["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # With the host's network a container port is a host port: the surge pod would never be
+    # scheduled beside the old one. The probes name the port instead.
+    spec, container = _patched_container()
+    assert "ports" in container and container["ports"] is None  # deleted from the base's
+    assert container["livenessProbe"]["httpGet"]["port"] == 9400
+    assert container["readinessProbe"]["httpGet"]["port"] == 9400
+    # Room for the handover (HANDOVER_SECONDS) and the stop after it.
+    assert spec["terminationGracePeriodSeconds"] > draplugin.HANDOVER_SECONDS + 5

@@ -318,3 +318,21 @@ def test_run_with_dra_on_a_host_name_that_is_no_node_name_exits_2(
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines() == [f"error: {BAD_HOST_LINE}"]
     assert not (tmp_path / "cdi").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_pod_uid_names_the_dra_sockets_and_is_refused_when_it_could_leave_the_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings({}).dra.pod_uid is None  # one agent per node: today's names
+    monkeypatch.setenv("CDI_GEN_POD_UID", "6f1c7a52-0b1e-4c3e-9d55-1b2a3c4d5e6f")
+    assert load_settings({}).dra.pod_uid == "6f1c7a52-0b1e-4c3e-9d55-1b2a3c4d5e6f"
+    assert load_settings({"pod_uid": "from-flag"}).dra.pod_uid == "from-flag"
+    with pytest.raises(ConfigError) as flag:
+        load_settings({"pod_uid": "../x"})
+    assert str(flag.value) == (
+        "--pod-uid: not a pod UID: 1 to 128 letters, digits, '-' and '_' (got '../x')"
+    )
+    monkeypatch.setenv("CDI_GEN_POD_UID", "")
+    with pytest.raises(ConfigError) as env:
+        load_settings({})
+    assert str(env.value) == "CDI_GEN_POD_UID is set but empty: give a folder or unset it"

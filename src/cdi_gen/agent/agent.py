@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -71,7 +72,7 @@ from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, SpecWriteError, quote
 from cdi_gen.logs import fields
 from cdi_gen.metrics import Metrics, serve_http
-from cdi_gen.retry import Failures, Tools
+from cdi_gen.retry import Failures, Tools, describe
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ log = logging.getLogger("cdi_gen.agent.agent")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Longest the start-up scan of our spec folder (stale specs of removed classes) may take.
 FOLDER_SCAN_SECONDS = 10.0
+#: Between two tries of a metrics address the replaced agent still holds (a rolling update).
+LISTEN_RETRY_SECONDS = 0.5
 
 
 class Agent:
@@ -242,14 +245,24 @@ class Agent:
             try:
                 self._http = await serve_http(host, port, self.metrics, self.ready)
             except OSError as exc:  # in use, or an address this host does not have
-                raise ConfigError(
-                    f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
-                    f"{os.strerror(exc.errno) if exc.errno else exc}"
-                ) from None
-            log.info(
-                "serving /metrics /healthz /readyz",
-                extra=fields(address=settings.metrics.address),
-            )
+                if exc.errno != errno.EADDRINUSE or settings.dra.pod_uid is None:
+                    raise ConfigError(
+                        f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
+                        f"{os.strerror(exc.errno) if exc.errno else exc}"
+                    ) from None
+                # A rolling update with surge: the pod this one replaces shares the host's
+                # network and holds the port until it exits (its /readyz answers meanwhile;
+                # it hands over only once this one is registered).
+                log.warning(
+                    "metrics address in use (the agent this pod replaces?); served once free",
+                    extra=fields(address=settings.metrics.address),
+                )
+                self._background.spawn(self._listen_later(host, port), "metrics address")
+            else:
+                log.info(
+                    "serving /metrics /healthz /readyz",
+                    extra=fields(address=settings.metrics.address),
+                )
         # Off the event loop and bounded: /healthz is already served, and the folder may be
         # slow or hold anything.
         try:
@@ -284,6 +297,20 @@ class Agent:
         if self.dra is not None and settings.cluster.daemonset is not None:
             self._background.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
+
+    async def _listen_later(self, host: str, port: int) -> None:
+        """Serve the endpoints as soon as the address is free (see :meth:`_start`)."""
+        while True:
+            await asyncio.sleep(LISTEN_RETRY_SECONDS)
+            try:
+                self._http = await serve_http(host, port, self.metrics, self.ready)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                log.error("metrics address: cannot listen: %s", describe(exc))
+                return
+            log.info("serving /metrics /healthz /readyz", extra=fields(address=f"{host}:{port}"))
+            return
 
     def _remove_stale_specs(self) -> None:
         spec_dir = self.settings.paths.spec_dir

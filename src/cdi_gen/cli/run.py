@@ -36,6 +36,7 @@ from cdi_gen.cli import options
 @options.setting("state_dir", "--state-dir", type=click.Path(file_okay=False))
 @options.KUBECONFIG
 @options.NODE_NAME
+@options.setting("pod_uid", "--pod-uid")
 @options.setting("daemonset", "--daemonset")
 @options.setting("daemonset_namespace", "--daemonset-namespace")
 def run(**flags: Any) -> None:

@@ -8,6 +8,7 @@ each and maps every setting's flat name, the one its flag and variable carry, to
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,12 @@ NODE_NAME_RULE = (
     "a DNS subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
     "each dot-separated part starting and ending with a letter or digit"
 )
+
+
+#: A pod UID as the API server makes them (an RFC 4122 UUID) or as a test gives one: it names
+#: the DRA sockets of this agent, so only characters a file name takes as they are.
+POD_UID_RULE = "1 to 128 letters, digits, '-' and '_'"
+POD_UID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def _split(value: Any) -> Any:
@@ -177,7 +184,7 @@ class RuntimeSettings(_Group):
 
 
 class DraSettings(_Group):
-    """The DRA driver's name and the node it publishes for."""
+    """The DRA driver's name, the node it publishes for and the pod it runs in."""
 
     driver: str | None = Field(
         default=None,
@@ -189,7 +196,23 @@ class DraSettings(_Group):
         "host name, lower-cased and trimmed as the kubelet does",
     )
 
-    _present = field_validator("driver", "node_name", mode="before")(not_empty)
+    pod_uid: str | None = Field(
+        default=None,
+        description="this agent's pod UID (the downward API's metadata.uid): with it the DRA "
+        "sockets are named after it (<driver>-<uid>-reg.sock, dra-<uid>.sock), so that two "
+        "agents of one driver serve side by side during a rolling update (kubelet >= 1.33); "
+        "default: one agent per node (<driver>-reg.sock, dra.sock)",
+    )
+
+    _present = field_validator("driver", "node_name", "pod_uid", mode="before")(not_empty)
+
+    @field_validator("pod_uid", mode="after")
+    @classmethod
+    def _pod_uid(cls, value: str | None) -> str | None:
+        # It becomes part of two socket file names: nothing that could leave the folder.
+        if value is not None and not POD_UID_PATTERN.fullmatch(value):
+            raise ValueError(f"not a pod UID: {POD_UID_RULE}")
+        return value
 
     @field_validator("driver", mode="after")
     @classmethod

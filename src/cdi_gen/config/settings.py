@@ -80,6 +80,7 @@ NAMES: dict[str, tuple[str | None, str]] = {
     "cri_socket": ("runtimes", "cri_sockets"),
     "dra_driver": ("dra", "driver"),
     "node_name": ("dra", "node_name"),
+    "pod_uid": ("dra", "pod_uid"),
     "kubeconfig": ("cluster", "kubeconfig"),
     "daemonset": ("cluster", "daemonset"),
     "daemonset_namespace": ("cluster", "daemonset_namespace"),

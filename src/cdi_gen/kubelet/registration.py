@@ -16,6 +16,14 @@ one that saw our socket re-created) and the NotifyRegistrationStatus after it is
 registration. ``register()`` therefore returns the first notification it has not reported
 yet, waiting (bounded) for one.
 
+Two instances of one driver (a rolling update with ``maxSurge``, kubelet >= 1.33) register side
+by side when their sockets have distinct names: :func:`registration_socket` names the
+registration socket after the pod's UID, ``<driver>-<uid>-reg.sock``, or, when that path
+would not fit a unix socket address, after a digest of the UID, then of the driver and the
+UID (the names Kubernetes' helper library gives), and :func:`endpoint_socket` the DRA socket,
+``dra-<uid>.sock``. :func:`newer_siblings` finds the
+registration sockets of the same driver made after ours: the instance that replaces us.
+
 The kubelet's error text is input like any other: it is kept quoted (control characters
 escaped) and cut (:func:`~cdi_gen.errors.quote`), so a megabyte of it with newlines becomes
 neither a huge log line nor forged log lines.
@@ -24,9 +32,14 @@ neither a huge log line nor forged log lines.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import hashlib
 import logging
+import os
+import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +49,9 @@ import grpc
 from cdi_gen._proto.pluginregistration.v1 import api_pb2
 from cdi_gen.errors import quote
 from cdi_gen.kubelet.boundary import wake
+from cdi_gen.kubelet.socketwatch import SocketWatch
+from cdi_gen.kubelet.supervisor import UNWATCHED_INTERVAL, WATCH_INTERVAL
+from cdi_gen.kubelet.transport import MAX_SOCKET_PATH
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
@@ -43,6 +59,11 @@ __all__ = [
     "Notice",
     "PluginWatcherRegistrar",
     "RegistrationService",
+    "endpoint_socket",
+    "hashed_name",
+    "newer_siblings",
+    "registration_socket",
+    "successor",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +81,93 @@ SUPPORTED_SERVICES = (
     "v1alpha1.DRAResourceHealth",
 )
 _SERVICE = "pluginregistration.Registration"
+_SUFFIX = "-reg.sock"
+
+
+def hashed_name(*parts: str, size: int) -> str:
+    """The first ``size`` bytes of the SHA-256 of ``parts`` (joined by NUL), base64url
+    without padding: a short file-name-safe stand-in for a name too long to use."""
+    digest = hashlib.sha256("\0".join(parts).encode()).digest()[:size]
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def registration_socket(folder: Path, driver: str, pod_uid: str | None) -> Path:
+    """The registration socket of ``driver`` in the plugin watcher's ``folder``: one per
+    node without a pod UID, else one per pod (see the module docstring). A path that no name
+    keeps short enough is returned as it is: the transport refuses it, naming it."""
+    if pod_uid is None:
+        return Path(folder) / f"{driver}{_SUFFIX}"
+    candidates = (
+        f"{driver}-{pod_uid}{_SUFFIX}",
+        f"{driver}-{hashed_name(pod_uid, size=8)}{_SUFFIX}",
+        f"dra-{hashed_name(driver, pod_uid, size=16)}{_SUFFIX}",
+    )
+    for name in candidates:
+        path = Path(folder) / name
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+            return path
+    return Path(folder) / candidates[-1]
+
+
+def endpoint_socket(folder: Path, pod_uid: str | None) -> Path:
+    """The endpoint a DRA driver registers, in its plugin ``folder``: ``dra.sock`` without a
+    pod UID, else ``dra-<uid>.sock``, or ``dra-<digest of the uid>.sock`` where that path
+    would be too long for a unix socket address."""
+    if pod_uid is None:
+        return Path(folder) / "dra.sock"
+    path = Path(folder) / f"dra-{pod_uid}.sock"
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    return Path(folder) / f"dra-{hashed_name(pod_uid, size=16)}.sock"
+
+
+def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
+    """The registration sockets beside ``ours`` of another instance of ``driver`` made after
+    ours (bound at ``since_ns``, a change time: when a socket was bound), newest first. A
+    socket left by an instance killed before ours started is older, so never taken for our
+    successor; two bound within one clock tick are ordered by name, so that both instances
+    agree which is the newer. Only names that carry the driver count: the shortest form
+    (``dra-<digest>-reg.sock``) does not say whose it is, and two instances of one driver on
+    one node get the same form."""
+    found = []
+    try:
+        entries = list(os.scandir(ours.parent))
+    except OSError:
+        return []
+    mine = (since_ns, ours.name)
+    for entry in entries:
+        name = entry.name
+        if name == ours.name or not (name.startswith(f"{driver}-") and name.endswith(_SUFFIX)):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISSOCK(st.st_mode) and (st.st_ctime_ns, name) > mine:
+            found.append((st.st_ctime_ns, Path(entry.path)))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]) -> Path:
+    """Wait until ``newer()`` (the registration sockets of newer instances, newest first, as
+    :func:`newer_siblings` finds them) names one; that one. Looked at whenever an entry of
+    one of ``folders`` changes (inotify), else every
+    :data:`~cdi_gen.kubelet.supervisor.WATCH_INTERVAL` (often while one cannot be watched)."""
+    woken = asyncio.Event()
+    watch = SocketWatch.of(asyncio.get_running_loop())
+    handle = watch.follow((), woken.set, folders=folders)
+    try:
+        while True:
+            woken.clear()  # before the look: a socket made after it wakes us again
+            interval = WATCH_INTERVAL if watch.arm() else UNWATCHED_INTERVAL
+            found = newer()
+            if found:
+                return found[0]
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await woken.wait()
+    finally:
+        watch.unfollow(handle)
 
 
 @dataclass(frozen=True, slots=True)

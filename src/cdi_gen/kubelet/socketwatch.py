@@ -1,5 +1,6 @@
 """inotify on the folders of the kubelet's socket files: who follows a file is woken when it is
-created, removed, renamed or changed, or when its folder goes.
+created, removed, renamed or changed, or when its folder goes; who follows a folder, when any
+entry of it does (a DRA driver watching for its successor's registration socket).
 
 A kubelet restart removes our socket files and creates ``kubelet.sock`` anew; the
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` must notice within a fraction of a second, and
@@ -59,7 +60,7 @@ _MASK = (
     | IN_ONLYDIR
 )
 
-_Entry = tuple[str, str]  # (folder, name)
+_Entry = tuple[str, str | None]  # (folder, name); None: every entry of the folder
 
 
 class SocketWatch:
@@ -88,10 +89,15 @@ class SocketWatch:
             watch = cls._shared[loop] = cls(loop)
         return watch
 
-    def follow(self, files: Iterable[Path], wake: Callable[[], None]) -> int:
-        """Call ``wake()`` on the loop whenever one of ``files`` may have changed; a handle
-        for :meth:`unfollow`."""
-        entries = frozenset(os.path.split(os.path.abspath(f)) for f in files)
+    def follow(
+        self, files: Iterable[Path], wake: Callable[[], None], folders: Iterable[Path] = ()
+    ) -> int:
+        """Call ``wake()`` on the loop whenever one of ``files``, or any entry of one of
+        ``folders``, may have changed; a handle for :meth:`unfollow`."""
+        entries: frozenset[_Entry] = frozenset(
+            [os.path.split(os.path.abspath(f)) for f in files]
+            + [(os.path.abspath(f), None) for f in folders]
+        )
         handle = next(self._ids)
         self._followers[handle] = (entries, wake)
         if self._fd < 0 and self.available:
@@ -195,6 +201,7 @@ class SocketWatch:
                 continue
             name = os.fsdecode(raw)
             touched.update((folder, name) for folder in folders)
+            touched.update((folder, None) for folder in folders)
         return {
             handle
             for handle, (entries, _) in self._followers.items()

@@ -7,6 +7,10 @@ kubelet gets its answer, and removed when it is unprepared. The file is replaced
 (temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
 after the last change, never a mix.
 
+Two instances of one driver (a rolling update) share the file: each change is made under
+their :class:`~cdi_gen.dra.driver.statelock.StateLock`, after reading the file again when the
+other changed it (:meth:`Checkpoint.load`).
+
 A claim with specs of its own (a configured one, :mod:`cdi_gen.dra.driver.claimspecs`) is
 recorded with them instead: each of its specs' owner records in ``/var/run/cdi`` carries the
 claim (:func:`claim_record`), written before the spec, and goes with it. Both live exactly as
@@ -277,8 +281,11 @@ class Checkpoint:
                     return other, claim
         return None
 
-    def load(self) -> None:
-        """Read the file; a missing file means no prepared claims."""
+    def load(self, recorded: Mapping[str, PreparedClaim] | None = None) -> None:
+        """Read the file; a missing file means no prepared claims. ``recorded``, the claims
+        recorded with their specs (read from their owner records), are laid in as
+        :meth:`adopt` takes them, in the same swap: read again while serving (another
+        instance of the driver changed the files), no claim is ever missing in between."""
         try:
             raw = self._read()
         except FileNotFoundError:
@@ -289,9 +296,13 @@ class Checkpoint:
             ) from exc
         else:
             claims = self._ours(self._parse(raw))
+        in_file = frozenset(uid for uid, claim in claims.items() if claim.specs)
+        for uid, claim in (recorded or {}).items():
+            if claim.specs and uid not in claims and self._ours({uid: claim}):
+                claims[uid] = claim
         with self._lock:
             self._claims = MappingProxyType(claims)
-            self._in_file = frozenset(uid for uid, claim in claims.items() if claim.specs)
+            self._in_file = in_file
 
     def _read(self) -> bytes:
         """The file's bytes, if it is ours alone: owned by our effective user and writable

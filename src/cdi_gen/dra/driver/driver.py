@@ -227,6 +227,8 @@ class DraDriver:
             if self.plugin is None:
                 self.plugin = self._make_plugin(client)
                 self.plugin.follow_serving(self._serving_changed)
+                if settings.dra.pod_uid is not None:
+                    self.tools.spawn(self._yield_slices(self.plugin), f"successor {self.name}")
             plugin = self.plugin
             make_folder(settings.kubelet.plugins_registry_dir)
             make_folder(settings.kubelet.plugins_dir / self.name)
@@ -323,6 +325,7 @@ class DraDriver:
             pool_name=self.node,
             registry_dir=settings.kubelet.plugins_registry_dir,
             plugins_dir=settings.kubelet.plugins_dir,
+            pod_uid=settings.dra.pod_uid,
             on_register=on_register,
             max_backoff=settings.retry.max_seconds,
             # Counted with the device plugins' allocations, under the driver's name: a
@@ -380,6 +383,13 @@ class DraDriver:
             return f"DRA driver {self.name} (ResourceSlices not published)"
         return None
 
+    async def _yield_slices(self, plugin: DraPlugin) -> None:
+        """The newest instance publishes the slices: once a newer one registered beside us
+        (a rolling update), this one stops publishing (the slices stay as they are, its)."""
+        found = await plugin.superseded()
+        log.info("a newer instance publishes the ResourceSlices now: %s", found)
+        self.offered.close()
+
     async def stop(self) -> None:
         """Stop serving, once; never raises. The slices stay (running pods keep their
         devices, and a new agent adopts them), the kubelet removes them when no driver comes
@@ -398,6 +408,7 @@ class DraDriver:
         self.offered.close()
         self.pool.close()
         if self.plugin is not None:
+            await self.plugin.hand_over()
             await self.plugin.stop(grace=1.0)
         if self.claim_status is not None:
             await self.claim_status.close()

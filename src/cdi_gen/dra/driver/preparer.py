@@ -32,6 +32,16 @@ the claim's lock on purpose: what it buys (a second prepare of a claim being rea
 nothing, an unprepare during the read waits for the record) needs the UID held while the
 API server answers. Every other lock (``_holding``, the checkpoint's) is taken after the read.
 
+Two instances of the driver (a rolling update) share this state through its files: every
+step that reads or changes it (the answer from the checkpoint, the record, the unprepare,
+the load) holds the :class:`~cdi_gen.dra.driver.statelock.StateLock`, innermost of all the
+locks, and reads the checkpoint and the claims' owner records again first when the other
+instance changed them. The claim's read from the API server is outside it: a slow API server
+holds one claim's lock, never the other instance's calls. What it leaves open: an unprepare
+sent to the other instance while this one reads the claim finds nothing to remove (the
+kubelet sends a claim's calls to the newest instance, so this needs the new instance to
+register during that read).
+
 A slow API server must not take every server thread: at most ``max_reading_calls`` calls
 wait for it at once (a call beyond that gets an error for the claims it would read), so the
 claims answered from the checkpoint are answered at once whatever the API server does.
@@ -57,6 +67,7 @@ from cdi_gen.dra.driver.checkpoint import (
 from cdi_gen.dra.driver.claimcheck import prepare_claim
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.driver.claimstatus import ClaimStatus, device_entries
+from cdi_gen.dra.driver.statelock import StateLock, lock_path
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
     ClaimRef,
@@ -70,9 +81,13 @@ from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import ClaimError, SpecWriteError
 from cdi_gen.model import ClaimView
 
-__all__ = ["ClaimLocks", "PoolPreparer"]
+__all__ = ["STATE_LOCK_SECONDS", "ClaimLocks", "PoolPreparer"]
 
 log = logging.getLogger(__name__)
+
+#: Longest a record, an unprepare or the load waits for the other instance's step (each
+#: holds the state lock for a few file writes).
+STATE_LOCK_SECONDS = 5.0
 
 
 def _describe(devices: tuple[PreparedDevice, ...]) -> str:
@@ -152,6 +167,8 @@ class PoolPreparer:
             checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
         )
         self.locks = ClaimLocks()
+        #: Shared with another instance of the driver on the node (see the module docstring).
+        self.state = StateLock(lock_path(state_dir, driver))
         self.claim_specs = claim_specs
         self.status = status
         #: Spans "is a device held by another claim?" and the record that holds it: two
@@ -167,7 +184,13 @@ class PoolPreparer:
         written without fsync) is forgotten, to be read and prepared anew; a claim spec no
         claim names is removed. Raises
         :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be read
-        as ours (it is left as it is) or changed."""
+        as ours (it is left as it is) or changed, or the state lock cannot be taken."""
+        with self.state.held(STATE_LOCK_SECONDS):
+            # What is forgotten or removed below, another instance must read again.
+            self.state.changed()
+            self._load()
+
+    def _load(self) -> None:
         self.checkpoint.load()
         specs = self.claim_specs
         if specs is None:
@@ -188,13 +211,37 @@ class PoolPreparer:
     def count(self) -> int:
         return len(self.checkpoint.claims)
 
+    @contextmanager
+    def _shared(self, timeout: float) -> Iterator[None]:
+        """The state lock held for the block, the state read again first when another
+        instance changed it. Raises :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError`."""
+        with self.state.held(timeout) as stale:
+            if stale:
+                specs = self.claim_specs
+                self.checkpoint.load(None if specs is None else specs.recorded())
+            yield
+
     # -- prepare ----------------------------------------------------------------------------
 
     def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[PrepareResult]:
         """Each claim's devices or why not, in order; see the module docstring."""
-        results: list[PrepareResult | None] = [self._recorded(ref) for ref in claims]
-        # Everything answerable without the API server first (above, without a lock: a
-        # record is only ever added whole), so that it never waits behind a read.
+        results: list[PrepareResult | None]
+        try:
+            if self.state.fresh():  # nothing changed by the other instance: no lock needed
+                results = [self._recorded(ref) for ref in claims]
+            else:
+                with self._shared(timeout):
+                    results = [self._recorded(ref) for ref in claims]
+        except CheckpointError as exc:
+            # Answered below, under the claims' locks, where the state is read again.
+            log.warning(
+                "prepare of %d claims: the state of the other instance not read: %s",
+                len(claims),
+                exc,
+            )
+            results = [None] * len(claims)
+        # Everything answerable without the API server first (above, under no claim's lock:
+        # a record is only ever added whole), so that it never waits behind a read.
         unread = [i for i, result in enumerate(results) if result is None]
         if unread:
             found = self._prepare_unread([claims[i] for i in unread], timeout)
@@ -316,8 +363,13 @@ class PoolPreparer:
             prepare_claim(ref, claim, driver=self.driver, pool_name=self.pool_name, devices=pool)
         )
         configs = device_configs(label, claim, self.driver, [d.request_names[0] for d in devices])
-        with self._holding:
+        with self._holding, self._shared(STATE_LOCK_SECONDS):
+            known = self.checkpoint.get(ref.uid)
+            if known is not None:
+                # Prepared meanwhile by the other instance: the same answer as its.
+                return known.devices
             self._check_exclusive(ref.uid, label, devices)
+            self.state.changed()
             specs: tuple[ClaimSpec, ...] = ()
             own = self.claim_specs is not None and self.claim_specs.serves_metadata
             if any(configs) or own:
@@ -397,17 +449,21 @@ class PoolPreparer:
             ) as held:
                 if not held:
                     return f"{label}: another call still prepares it; try again"
-                known = self.checkpoint.get(ref.uid)
-                if known is not None and known.specs and self.claim_specs is not None:
-                    # The specs first: a record left by a crash after this names a spec that
-                    # is gone, which the next start forgets; a spec left would be injected.
-                    self.claim_specs.remove(label, ref.uid, known)
-                if self.checkpoint.remove(ref.uid):
-                    log.info("unprepared %s", label)
-                    if self.status is not None:
-                        self.status.unprepared(ref.namespace, ref.name, ref.uid)
-                else:
-                    log.info("unprepared %s: it was not prepared here (nothing to do)", label)
+                with self._shared(timeout):
+                    known = self.checkpoint.get(ref.uid)
+                    if known is not None:
+                        self.state.changed()
+                    if known is not None and known.specs and self.claim_specs is not None:
+                        # The specs first: a record left by a crash after this names a spec
+                        # that is gone, which the next start forgets; a spec left would be
+                        # injected.
+                        self.claim_specs.remove(label, ref.uid, known)
+                    if self.checkpoint.remove(ref.uid):
+                        log.info("unprepared %s", label)
+                        if self.status is not None:
+                            self.status.unprepared(ref.namespace, ref.name, ref.uid)
+                    else:
+                        log.info("unprepared %s: it was not prepared here (nothing to do)", label)
                 return ""
         except (CheckpointError, SpecWriteError) as exc:
             log.error("unprepare of %s failed: %s", label, exc)

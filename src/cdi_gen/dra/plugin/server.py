@@ -19,6 +19,19 @@ every claim of a request gets an entry; a claim that cannot be prepared gets its
 the whole call. The health stream answers from the
 :class:`~cdi_gen.dra.plugin.pool.DevicePool`.
 
+With the pod's UID (``pod_uid``, a rolling update with ``maxSurge``: kubelet >= 1.33) both
+sockets are named after it (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``; digests of it
+where a path would be too long for a unix socket), so that the new pod's instance registers
+beside the old one and the kubelet sends its calls to the newest. The old instance then hands
+over: :meth:`DraPlugin.superseded` returns once a newer instance's registration socket is
+there and the kubelet has registered it (each instance says so with a file beside its DRA
+socket, ``<its registration socket's name>.registered``, in the plugin folder both share,
+removed at its stop; the driver stops publishing the slices then, the newest publishes them),
+and
+:meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until it is, bounded, before the
+stop removes only this instance's own sockets. Either instance may get any call: the
+preparer shares its state with the other through files, under a lock.
+
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler
 lets an exception out. A slow API server must not take them all: the preparer lets at most
 :data:`MAX_READING_CALLS` calls wait for it at once, so the claims answered from the
@@ -27,6 +40,7 @@ checkpoint and the unprepare calls always find a thread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -52,7 +66,14 @@ from cdi_gen.dra.plugin.claims import (
 )
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import InvalidNameError, RegistrationError
-from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
+from cdi_gen.kubelet.registration import (
+    PluginWatcherRegistrar,
+    RegistrationService,
+    endpoint_socket,
+    newer_siblings,
+    registration_socket,
+    successor,
+)
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import WORKERS, UnixServer, check_socket_path
@@ -62,6 +83,7 @@ from cdi_gen.names import is_dns_subdomain
 
 __all__ = [
     "ANSWER_MARGIN_SECONDS",
+    "HANDOVER_SECONDS",
     "HEALTH_RESEND_SECONDS",
     "HEALTH_TIMEOUT_SECONDS",
     "MAX_HEALTH_STREAMS",
@@ -99,6 +121,11 @@ READ_TIMEOUT_SECONDS = 10.0
 #: What is kept of the caller's deadline for recording and answering after that work: a
 #: tenth of it, at most this (an answer after the deadline is lost, prepared or not).
 ANSWER_MARGIN_SECONDS = 0.5
+#: Longest an instance stopping keeps serving for its successor to be registered (a rolling
+#: update): within the DRA pod's grace period (30 s in the manifests), which also covers the
+#: stop. The successor may be Ready before it registers (see the chart: the older one answers
+#: its probes until it has gone), so this covers the newer one's start.
+HANDOVER_SECONDS = 20.0
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
 _REFUSALS = frozenset(Refusal)
@@ -124,7 +151,8 @@ class DraPlugin(SupervisedPlugin):
     ``preparer`` is the driver's state: every prepare and unprepare is its answer. ``pool``
     holds the node's DRA devices, whose health the health stream sends. The registration
     socket is ``<registry_dir>/<driver>-reg.sock`` and the service socket
-    ``<plugins_dir>/<driver>/dra.sock``. ``on_prepare`` (server threads) and ``on_register``
+    ``<plugins_dir>/<driver>/dra.sock``; with ``pod_uid``, names of this instance's own (see
+    the module docstring). ``on_prepare`` (server threads) and ``on_register``
     (the loop) are for metrics; their exceptions are logged and ignored. ``watch_interval``
     is how often the sockets are looked at without an inotify event, ``max_backoff`` bounds
     the wait between failed registrations and ``register_timeout`` each wait for the
@@ -143,6 +171,7 @@ class DraPlugin(SupervisedPlugin):
         pool_name: str,
         registry_dir: Path,
         plugins_dir: Path,
+        pod_uid: str | None = None,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
         watch_interval: float = WATCH_INTERVAL,
@@ -155,11 +184,17 @@ class DraPlugin(SupervisedPlugin):
         self.pool = pool
         self.preparer = preparer
         self.pool_name = pool_name
-        self.socket_path = Path(plugins_dir) / driver / "dra.sock"
-        self.registration_socket = Path(registry_dir) / f"{driver}-reg.sock"
+        self.pod_uid = pod_uid
+        self.socket_path = endpoint_socket(Path(plugins_dir) / driver, pod_uid)
+        self.registration_socket = registration_socket(Path(registry_dir), driver, pod_uid)
         check_socket_path(self.socket_path)
         check_socket_path(self.registration_socket)
         self._on_prepare = on_prepare
+        self._on_register = on_register
+        #: Where this instance says the kubelet registered it (with a pod UID only).
+        self.registered_file = (
+            self.socket_path.parent / f"{self.registration_socket.name}.registered"
+        )
         self._service = _Service(self)
         self.server = UnixServer(
             self.socket_path, self._service.services, on_stop=self._service.end_streams
@@ -171,7 +206,7 @@ class DraPlugin(SupervisedPlugin):
             # The service first: the kubelet dials the endpoint as soon as it is told.
             [self.server, self.registration_server],
             PluginWatcherRegistrar(self.registration, register_timeout),
-            on_register=on_register,
+            on_register=self._registered,
             watch_interval=watch_interval,
             max_backoff=max_backoff,
             serve_anew_on_restart=False,
@@ -204,6 +239,57 @@ class DraPlugin(SupervisedPlugin):
     def health_response(self) -> health_pb.NodeWatchResourcesResponse:
         """The health of every device of the pool, as the health stream sends it."""
         return self._service.health_response()
+
+    def _registered(self, ok: bool, error: str) -> None:
+        # On the loop, after each registration attempt (the supervisor logs what raises).
+        if ok and self.pod_uid is not None:
+            # For the older instance, waiting to hand over (see the module docstring).
+            self.registered_file.write_bytes(b"")
+        if self._on_register is not None:
+            self._on_register(ok, error)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.registered_file.unlink(missing_ok=True)
+        await super().stop(grace)
+
+    def successors(self) -> list[Path]:
+        """The registration sockets of newer instances of this driver that the kubelet
+        registered, newest first (none without a pod UID, or while our own socket is not
+        served)."""
+        served = self.registration_server.socket_id
+        if self.pod_uid is None or served is None:
+            return []
+        folder = self.socket_path.parent
+        return [
+            path
+            for path in newer_siblings(self.registration_socket, self.driver, served[2])
+            if (folder / f"{path.name}.registered").exists()
+        ]
+
+    async def superseded(self) -> Path:
+        """Wait until a newer instance of this driver is registered beside us; its
+        registration socket. Without a pod UID there is none: this waits until cancelled."""
+        folders = (self.registration_socket.parent, self.socket_path.parent)
+        return await successor(folders, self.successors)
+
+    async def hand_over(self, within: float = HANDOVER_SECONDS) -> bool:
+        """Before a stop: keep serving until a newer instance has registered beside us, at
+        most ``within`` seconds; whether one did. At once False without a pod UID (one
+        instance per node: nobody to hand over to) or when not serving."""
+        if self.pod_uid is None or not self.serving:
+            return False
+        try:
+            async with asyncio.timeout(within):
+                found = await self.superseded()
+        except TimeoutError:
+            log.info(
+                "DRA driver %s stopping: no newer instance registered within %gs",
+                self.driver,
+                within,
+            )
+            return False
+        log.info("DRA driver %s hands over to %s", self.driver, found)
+        return True
 
     def call_prepare_hook(self, outcome: str, reason: str) -> None:
         if self._on_prepare is None:

@@ -1,0 +1,160 @@
+"""Two instances of one DRA driver on a node (a rolling update) share their state through
+files: either may get any call, so a claim prepared by one is answered, unprepared and held
+by the other; the lock between them is a real flock, held across processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from cdi_gen.dra.driver.checkpoint import CheckpointError
+from cdi_gen.dra.driver.preparer import PoolPreparer
+from cdi_gen.dra.driver.statelock import StateLock, StateLockError, lock_path
+from cdi_gen.dra.plugin.claims import ClaimRef, Refusal
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.errors import ClaimError
+from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+
+DRIVER, POOL = "cdi-gen.example.com", "node-a"
+FIRST = ClaimRef("default", "c1", "uid-1")
+SECOND = ClaimRef("default", "c2", "uid-2")
+
+
+class Reader:
+    """Claims c1 and c2, both allocated fpga-0; counts reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_claims(
+        self, refs: Sequence[tuple[str, str]], timeout: float
+    ) -> list[ClaimView | ClaimError]:
+        self.reads += len(refs)
+        result = AllocatedDevice("fpga", DRIVER, POOL, "fpga-0")
+        return [ClaimView(ns, name, f"uid-{name[1:]}", (result,)) for ns, name in refs]
+
+
+def _instance(state_dir: Path, reader: Reader) -> PoolPreparer:
+    pool = DevicePool()
+    pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
+    preparer = PoolPreparer(
+        DRIVER,
+        pool,
+        reader,
+        pool_name=POOL,
+        cdi_kinds=["example.com/fpga"],
+        state_dir=state_dir,
+        max_reading_calls=4,
+    )
+    preparer.load()
+    return preparer
+
+
+@pytest.fixture
+def readers() -> tuple[Reader, Reader]:
+    return Reader(), Reader()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, readers: tuple[Reader, Reader]) -> tuple[PoolPreparer, PoolPreparer]:
+    old, new = readers
+    return _instance(tmp_path, old), _instance(tmp_path, new)
+
+
+def test_a_claim_prepared_by_one_instance_is_answered_by_the_other_without_a_read(
+    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[Reader, Reader]
+) -> None:
+    old, new = pair
+    [prepared] = old.prepare([FIRST], 5)
+    assert prepared.error == "" and readers[0].reads == 1
+    [again] = new.prepare([FIRST], 5)
+    assert again == prepared
+    assert readers[1].reads == 0  # from the shared checkpoint, not the API server
+
+
+def test_a_device_held_through_one_instance_is_refused_by_the_other(
+    pair: tuple[PoolPreparer, PoolPreparer],
+) -> None:
+    old, new = pair
+    assert old.prepare([FIRST], 5)[0].error == ""
+    [refused] = new.prepare([SECOND], 5)
+    assert refused.reason == str(Refusal.IN_USE)
+    assert "in use by claim default/c1" in refused.error
+
+
+def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
+    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[Reader, Reader]
+) -> None:
+    old, new = pair
+    assert old.prepare([FIRST], 5)[0].error == ""
+    assert new.unprepare([FIRST], 5) == [""]
+    assert new.count == 0
+    # The old instance reads the change: the device is free, the claim read anew.
+    [other] = old.prepare([SECOND], 5)
+    assert other.error == ""
+    assert old.count == 1 and set(old.checkpoint.claims) == {"uid-2"}
+    assert new.prepare([FIRST], 5)[0].reason == str(Refusal.IN_USE)
+
+
+def test_the_lock_is_the_same_whatever_instance_made_it(tmp_path: Path) -> None:
+    lock = StateLock(lock_path(tmp_path, DRIVER))
+    with lock.held(1) as stale:
+        assert stale  # never looked: read the state
+    with lock.held(1) as stale:
+        assert not stale  # nobody changed it since
+    other = StateLock(lock_path(tmp_path, DRIVER))
+    with other.held(1):
+        other.changed()
+    assert not lock.fresh()
+    with lock.held(1) as stale:
+        assert stale
+    assert lock.fresh()
+
+
+HOLDER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the driver's state lock until told (a line on its stdin)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock_path(tmp_path, DRIVER))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_lock_held_by_another_process_bounds_the_wait_and_is_then_taken(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    lock = StateLock(lock_path(tmp_path, DRIVER))
+    with pytest.raises(StateLockError) as refused, lock.held(0.05):
+        pass
+    assert "another instance of the driver held the DRA state lock" in str(refused.value)
+    assert isinstance(refused.value, CheckpointError)  # answered as the checkpoint's failure
+    assert holder.stdin is not None
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    holder.wait()
+    with lock.held(5) as stale:
+        assert stale
