@@ -304,7 +304,8 @@ def test_agent_restart_honours_prepared_claims(node: Node) -> None:
     claim = claims.pod_claim("steady")
     assert claim is not None
     uid = claim["metadata"]["uid"]
-    assert _checkpoint_mentions(state, uid), f"no checkpoint in {state} names claim {uid}"
+    specs = node.cluster.cdi_run
+    assert _recorded(state, specs, uid), f"no record in {state} or {specs} names claim {uid}"
 
     assert first.stop() == 0, first.log()
     node.serve(devices, state_dir=state)
@@ -320,11 +321,15 @@ def test_agent_restart_honours_prepared_claims(node: Node) -> None:
     # The kubelet removes a pod only once its claims are unprepared: the new agent unprepares
     # the claim its predecessor prepared, and forgets it.
     pods.delete("steady")
-    assert not _checkpoint_mentions(state, uid), f"claim {uid} still in the checkpoint"
+    assert not _recorded(state, specs, uid), f"claim {uid} still recorded"
 
 
-def _checkpoint_mentions(state: Path, uid: str) -> bool:
-    return any(uid in f.read_text(errors="replace") for f in state.rglob("*") if f.is_file())
+def _recorded(state: Path, specs: Path, uid: str) -> bool:
+    """Whether a record of the claim survives the agent: the checkpoint in ``state``, or (a
+    claim with specs of its own: every claim has its device-metadata spec) the owner record
+    beside its spec in ``specs``, whose name carries the claim's UID."""
+    in_state = any(uid in f.read_text(errors="replace") for f in state.rglob("*") if f.is_file())
+    return in_state or any(uid in f.name for f in specs.iterdir())
 
 
 def test_kubelet_restart_republishes_slices(node: Node) -> None:

@@ -4,8 +4,9 @@ a PCI device above it.
 
 The only device nodes of this machine with a PCI parent are its virtio disk (the root
 filesystem) and that disk's partitions; loop devices and zram are virtual. So the aligned pair
-is two slots (``sharing: {replicas: 3}``) of the whole disk, handed over read-only (cgroup
-``r``, no ``w`` or ``m``) to a pod that only checks that the node is there. A loop device
+is two shares of the whole disk (``sharing: {replicas: 3}``, which this lane's API server takes
+as consumable capacity: one device with 3 shares), handed over read-only (cgroup ``r``, no
+``w`` or ``m``) to a pod that only checks that the node is there. A loop device
 (no PCI parent, so no ``pcieRoot``) is the partner a ``matchAttribute`` can never accept.
 
 One agent serves both classes; the cluster is the current lane's single node (Kubernetes 1.37,
@@ -141,7 +142,7 @@ def test_two_requests_aligned_on_one_pcie_root(
         claims.ensure_device_class(body)
         classes[cls] = str(body["metadata"]["name"])
 
-    slots = {f"{DISK}-{disk}-{n}" for n in range(3)}
+    shared = f"{DISK}-{disk}"
     loop_device = f"{LOOP}-{LOOP}-{loop.number}"
 
     def topology(devices: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -151,18 +152,18 @@ def test_two_requests_aligned_on_one_pcie_root(
     published = claims.wait_devices(
         DRIVER,
         lambda found: (
-            set(found) == {*slots, loop_device}
-            and all(device_attribute(found[s], DRIVER, "kernelName") == disk for s in slots)
+            set(found) == {shared, loop_device}
+            and device_attribute(found[shared], DRIVER, "kernelName") == disk
         ),
-        f"the disk's three slots and {loop_device} published",
+        f"the disk ({shared}, by capacity) and {loop_device} published",
     )
-    # The standard names, fully qualified, on the disk's slots only.
+    # The standard names, fully qualified, on the disk only.
     assert topology(published) == {
-        **dict.fromkeys(slots, ({"string": root}, {"string": bdf})),
+        shared: ({"string": root}, {"string": bdf}),
         loop_device: (None, None),
     }
 
-    # Negative first: a disk slot and the loop device on one root cannot be had. The
+    # Negative first: a disk share and the loop device on one root cannot be had. The
     # scheduler says so in an event; the pod stays pending.
     _claim(claims, "misaligned", {"disk": classes[DISK], "loop": classes[LOOP]}, aligned=True)
     _pod(claims, "misaligned", "misaligned", disk)
@@ -186,15 +187,15 @@ def test_two_requests_aligned_on_one_pcie_root(
     assert phase(claims.pods.get("misaligned")) == "Pending"
     assert allocated_devices(claims.get_claim("misaligned")) == []
 
-    # Two disk slots on one root: allocated, prepared, injected.
+    # Two disk shares on one root: allocated, prepared, injected.
     _claim(claims, "aligned", {"first": classes[DISK], "second": classes[DISK]}, aligned=True)
     _pod(claims, "aligned", "aligned", disk)
     claims.pods.wait_running("aligned", timeout=90)
     results = allocated_devices(claims.get_claim("aligned"))
     assert sorted(r["request"] for r in results) == ["first", "second"]
     assert {r["driver"] for r in results} == {DRIVER}
-    got = [r["device"] for r in results]
-    assert len(set(got)) == 2 and set(got) <= slots, got
+    got = [(r["device"], r.get("shareID")) for r in results]
+    assert [d for d, _ in got] == [shared, shared] and len({i for _, i in got if i}) == 2, got
     until_sync(
         lambda: "END" in _log(claims, "aligned"),
         "pod aligned's output",
@@ -204,7 +205,7 @@ def test_two_requests_aligned_on_one_pcie_root(
     )
     log = _log(claims, "aligned")
     assert f"SEEN /dev/{disk}" in log, log
-    # A slot carries its physical device's edits: the disk's name, whichever slot.
+    # A share carries its physical device's edits: the disk's name, whichever share.
     assert f"ENV DISK_DEVICE={disk}\n" in log, log
 
     # The same pair of classes without the constraint is allocatable, so what kept the
