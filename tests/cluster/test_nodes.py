@@ -318,12 +318,18 @@ def _claim_of(pod: dict[str, Any]) -> str:
     return name
 
 
-def _checkpoint(node: Node) -> str:
-    """The node's DRA checkpoint as the agent sees it: /var/lib/cdi-gen inside the node's
-    mount namespace (the DaemonSet's hostPath), reached through its holder process."""
+def _claim_records(node: Node) -> str:
+    """What the node's agent keeps of its prepared claims, as it sees it inside the node's
+    mount namespace (the DaemonSet's hostPaths), reached through its holder process: the DRA
+    checkpoint in /var/lib/cdi-gen, and the names of the claim specs in /var/run/cdi (every
+    prepared claim has one for its device metadata, its record beside it; the name carries
+    the claim's UID)."""
     assert node.namespace is not None and node.namespace.holder is not None
-    state = Path(f"/proc/{node.namespace.holder.pid}/root/var/lib/cdi-gen")
-    return "".join(f.read_text(errors="replace") for f in sorted(state.glob("dra-*.json")))
+    root = Path(f"/proc/{node.namespace.holder.pid}/root")
+    state = root / "var/lib/cdi-gen"
+    records = "".join(f.read_text(errors="replace") for f in sorted(state.glob("dra-*.json")))
+    specs = root / "var/run/cdi"
+    return records + "\n".join(f.name for f in sorted(specs.glob("*")))
 
 
 def test_drain_moves_dra_pods_to_other_nodes_with_new_claims(
@@ -369,7 +375,7 @@ def test_drain_moves_dra_pods_to_other_nodes_with_new_claims(
             old_claims[obj["metadata"]["name"]] = obj["metadata"]["uid"]
             (result,) = allocated_devices(obj)
             assert result["pool"] == drained, result
-            assert obj["metadata"]["uid"] in _checkpoint(_node(fleet, drained))
+            assert obj["metadata"]["uid"] in _claim_records(_node(fleet, drained))
 
         fleet.kubectl(
             "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
@@ -385,7 +391,9 @@ def test_drain_moves_dra_pods_to_other_nodes_with_new_claims(
             (result,) = allocated_devices(claim)
             # Allocated from the pool of the node it runs on, prepared by that node's agent.
             assert (result["driver"], result["pool"]) == (DRIVER, node), result
-            assert claim is not None and claim["metadata"]["uid"] in _checkpoint(_node(fleet, node))
+            assert claim is not None and claim["metadata"]["uid"] in _claim_records(
+                _node(fleet, node)
+            )
             _assert_own_device(pods, name, own_devices[node])
             ((path, _),) = pods.seen(name).devices.items()
             assert path not in used, f"{name} and {used.get(path)} both got {path}"
@@ -395,7 +403,7 @@ def test_drain_moves_dra_pods_to_other_nodes_with_new_claims(
         # say so) and deleted with their pods.
         for name, uid in old_claims.items():
             api.wait_for(f"{CLAIMS_PATH}/{name}", lambda o: o is None, 60, f"claim {name} gone")
-            assert uid not in _checkpoint(_node(fleet, drained))
+            assert uid not in _claim_records(_node(fleet, drained))
         new_claims = {
             _claim_of(p): p["spec"]["nodeName"] for n, p in after.items() if n not in before
         }

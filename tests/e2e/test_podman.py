@@ -253,7 +253,9 @@ def test_class_needing_a_newer_version_is_refused_before_writing(
     podman: Podman, go_cdi: GoCDI, spec_dirs: SpecDirs, loops: LoopDevices, tmp_path: Path
 ) -> None:
     """additionalGids needs cdiVersion 0.7.0: pinned to 0.5.0, cdi-gen says so and writes
-    nothing; unpinned, it writes 0.7.0, which podman 4.3 indeed cannot use."""
+    nothing; unpinned on this node, whose podman 4.3 reads at most 0.5.0, it says so too,
+    naming podman, and leaves the device out; pinned to 0.7.0 (the user's word) it writes
+    0.7.0, which podman 4.3 indeed cannot use."""
     dev = loops.add()
     config = loop_class_config(
         tmp_path / "config.yaml", [dev.name], extra_edits={"additionalGids": [44]}
@@ -270,7 +272,15 @@ def test_class_needing_a_newer_version_is_refused_before_writing(
     unpinned = cdi_gen(
         "render", "--vendor", VENDOR, "--class", CLASS, "--config", config, "--output", out
     )
-    assert unpinned.returncode == 0, unpinned.stderr
+    assert unpinned.returncode != 0
+    assert "additionalGids" in unpinned.stderr and "podman 4.3" in unpinned.stderr, unpinned.stderr
+    assert not out.exists() or dev.name not in out.read_text()
+
+    pinned_new = cdi_gen(
+        "render", "--vendor", VENDOR, "--class", CLASS, "--config", config,
+        "--cdi-version", "0.7.0", "--output", out,
+    )  # fmt: skip
+    assert pinned_new.returncode == 0, pinned_new.stderr
     assert json.loads(out.read_text())["cdiVersion"] == "0.7.0"
     assert not go_cdi.validate(out)[str(out)]["ok"]
     shutil.copy(out, spec_dirs.dynamic / out.name)
