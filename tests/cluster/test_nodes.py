@@ -328,7 +328,7 @@ def _claim_records(node: Node) -> str:
     root = Path(f"/proc/{node.namespace.holder.pid}/root")
     state = root / "var/lib/cdi-gen"
     records = "".join(f.read_text(errors="replace") for f in sorted(state.glob("dra-*.json")))
-    specs = root / "var/run/cdi"
+    specs = node.namespace.cdi_run  # the node's /var/run/cdi, bound from here
     return records + "\n".join(f.name for f in sorted(specs.glob("*")))
 
 
