@@ -6,7 +6,6 @@ removes only its own sockets, and the newer keeps serving."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin import server as draplugin
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
-from cdi_gen.errors import ClaimError
-from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from cdi_gen.model import PoolDevice
+from tests.fakes.countingclaims import CountingClaims
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.waiting import until
 
@@ -26,21 +25,7 @@ DRIVER, POOL = "cdi-gen.example.com", "node-a"
 OLD, NEW = "uid-old", "uid-new"
 
 
-class Claims:
-    """c1 and c2, both allocated fpga-0; reads counted."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def read_claims(
-        self, refs: Sequence[tuple[str, str]], timeout: float
-    ) -> list[ClaimView | ClaimError]:
-        self.reads += len(refs)
-        result = AllocatedDevice("fpga", DRIVER, POOL, "fpga-0")
-        return [ClaimView(ns, name, f"uid-{name[1:]}", (result,)) for ns, name in refs]
-
-
-def instance(root: Path, pod_uid: str | None, claims: Claims) -> DraPlugin:
+def instance(root: Path, pod_uid: str | None, claims: CountingClaims) -> DraPlugin:
     """One agent's plugin: its own pool and preparer, the node's folders."""
     pool = DevicePool()
     pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
@@ -71,7 +56,7 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
     short_dir: Path,
 ) -> None:
     registry = short_dir / "registry"
-    old_claims, new_claims = Claims(), Claims()
+    old_claims, new_claims = CountingClaims(DRIVER, POOL), CountingClaims(DRIVER, POOL)
     old = instance(short_dir, OLD, old_claims)
     new = instance(short_dir, NEW, new_claims)
     c1, c2 = ("default", "c1", "uid-1"), ("default", "c2", "uid-2")
@@ -123,7 +108,7 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
 
 
 async def test_without_a_pod_uid_there_is_nobody_to_hand_over_to(short_dir: Path) -> None:
-    plugin = instance(short_dir, None, Claims())
+    plugin = instance(short_dir, None, CountingClaims(DRIVER, POOL))
     async with FakeDraKubelet(short_dir / "registry") as kubelet, plugin:
         connection = await kubelet.next_registration()
         assert connection.socket == short_dir / "registry" / f"{DRIVER}-reg.sock"
@@ -132,7 +117,7 @@ async def test_without_a_pod_uid_there_is_nobody_to_hand_over_to(short_dir: Path
 
 
 async def test_the_newest_hands_over_to_nobody_within_its_bound(short_dir: Path) -> None:
-    plugin = instance(short_dir, NEW, Claims())
+    plugin = instance(short_dir, NEW, CountingClaims(DRIVER, POOL))
     async with FakeDraKubelet(short_dir / "registry") as kubelet, plugin:
         await kubelet.next_registration()
         # A drain or an uninstall: no newer instance comes; the stop waits its bound only.
@@ -140,11 +125,11 @@ async def test_the_newest_hands_over_to_nobody_within_its_bound(short_dir: Path)
 
 
 async def test_a_newer_socket_not_yet_registered_is_no_successor(short_dir: Path) -> None:
-    old = instance(short_dir, OLD, Claims())
+    old = instance(short_dir, OLD, CountingClaims(DRIVER, POOL))
     # The kubelet stand-in refuses every plugin: the newer one serves but is not registered.
     kubelet = FakeDraKubelet(short_dir / "registry", refuse="not now")
     async with kubelet, old:
-        new = instance(short_dir, NEW, Claims())
+        new = instance(short_dir, NEW, CountingClaims(DRIVER, POOL))
         async with new:
             await until(lambda: len(kubelet.notified) >= 2, "both registrations refused")
             newer = short_dir / "registry" / f"{DRIVER}-{NEW}-reg.sock"

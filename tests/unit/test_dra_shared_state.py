@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,29 +17,15 @@ from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.driver.statelock import StateLock, StateLockError, lock_path
 from cdi_gen.dra.plugin.claims import ClaimRef, Refusal
 from cdi_gen.dra.plugin.pool import DevicePool
-from cdi_gen.errors import ClaimError
-from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
+from cdi_gen.model import PoolDevice
+from tests.fakes.countingclaims import CountingClaims
 
 DRIVER, POOL = "cdi-gen.example.com", "node-a"
 FIRST = ClaimRef("default", "c1", "uid-1")
 SECOND = ClaimRef("default", "c2", "uid-2")
 
 
-class Reader:
-    """Claims c1 and c2, both allocated fpga-0; counts reads."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def read_claims(
-        self, refs: Sequence[tuple[str, str]], timeout: float
-    ) -> list[ClaimView | ClaimError]:
-        self.reads += len(refs)
-        result = AllocatedDevice("fpga", DRIVER, POOL, "fpga-0")
-        return [ClaimView(ns, name, f"uid-{name[1:]}", (result,)) for ns, name in refs]
-
-
-def _instance(state_dir: Path, reader: Reader) -> PoolPreparer:
+def _instance(state_dir: Path, reader: CountingClaims) -> PoolPreparer:
     pool = DevicePool()
     pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
     preparer = PoolPreparer(
@@ -56,18 +42,20 @@ def _instance(state_dir: Path, reader: Reader) -> PoolPreparer:
 
 
 @pytest.fixture
-def readers() -> tuple[Reader, Reader]:
-    return Reader(), Reader()
+def readers() -> tuple[CountingClaims, CountingClaims]:
+    return CountingClaims(DRIVER, POOL), CountingClaims(DRIVER, POOL)
 
 
 @pytest.fixture
-def pair(tmp_path: Path, readers: tuple[Reader, Reader]) -> tuple[PoolPreparer, PoolPreparer]:
+def pair(
+    tmp_path: Path, readers: tuple[CountingClaims, CountingClaims]
+) -> tuple[PoolPreparer, PoolPreparer]:
     old, new = readers
     return _instance(tmp_path, old), _instance(tmp_path, new)
 
 
 def test_a_claim_prepared_by_one_instance_is_answered_by_the_other_without_a_read(
-    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[Reader, Reader]
+    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[CountingClaims, CountingClaims]
 ) -> None:
     old, new = pair
     [prepared] = old.prepare([FIRST], 5)
@@ -88,7 +76,7 @@ def test_a_device_held_through_one_instance_is_refused_by_the_other(
 
 
 def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
-    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[Reader, Reader]
+    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[CountingClaims, CountingClaims]
 ) -> None:
     old, new = pair
     assert old.prepare([FIRST], 5)[0].error == ""
