@@ -302,3 +302,28 @@ async def test_a_dra_agent_deletes_its_node_s_slices_on_uninstall(
         assert line.startswith("uninstall: asking about DaemonSet"), line
         reason = "Unauthorized: unauthorized" if refused == 401 else "Forbidden: forbidden"
         assert line.endswith(f"HTTP {refused} {reason}); the kubelet wipes them"), line
+
+
+@pytest.mark.parametrize("there", [True, False], ids=["update", "uninstall"])
+async def test_only_a_dra_agent_not_uninstalled_waits_for_a_successor(
+    short_dir: Path, there: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rolling update's old pod keeps serving until its successor registered (bounded by
+    # the handover's 20 s, spared here: the waits are counted, not waited); an uninstalled
+    # one has none coming and stops at once, so deleting the DaemonSet takes no 20 s a node.
+    from cdi_gen.dra.plugin.server import DraPlugin
+
+    waits: list[str] = []
+
+    async def hand_over(plugin: DraPlugin, within: float = 0.0) -> bool:
+        waits.append(plugin.driver)
+        return False
+
+    monkeypatch.setattr(DraPlugin, "hand_over", hand_over)
+    async with FakeApiServer() as api:
+        api.nodes[NODE] = str(uuid.uuid4())
+        if there:
+            api.daemonsets[(NAMESPACE, NAME)] = _daemonset()
+        async with _agent(short_dir, api, "dra", pod_uid=str(uuid.uuid4())):
+            await until(lambda: bool(api.slices), "our node's slice published")
+    assert waits == ([DRIVER] if there else [])

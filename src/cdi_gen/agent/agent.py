@@ -129,7 +129,7 @@ class Agent:
 
             self.dra = DraDriver(config, settings, self.tools, self.spec_cache, self.specs)
         self.runners = {c.name: self._runner(c) for c in config.classes}
-        #: The DaemonSet running the agent, read at start by a DRA agent (see _uninstalling).
+        #: The DaemonSet running the agent: read at start by a DRA agent, asked at exit.
         self.owner: Owner | None = None
         self._stop = asyncio.Event()
         #: The records' source; udev (started in :meth:`run`) unless one is given.
@@ -368,9 +368,16 @@ class Agent:
 
     async def _shutdown(self) -> None:
         await self._background.cancel_and_wait()
+        # Asked before anything stops: an uninstalled DRA driver has no successor to serve for
+        # (a rolling update's newer pod), so it stops at once instead of waiting for one.
+        verdict = None if self.settings.cleanup_on_exit else await self._owner().ask()
+        if self.dra is not None and verdict is not None and verdict.uninstall:
+            await self.dra.stop(successor=False)
         await self._stop_frontends()
         # Nothing serves the kubelet any more: what is cleaned up after the agent goes here.
-        if self.settings.cleanup_on_exit or await self._uninstalling():
+        if verdict is None or await self._owner().finish(
+            verdict, None if self.dra is None else self.dra.name
+        ):
             await self._remove_specs()
         if self._http is not None:
             self._http.close()
@@ -399,11 +406,6 @@ class Agent:
 
         self.owner = self.owner or Owner(self.settings)
         return self.owner
-
-    async def _uninstalling(self) -> bool:
-        """Whether this exit is an uninstall (the DRA slices then deleted): see
-        :mod:`cdi_gen.dra.plugin.uninstall`."""
-        return await self._owner().at_exit(None if self.dra is None else self.dra.name)
 
 
 class _Background:

@@ -390,25 +390,27 @@ class DraDriver:
         log.info("a newer instance publishes the ResourceSlices now: %s", found)
         self.offered.close()
 
-    async def stop(self) -> None:
+    async def stop(self, *, successor: bool = True) -> None:
         """Stop serving, once; never raises. The slices stay (running pods keep their
         devices, and a new agent adopts them), the kubelet removes them when no driver comes
-        back."""
+        back. ``successor``: whether a newer instance may come to take over (a rolling
+        update), which this one then keeps serving for, bounded; False for an uninstall."""
         if self._stopped:
             return
         self._stopped = True
         try:
-            await self._close()
+            await self._close(successor)
         except Exception:
             agent_log.exception("stopping the DRA driver failed")
 
-    async def _close(self) -> None:
+    async def _close(self, successor: bool) -> None:
         # Closing the offered pool ends the publisher's run (a task of the agent's group);
         # closed first, so that the plugin's stop below withdraws nothing.
         self.offered.close()
         self.pool.close()
         if self.plugin is not None:
-            await self.plugin.hand_over()
+            if successor:
+                await self.plugin.hand_over()
             await self.plugin.stop(grace=1.0)
         if self.claim_status is not None:
             await self.claim_status.close()

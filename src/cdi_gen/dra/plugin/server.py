@@ -29,7 +29,8 @@ socket, ``<its registration socket's name>.registered``, in the plugin folder bo
 removed at its stop; the driver stops publishing the slices then, the newest publishes them),
 and
 :meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until it is, bounded, before the
-stop removes only this instance's own sockets. Either instance may get any call: the
+stop removes only this instance's own sockets (the agent skips the wait when its DaemonSet is
+being uninstalled: no successor comes). Either instance may get any call: the
 preparer shares its state with the other through files, under a lock.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`); no handler

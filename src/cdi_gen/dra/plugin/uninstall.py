@@ -22,6 +22,11 @@ nothing of ours, so at exit the agent asks about its DaemonSet (``--daemonset``,
   status; no answer in time; a configuration that cannot be read; no DaemonSet named): not an
   uninstall, and the one line logged says why.
 
+The question is asked once, as the agent begins to stop (:meth:`Owner.ask`): a DRA agent being
+uninstalled has no successor to hand over to, so it stops serving at once instead of waiting
+for one (see :meth:`cdi_gen.dra.plugin.server.DraPlugin.hand_over`). What it answered is logged,
+and acted on, once the agent no longer serves (:meth:`Owner.finish`).
+
 The client (and lightkube with it) is imported only when a DaemonSet is named.
 """
 
@@ -164,10 +169,10 @@ class Owner:
             answer.what, answer.status, answer.obj, answer.error, read_before=self.read_before
         )
 
-    async def at_exit(self, driver: str | None) -> bool:
-        """Whether this exit is an uninstall, logged in one line; when it is and ``driver`` is
-        given, the node's slices of ``driver`` are deleted first."""
-        verdict = await self.ask()
+    async def finish(self, verdict: Verdict, driver: str | None) -> bool:
+        """After the agent stopped serving: ``verdict`` (from :meth:`ask`) logged in one line;
+        when it is an uninstall and ``driver`` is given, the node's slices of ``driver`` are
+        deleted. Whether it is an uninstall (the spec files are then removed)."""
         if not verdict.uninstall:
             log.info("spec files kept at exit: %s", verdict.why)
             return False
