@@ -30,8 +30,11 @@ setup-lint:
 run: setup-run
 	$(PY) -m cdi_gen run
 
+# The machine's own tests (clusters, runtimes, real uevents) run one after another on one
+# pytest-xdist worker while the other workers take the unit and integration files beside
+# them (tests/plugins/machine.py), so the suite takes about its cluster tier's time.
 test: setup-test
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadscope
 
 # One pytest worker per core (pytest-xdist), each test file on one worker, so a module's
 # fixtures (the wheel test's build, a udevd) are made once; the tests are safe side by side

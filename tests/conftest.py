@@ -29,7 +29,7 @@ def examples(wanted: int) -> int:
 settings.register_profile("cdi-gen", deadline=None, max_examples=examples(100))
 settings.load_profile("cdi-gen")
 
-pytest_plugins = ["tests.plugins.no_skips", "tests.plugins.environment"]
+pytest_plugins = ["tests.plugins.no_skips", "tests.plugins.environment", "tests.plugins.machine"]
 
 REPO = Path(__file__).resolve().parent.parent
 # The upstream CDI schema and its good/bad test data, as Debian's package of the Go CDI library

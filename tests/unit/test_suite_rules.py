@@ -210,3 +210,23 @@ def test_no_private_copy_of_the_polling_helper() -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in POLLING_COPIES
     ]
     assert copies == [], f"use tests.waiting.until / until_sync: {copies}"
+
+
+def test_make_test_runs_the_machines_own_tests_on_one_worker() -> None:
+    # make test's pytest-xdist scopes (tests/plugins/machine.py): the cluster, e2e and
+    # kernel-marked files share one scope, so they never run side by side; any other file is
+    # a scope of its own.
+    from tests.plugins.machine import MACHINE, scope_of_file
+
+    files = sorted(p.relative_to(REPO).as_posix() for p in TESTS.rglob("test_*.py"))
+    machine = {f for f in files if scope_of_file(f) == MACHINE}
+    assert {f for f in files if f.startswith(("tests/cluster/", "tests/e2e/"))} <= machine
+    assert {
+        "tests/integration/test_agent.py",
+        "tests/integration/test_agent_failures.py",
+        "tests/integration/test_udev_real.py",
+    } <= machine
+    kernel = {f for f in files if "pytest.mark.kernel" in (REPO / f).read_text()}
+    assert machine == kernel | {f for f in files if f.startswith(("tests/cluster/", "tests/e2e/"))}
+    assert all(scope_of_file(f) == f for f in set(files) - machine)
+    assert "tests/unit/test_names.py" not in machine
