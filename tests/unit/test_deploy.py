@@ -95,11 +95,11 @@ def test_configmap_config_is_valid_and_examples_use_its_resource() -> None:
             assert (folder / resource).exists(), (folder, resource)
 
 
-def test_readme_config_example_is_a_valid_config() -> None:
-    text = (REPO / "README.md").read_text()
-    start = text.index("```yaml\nvendor: example.com")
+def test_the_configuration_overview_example_is_a_valid_config() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text()
+    start = text.index("```yaml\nvendor: example.com              # CDI vendor")
     block = text[start + len("```yaml\n") : text.index("```", start + 8)]
-    config = parse_config(yaml.safe_load(block), "README.md")
+    config = parse_config(yaml.safe_load(block), "docs/configuration.md")
     assert config.classes[0].group is not None
 
 

@@ -121,16 +121,16 @@ def test_bad_health_config_names_the_field(health: dict[str, Any], message: str)
     assert message in str(exc.value)
 
 
-def test_the_readme_health_example_is_a_valid_config() -> None:
-    """README's Health example parses and reads the attribute it names."""
+def test_the_documented_health_example_is_a_valid_config() -> None:
+    """docs/configuration.md's health example parses and reads the attribute it names."""
     import yaml
 
     from tests.conftest import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "configuration.md").read_text()
     start = text.index("```yaml\nvendor: example.org")
     block = text[start + len("```yaml\n") : text.index("```", start + 8)]
-    config = parse_config(yaml.safe_load(block), "README.md")
+    config = parse_config(yaml.safe_load(block), "docs/configuration.md")
     health = config.classes[0].health
     assert health is not None and health.attributes == {"size": "[1-9]*"}
     assert "size" in config.classes[0].wanted_attributes
