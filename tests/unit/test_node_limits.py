@@ -138,6 +138,9 @@ def test_readyz_names_the_class_its_runtime_cannot_read(tmp_path: Path) -> None:
     assert not (tmp_path / "cdi" / "example.com-tun.json").exists()
     failures = agent.metrics.failures.labels("example.com/tun", "version")._value.get()
     assert failures == 1
+    # Discovered, not offered: the device gauge counts what the kubelet is offered.
+    assert agent.metrics.devices.labels("example.com/tun", "Healthy")._value.get() == 0
+    assert agent.metrics.physical_devices.labels("example.com/tun")._value.get() == 1
 
 
 # --- trap 4: host paths never checked ------------------------------------------------------
@@ -232,6 +235,7 @@ def test_the_agent_leaves_the_device_out_until_its_host_path_appears(tmp_path: P
     doc = orjson.loads((spec_dir / "example.com-tun.json").read_bytes())
     assert [d["name"] for d in doc["devices"]] == ["tun"]
     assert agent.ready() == (True, "ready")
+    assert agent.metrics.devices.labels("example.com/tun", "Healthy")._value.get() == 1
 
 
 def test_a_verdict_cache_keeps_entries_and_rechecks_missing_paths(tmp_path: Path) -> None:

@@ -265,9 +265,10 @@ class ClassRunner:
 
     def _export_gauges(self) -> None:
         m = self.tools.metrics
-        healthy = sum(1 for d in self.target if d.healthy)
+        # What the kubelet is offered: a device left out of the spec is discovered, not offered.
+        healthy = sum(1 for d in self.advertised if d.healthy)
         m.devices.labels(self.resource, "Healthy").set(healthy)
-        m.devices.labels(self.resource, "Unhealthy").set(len(self.target) - healthy)
+        m.devices.labels(self.resource, "Unhealthy").set(len(self.advertised) - healthy)
         m.physical_devices.labels(self.resource).set(len({d.physical for d in self.target}))
 
     def _cancel_retry(self) -> None:
