@@ -7,6 +7,8 @@ install (`make test` installs them all through scripts/setup.sh); nothing here s
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,10 +42,16 @@ def go_cdi(tmp_path_factory: pytest.TempPathFactory) -> GoCDI:
 
 
 @pytest.fixture(scope="session")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
-    """podman 4.3 with a private store holding the busybox test image."""
+def podman() -> Iterator[Podman]:
+    """podman 4.3 with a private store holding the busybox test image, in a short folder:
+    podman refuses a run root of over 50 characters (pytest-xdist's temporary folders,
+    ``.../popen-gw0/podman0/runroot``, are longer)."""
     require_root()
-    return setup_podman(tmp_path_factory.mktemp("podman"))
+    home = Path(tempfile.mkdtemp(dir="/tmp", prefix="cgpod"))
+    try:
+        yield setup_podman(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
