@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdi_gen import paths
-from cdi_gen.cli.main import cli
+from cdi_gen.cli.main import COMMANDS, cli
 from cdi_gen.config.settings import NAMES, load_settings
 from cdi_gen.errors import ConfigError
 
@@ -336,3 +336,19 @@ def test_the_pod_uid_names_the_dra_sockets_and_is_refused_when_it_could_leave_th
     with pytest.raises(ConfigError) as env:
         load_settings({})
     assert str(env.value) == "CDI_GEN_POD_UID is set but empty: give a folder or unset it"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_setting_flag_says_what_it_sets(command: str) -> None:
+    # A flag's help is its setting's description: a setting without one printed only
+    # ". Default: text." under --help.
+    import click
+
+    ctx = click.Context(cli, info_name="cdi-gen")
+    cmd = cli.get_command(ctx, command)
+    assert cmd is not None
+    sub = click.Context(cmd, parent=ctx, info_name=command)
+    for param in cmd.params:
+        record = param.get_help_record(sub) if isinstance(param, click.Option) else None
+        if record is not None:
+            assert not record[1].startswith("."), f"{command} {record[0]}: {record[1]!r}"

@@ -293,8 +293,12 @@ class MetricsSettings(_Group):
 class LogSettings(_Group):
     """How the agent logs."""
 
-    format: Literal["text", "json"] = "text"
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = Field(
+        default="text", description="log lines as text, or each as one JSON object"
+    )
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the least severe level logged"
+    )
 
     @field_validator("level", mode="before")
     @classmethod
