@@ -5,13 +5,11 @@ in collection order, while the other workers take the remaining test files, each
 The machine's own tests are those of tests/cluster (real clusters on fixed ports and host
 paths; each lane's cluster starts once), of tests/e2e (the host's container runtimes) and of
 every file with a test marked ``kernel`` (real loop devices and uevents, a udevd started and
-stopped). Two
-of them side by side would see each other's pods, sockets and uevents; the unit and other
-integration tests use only folders, sockets and ports of their own.
+stopped). Two of them side by side would see each other's pods, sockets and uevents; the unit
+and other integration tests use only folders, sockets and ports of their own.
 
 pytest-xdist schedules by test id alone, so a file's ``kernel`` marks are looked for in its
-text.
-Loaded by ``tests/conftest.py``.
+text. Loaded by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
