@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from cdi_gen.dra.driver.admission import ReviewError, config_problem, review
-from cdi_gen.dra.driver.admissionserver import MAX_BODY, PATH, serve_admission, tls_context
+from cdi_gen.dra.driver.admissionserver import MAX_BODY, PATH, serve_admission
 from cdi_gen.dra.driver.claimspecs import device_configs
+from cdi_gen.dra.driver.servingcert import tls_context
 from cdi_gen.dra.plugin.claims import ClaimRefused
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.pki import Authority

@@ -29,7 +29,8 @@ def _address(value: str) -> tuple[str, int]:
     "--tls-cert-file",
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
-    help="The serving certificate (PEM, with its chain).",
+    help="The serving certificate (PEM, with its chain); a renewed one is taken up when the "
+    "file changes.",
 )
 @click.option(
     "--tls-key-file",
@@ -59,7 +60,8 @@ def admission(
 
     from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
-    from cdi_gen.dra.driver.admissionserver import PATH, serve_admission, tls_context
+    from cdi_gen.dra.driver.admissionserver import PATH, serve_admission
+    from cdi_gen.dra.driver.servingcert import ServingCertificate
     from cdi_gen.errors import ConfigError
     from cdi_gen.logs import setup_logging
 
@@ -67,14 +69,15 @@ def admission(
     host, port = _address(address)
     driver = _driver(driver, driver or load_config(config_path).vendor)
     try:
-        context = tls_context(tls_cert_file, tls_key_file)
+        certificate = ServingCertificate(tls_cert_file, tls_key_file)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(
             f"--tls-cert-file {tls_cert_file}, --tls-key-file {tls_key_file}: {exc}"
         ) from None
 
     async def main() -> None:
-        server = await serve_admission(host, port, context, driver)
+        server = await serve_admission(host, port, certificate.context, driver)
+        renewals = asyncio.create_task(certificate.watch())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -85,6 +88,7 @@ def admission(
         )  # fmt: skip
         async with server:
             await stop.wait()
+        renewals.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 5)
 

@@ -2,11 +2,13 @@
 
 The API server calls a webhook only over TLS, with a certificate it trusts (the
 ValidatingWebhookConfiguration's ``caBundle``). :func:`serve_admission` serves, with the
-standard library's ``ssl`` on asyncio, ``POST`` :data:`PATH` (an ``AdmissionReview``,
-answered by :func:`~cdi_gen.dra.driver.admission.review`) and ``GET /healthz`` for the
-probes. One request per connection, bounded as the metrics server is: a request line and
-headers of limited size, a body of at most :data:`MAX_BODY` (the API server's own limit of
-a request), all within a deadline, so that a slow or hostile client holds nothing long.
+standard library's ``ssl`` on asyncio and the context of a
+:class:`~cdi_gen.dra.driver.servingcert.ServingCertificate` (which takes up renewed files),
+``POST`` :data:`PATH` (an ``AdmissionReview``, answered by
+:func:`~cdi_gen.dra.driver.admission.review`) and ``GET /healthz`` for the probes. One request
+per connection, bounded as the metrics server is: a request line and headers of limited size, a
+body of at most :data:`MAX_BODY` (the API server's own limit of a request), all within a
+deadline, so that a slow or hostile client holds nothing long.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ import asyncio
 import contextlib
 import json
 import ssl
-from pathlib import Path
 from typing import Final
 
 from cdi_gen.dra.driver.admission import ReviewError, review
 
-__all__ = ["MAX_BODY", "PATH", "serve_admission", "tls_context"]
+__all__ = ["MAX_BODY", "PATH", "serve_admission"]
 
 #: Where the ValidatingWebhookConfiguration sends reviews.
 PATH: Final = "/validate-resource-claim-parameters"
@@ -39,16 +40,6 @@ class _RefusedError(Exception):
     def __init__(self, status: str, why: str) -> None:
         super().__init__(status, why)
         self.status, self.why = status, why
-
-
-def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    """A server context for ``cert_file`` (the chain, PEM) and ``key_file``: TLS >= 1.2, as
-    the API server's client speaks it. Raises OSError or ssl.SSLError for files it cannot
-    use."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    return context
 
 
 async def _read(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
