@@ -428,3 +428,30 @@ def test_a_driver_name_over_63_characters_is_refused(
     assert "vendor as the DRA driver name" in err and "--driver" in err
     code, out, _ = _cli(capsys, command, *extra, "--driver", "d" * 60 + ".io")
     assert code == 0 and out
+
+
+def test_by_capacity_shows_a_shared_device_once_with_its_shares(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The preview of what the agent publishes where the API server serves consumable
+    capacity; without the flag, the slots every API server takes."""
+    data = {
+        "vendor": "example.com",
+        "classes": [
+            {"name": "kvm", "match": {"subsystem": "misc"}, "sharing": {"replicas": 3}},
+            {"name": "loop", "match": {"subsystem": "block"}},
+        ],
+    }
+    records = [_record("misc", "kvm", 1), _record("block", "loop1", 2)]
+    by_capacity = _slices_cli(capsys, tmp_path, data, records, "--by-capacity")
+    assert pool_problems(by_capacity) == []
+    named = {d["name"]: d for d in devices_of(by_capacity)}
+    assert sorted(named) == ["kvm-kvm", "loop-loop1"]
+    assert named["kvm-kvm"]["allowMultipleAllocations"] is True
+    assert named["kvm-kvm"]["capacity"]["shares"]["value"] == "3"
+    assert named["kvm-kvm"]["attributes"]["cdiName"] == {"string": "example.com/kvm=kvm-0"}
+    assert "slot" not in named["kvm-kvm"]["attributes"]
+    assert "allowMultipleAllocations" not in named["loop-loop1"]
+
+    slots = {d["name"] for d in devices_of(_slices_cli(capsys, tmp_path, data, records))}
+    assert slots == {"kvm-kvm-0", "kvm-kvm-1", "kvm-kvm-2", "loop-loop1"}

@@ -26,22 +26,33 @@ from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, 
     help="Only the classes whose config says `api: dra` (default: every class, as if all "
     "were served through DRA).",
 )
+@click.option(
+    "--by-capacity",
+    is_flag=True,
+    help="A shared class's device once, with a `shares` capacity, as the agent publishes it "
+    "where the API server keeps allowMultipleAllocations (DRAConsumableCapacity); default: "
+    "its N slots, which every API server takes.",
+)
 def slices(
+    *,
     config_path: Path | None,
     records_path: Path | None,
     node: str | None,
     driver: str | None,
     dra_only: bool,
+    by_capacity: bool,
 ) -> None:
     """Print the ResourceSlices (YAML documents) that `cdi-gen run` would publish for the
     devices found now, without an API server: a preview of the DRA view of each class.
-    Generation 1, and no owner reference (the Node's UID comes from the API server).
+    Generation 1, and no owner reference (the Node's UID comes from the API server); a
+    shared class in slots unless --by-capacity.
     A device left out of its class's spec is left out here too (a warning each, exit 1)."""
     import socket
 
     import yaml
 
     from cdi_gen.discovery.sharing import expand_advertised, expand_devices
+    from cdi_gen.dra.plugin.capacity import shared_once
     from cdi_gen.dra.plugin.pool import pool_devices
     from cdi_gen.dra.plugin.slices import build_slices
     from cdi_gen.errors import SpecError
@@ -73,13 +84,14 @@ def slices(
             continue
         left += warn_left_out(cls, spec)
         out = {d.device for d in spec.left_out}
-        devices += pool_devices(
+        pooled = pool_devices(
             config.vendor,
             cls_config,
             [d for d in advertised if d.id not in out],
             {d.name: d for d in discovered},
             classes=config.class_names,
         )
+        devices += shared_once(pooled, classes=config.class_names) if by_capacity else pooled
     docs = build_slices(driver, node, devices, 1, node_uid=None)
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=1 << 16))
     if left:
