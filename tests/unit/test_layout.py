@@ -42,6 +42,29 @@ def test_module_map_lists_exactly_the_modules_that_exist() -> None:
     )
 
 
+def _packages_that_list_their_modules() -> list[str]:
+    """Packages whose docstring names one of their own modules (a list of what they hold,
+    which must then be whole)."""
+    out = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = ".".join(("cdi_gen", *init.parent.relative_to(PACKAGE).parts))
+        if re.search(rf":\w+:`~?{re.escape(package)}\.\w+[.`]", init.read_text()):
+            out.append(package)
+    return out
+
+
+@pytest.mark.parametrize("package", _packages_that_list_their_modules())
+def test_a_package_that_lists_its_modules_lists_them_all(package: str) -> None:
+    folder = PACKAGE.joinpath(*package.split(".")[1:])
+    text = (folder / "__init__.py").read_text()
+    # A module counts as named by any role: :mod:`~pkg.mod`, or :class:`~pkg.mod.Name`.
+    named = set(re.findall(rf":\w+:`~?{re.escape(package)}\.(\w+)[.`]", text))
+    present = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    present |= {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    assert present - named == set(), f"{package}'s docstring leaves out {sorted(present - named)}"
+    assert named - present == set(), f"{package}'s docstring names {sorted(named - present)}"
+
+
 @pytest.mark.parametrize(
     ("module", "absent"),
     [

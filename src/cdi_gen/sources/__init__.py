@@ -4,7 +4,8 @@ The agent reads records from a :class:`RecordSource`: a full enumeration from
 :meth:`~RecordSource.start`, then :class:`RecordBatch` es as devices change. udev is the real
 source (:mod:`cdi_gen.sources.udev`, the only pyudev user); tests use a pipe-backed fake fed
 from recorded data (``tests/fakes/source.py``), so nothing but the tests meant for it reads
-this machine's udev database.
+this machine's udev database. Recordings themselves (``udevadm info --export-db`` text, the
+JSON of ``cdi-gen record``, read by ``--records``) are :mod:`cdi_gen.sources.records`.
 """
 
 from __future__ import annotations
