@@ -3,17 +3,22 @@
 ``/metrics`` (Prometheus text format), ``/healthz`` (the event loop answers) and ``/readyz``
 (every class has written its spec and its plugin is registered) are served by a tiny asyncio
 HTTP server on the agent's own loop, so a stuck loop fails the liveness probe instead of being
-hidden by a healthy side thread. The server is bounded (:class:`HttpLimits`): oversize
-requests get 400/431, a request must arrive within a deadline, and connections are capped
-with the slowest evicted first, so that slow or hostile clients cannot starve the probes.
+hidden by a healthy side thread. The same server may also listen on a unix socket private to
+the pod (``--probe-socket``, what ``cdi-gen probe`` asks): on the host's network, during a
+rolling update, the address is the older agent's, and a probe of it says nothing of this one.
+The server is bounded (:class:`HttpLimits`): oversize requests get 400/431, a request must
+arrive within a deadline, and connections are capped with the slowest evicted first, so that
+slow or hostile clients cannot starve the probes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+import stat
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -200,6 +205,36 @@ async def serve_http(
     limits: HttpLimits = HttpLimits(),
 ) -> asyncio.Server:
     """Start the endpoint server on ``host:port`` (port 0 picks one); return it."""
+    handle = _handler(metrics, ready, limits)
+    return await asyncio.start_server(handle, host, port, limit=limits.max_line)
+
+
+async def serve_http_unix(
+    path: Path,
+    metrics: Metrics,
+    ready: Callable[[], tuple[bool, str]],
+    limits: HttpLimits = HttpLimits(),
+) -> asyncio.Server:
+    """The same endpoints on the unix socket ``path`` (what ``cdi-gen probe`` asks); a socket
+    already there (the pod's previous container) is replaced. Raises OSError, and
+    FileExistsError for a path that is anything but a socket: never removed."""
+    _replace_socket(path)
+    handle = _handler(metrics, ready, limits)
+    return await asyncio.start_unix_server(handle, path, limit=limits.max_line)
+
+
+def _replace_socket(path: Path) -> None:
+    """Remove the socket at ``path``, if there is one; refuse anything else there."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise FileExistsError(f"{path} exists and is not a socket")
+        path.unlink()
+
+
+def _handler(
+    metrics: Metrics, ready: Callable[[], tuple[bool, str]], limits: HttpLimits
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """One connection's handling, shared by the address and the socket."""
     # Insertion order: the first connection still reading is the oldest.
     connections: dict[asyncio.StreamWriter, _Connection] = {}
 
@@ -248,7 +283,7 @@ async def serve_http(
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), 1)
 
-    return await asyncio.start_server(handle, host, port, limit=limits.max_line)
+    return handle
 
 
 async def _discard_rest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -187,15 +187,15 @@ def write_dra_overlay(
     }  # fmt: skip
     container = "/spec/template/spec/containers/0"
     # No container port in the DRA variant (a host port would keep a rolling update's pod off
-    # the node): the probes name the port, checked first.
+    # the node): the liveness probe names the port, checked first; readiness is the shipped
+    # `cdi-gen probe` on the pod's own socket, checked as it is.
     port_patch = [
         {"op": "test", "path": f"{container}/livenessProbe/httpGet/port", "value": 9400},
         {"op": "replace", "path": f"{container}/livenessProbe/httpGet/port", "value": metrics_port},
-        {"op": "test", "path": f"{container}/readinessProbe/httpGet/port", "value": 9400},
         {
-            "op": "replace",
-            "path": f"{container}/readinessProbe/httpGet/port",
-            "value": metrics_port,
+            "op": "test",
+            "path": f"{container}/readinessProbe/exec/command",
+            "value": ["cdi-gen", "probe"],
         },
     ]
     return _write_overlay(

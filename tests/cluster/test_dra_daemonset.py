@@ -36,6 +36,8 @@ from .test_daemonset import (
 pytestmark = pytest.mark.timeout(900)
 
 RESOURCE = "example.com/fpga"
+#: The shipped CDI_GEN_PLUGINS_REGISTRY_DIR: the kubelet's plugin watcher.
+PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 
 
 def test_dra_overlay_renders_with_the_release_kubectl(lane: Lane) -> None:
@@ -236,3 +238,76 @@ def test_dra_daemonset_rolls_without_a_gap(
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
     assert not failures, failures
     print(f"pods started during the rollout: {len(started)}, prepare failures: 0")
+
+
+def _unready_events(cluster: Cluster, pod: str) -> list[str]:
+    """The kubelet's events of ``pod``'s failed readiness probes."""
+    assert cluster.api is not None
+    selector = f"involvedObject.name={pod},reason=Unhealthy"
+    events = cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector={selector}")
+    return [str(e.get("message", "")) for e in events["items"]]
+
+
+def test_a_successor_that_never_gets_ready_does_not_replace_the_agent(
+    cluster: Cluster,
+    loops: LoopDevices,
+    claims: Claims,
+    shipped_dra_daemonset: tuple[Path, int],
+    agent_image: AgentImage,
+) -> None:
+    """A new version whose agent cannot register (its registration socket where the kubelet
+    does not look) starts beside the old pod and is never Ready: its probe asks its own
+    agent, not the node's port, which the old agent holds and answers ready on. The old pod
+    is neither deleted nor restarted, its agent keeps the devices published, and undoing
+    the change removes only the new pod."""
+    overlay, port = shipped_dra_daemonset
+    device = loops.add()
+    assert cluster.api is not None
+    write_dra_overlay(
+        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
+    )
+    cluster.kubectl("apply", "-k", str(overlay))
+    old = wait_agent_ready(cluster)
+    old_uid = old["metadata"]["uid"]
+    cdi = f"example.com/fpga=fpga-{device.number}"
+
+    def published(found: dict[str, dict[str, object]]) -> bool:
+        return any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values())
+
+    claims.wait_devices(DRIVER, published, f"{cdi} published", timeout=60)
+
+    registry = "CDI_GEN_PLUGINS_REGISTRY_DIR"
+    cluster.kubectl(
+        "-n", NAMESPACE, "set", "env", f"daemonset/{NAME}", f"{registry}=/var/lib/cdi-gen/nowhere"
+    )
+
+    def successor_unready() -> tuple[dict[str, object], list[str]] | None:
+        newer = [p for p in agent_pods(cluster) if p["metadata"]["uid"] != old_uid]
+        if not newer:
+            return None
+        # Its agent's own answer (the first probes may come before its socket exists).
+        events = _unready_events(cluster, newer[0]["metadata"]["name"])
+        waiting = [e for e in events if "waiting for DRA driver" in e]
+        return (newer[0], waiting) if waiting else None
+
+    newer, _ = until_sync(successor_unready, "the new agent's probe saying what it waits for", 120)
+    pods = {p["metadata"]["uid"]: p for p in agent_pods(cluster)}
+    assert old_uid in pods, "the old agent's pod was replaced by one that is not ready"
+    kept = pods[old_uid]
+    assert "deletionTimestamp" not in kept["metadata"], "the old pod is being deleted"
+    assert kept["status"]["containerStatuses"][0]["ready"] is True
+    assert kept["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert http_status(f"http://127.0.0.1:{port}/readyz") == 200  # the old agent's port
+    claims.wait_devices(DRIVER, published, f"{cdi} still published", timeout=10)
+
+    # Undone: the template is the old pod's again, and only the unready pod goes.
+    cluster.kubectl(
+        "-n", NAMESPACE, "set", "env", f"daemonset/{NAME}", f"{registry}={PLUGINS_REGISTRY}"
+    )
+    until_sync(
+        lambda: [p["metadata"]["uid"] for p in agent_pods(cluster)] == [old_uid],
+        "the unready pod removed, the old one kept",
+        120,
+    )
+    assert wait_agent_ready(cluster)["metadata"]["uid"] == old_uid
+    assert newer["metadata"]["uid"] != old_uid

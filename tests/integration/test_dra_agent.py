@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ import pytest
 from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
+from cdi_gen.metrics import Metrics, serve_http
 from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.fakes.source import PipeSource
@@ -259,3 +262,49 @@ async def test_a_prepared_claim_shows_its_device_in_its_status_until_unprepared(
 
             assert (await connection.unprepare([claim])).claims[uid].error == ""
             await api.until(lambda: not entries())
+
+
+async def test_the_probe_socket_answers_for_this_agent_while_another_holds_the_address(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling update on the host's network: the agent this pod replaces holds the metrics
+    address and says ready there. ``cdi-gen probe`` on this pod's socket says what this
+    agent waits for until its own plugin is registered, then ready; the socket is removed
+    at exit."""
+    from cdi_gen.dra.plugin.server import DraPlugin
+
+    async def no_successor(_plugin: DraPlugin, within: float = 0.0) -> bool:
+        return False  # at its stop, no newer pod comes: the 20 s handover is not the point
+
+    monkeypatch.setattr(DraPlugin, "hand_over", no_successor)
+    older = await serve_http("127.0.0.1", 0, Metrics(), lambda: (True, "ready"))
+    port = older.sockets[0].getsockname()[1]
+    probe_socket = short_dir / "probe.sock"
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cdi_gen", "probe", "--socket", str(probe_socket)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    async with older, FakeApiServer() as api:
+        _api(api)
+        options = {
+            "metrics_address": f"127.0.0.1:{port}",
+            "pod_uid": str(uuid.uuid4()),
+            "probe_socket": probe_socket,
+        }
+        async with _agent(short_dir, api, **options):
+            waiting = await asyncio.to_thread(probe)
+            assert waiting.returncode == 1, waiting
+            assert waiting.stdout.startswith(f"waiting for DRA driver {DRIVER}"), waiting.stdout
+            async with FakeDraKubelet(short_dir / "reg") as kubelet:
+                await kubelet.next_registration(within=10)
+
+                async def answer() -> subprocess.CompletedProcess[str] | None:
+                    done = await asyncio.to_thread(probe)
+                    return done if done.returncode == 0 else None
+
+                ready = await until(answer, "the probe saying ready", within=20)
+                assert ready.stdout == "ready\n"
+    assert not probe_socket.exists()

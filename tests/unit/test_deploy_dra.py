@@ -124,7 +124,7 @@ def test_daemonset_patch_serves_through_dra() -> None:
     # Sockets per pod: the two pods of a rolling update register side by side.
     assert env["CDI_GEN_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"] if "$patch" not in m}
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "$patch" not in v}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins",
                  "/var/lib/cdi-gen"):  # fmt: skip
         # Writable (sockets, checkpoint), and the same path on the host as in the container:
@@ -278,10 +278,21 @@ def test_the_dra_daemonset_surges_and_the_device_plugin_one_replaces() -> None:
     (base,) = _load(K8S / "base" / "daemonset.yaml")
     assert base["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     # With the host's network a container port is a host port: the surge pod would never be
-    # scheduled beside the old one. The probes name the port instead.
+    # scheduled beside the old one. The liveness probe names the port instead.
     spec, container = _patched_container()
     assert "ports" in container and container["ports"] is None  # deleted from the base's
     assert container["livenessProbe"]["httpGet"]["port"] == 9400
-    assert container["readinessProbe"]["httpGet"]["port"] == 9400
+    # Until the old pod has gone, the port is its agent's: readiness asks this pod's own over
+    # a socket in a folder of the pod (the base's HTTP probe deleted), within a timeout a
+    # Python start fits in.
+    readiness = container["readinessProbe"]
+    assert readiness["httpGet"] is None
+    assert readiness["exec"] == {"command": ["cdi-gen", "probe"]}
+    assert readiness["timeoutSeconds"] >= 3
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    socket = Path(env["CDI_GEN_PROBE_SOCKET"])
+    mounts = {m["mountPath"]: m.get("name") for m in container["volumeMounts"]}
+    volumes = {v.get("name"): v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts[str(socket.parent)]]
     # Room for the handover (HANDOVER_SECONDS) and the stop after it.
     assert spec["terminationGracePeriodSeconds"] > draplugin.HANDOVER_SECONDS + 5

@@ -71,11 +71,13 @@ from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.errors import ConfigError, SpecWriteError, quote
 from cdi_gen.logs import fields
-from cdi_gen.metrics import Metrics, serve_http
+from cdi_gen.metrics import Metrics, serve_http, serve_http_unix
 from cdi_gen.retry import Failures, Tools, describe
 from cdi_gen.sources import RecordSource
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from cdi_gen.cdi.runtimes import Ceiling
     from cdi_gen.dra.driver.driver import DraDriver
     from cdi_gen.dra.plugin.uninstall import Owner
@@ -135,6 +137,8 @@ class Agent:
         #: The records' source; udev (started in :meth:`run`) unless one is given.
         self.source = source
         self._http: asyncio.Server | None = None
+        #: The endpoints on ``--probe-socket``: this pod's agent, whoever holds the address.
+        self._probe: asyncio.Server | None = None
         self.started = asyncio.Event()
 
     def _runner(self, config: ClassConfig) -> ClassRunner:
@@ -240,29 +244,7 @@ class Agent:
 
     async def _start(self) -> None:
         settings = self.settings
-        if settings.metrics.address:
-            host, port = parse_address(settings.metrics.address)
-            try:
-                self._http = await serve_http(host, port, self.metrics, self.ready)
-            except OSError as exc:  # in use, or an address this host does not have
-                if exc.errno != errno.EADDRINUSE or settings.dra.pod_uid is None:
-                    raise ConfigError(
-                        f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
-                        f"{os.strerror(exc.errno) if exc.errno else exc}"
-                    ) from None
-                # A rolling update with surge: the pod this one replaces shares the host's
-                # network and holds the port until it exits (its /readyz answers meanwhile;
-                # it hands over only once this one is registered).
-                log.warning(
-                    "metrics address in use (the agent this pod replaces?); served once free",
-                    extra=fields(address=settings.metrics.address),
-                )
-                self._background.spawn(self._listen_later(host, port), "metrics address")
-            else:
-                log.info(
-                    "serving /metrics /healthz /readyz",
-                    extra=fields(address=settings.metrics.address),
-                )
+        await self._serve_endpoints()
         # Off the event loop and bounded: /healthz is already served, and the folder may be
         # slow or hold anything.
         try:
@@ -297,6 +279,43 @@ class Agent:
         if self.dra is not None and settings.cluster.daemonset is not None:
             self._background.spawn(self._owner().learn(), "owner DaemonSet")
         self.started.set()
+
+    async def _serve_endpoints(self) -> None:
+        """/metrics, /healthz and /readyz on the probe socket and the metrics address."""
+        settings = self.settings
+        if settings.metrics.probe_socket is not None:
+            self._probe = await self._serve_probe(settings.metrics.probe_socket)
+        if settings.metrics.address:
+            host, port = parse_address(settings.metrics.address)
+            try:
+                self._http = await serve_http(host, port, self.metrics, self.ready)
+            except OSError as exc:  # in use, or an address this host does not have
+                if exc.errno != errno.EADDRINUSE or settings.dra.pod_uid is None:
+                    raise ConfigError(
+                        f"--metrics-address {quote(settings.metrics.address)}: cannot listen: "
+                        f"{os.strerror(exc.errno) if exc.errno else exc}"
+                    ) from None
+                # A rolling update with surge: the pod this one replaces shares the host's
+                # network and holds the port until it exits (this pod's readiness probe asks
+                # the probe socket; the older agent hands over once this one is registered).
+                log.warning(
+                    "metrics address in use (the agent this pod replaces?); served once free",
+                    extra=fields(address=settings.metrics.address),
+                )
+                self._background.spawn(self._listen_later(host, port), "metrics address")
+            else:
+                log.info(
+                    "serving /metrics /healthz /readyz",
+                    extra=fields(address=settings.metrics.address),
+                )
+
+    async def _serve_probe(self, path: Path) -> asyncio.Server:
+        try:
+            server = await serve_http_unix(path, self.metrics, self.ready)
+        except OSError as exc:
+            raise ConfigError(f"--probe-socket {quote(str(path))}: cannot listen: {exc}") from None
+        log.info("serving /metrics /healthz /readyz", extra=fields(socket=str(path)))
+        return server
 
     async def _listen_later(self, host: str, port: int) -> None:
         """Serve the endpoints as soon as the address is free (see :meth:`_start`)."""
@@ -382,6 +401,13 @@ class Agent:
         if self._http is not None:
             self._http.close()
             await self._http.wait_closed()
+        if self._probe is not None:
+            self._probe.close()
+            await self._probe.wait_closed()
+            probe_socket = self.settings.metrics.probe_socket
+            with contextlib.suppress(OSError):  # the pod's own folder: nobody else's file
+                if probe_socket is not None and probe_socket.is_socket():
+                    probe_socket.unlink()
         log.info("stopped")
 
     async def _stop_frontends(self) -> None:

@@ -31,6 +31,7 @@ COMMANDS = {
     "discover": ("cdi_gen.cli.discover", "discover"),
     "doctor": ("cdi_gen.cli.doctor", "doctor"),
     "list": ("cdi_gen.cli.listing", "list_devices"),
+    "probe": ("cdi_gen.cli.probe", "probe"),
     "record": ("cdi_gen.cli.record", "record"),
     "render": ("cdi_gen.cli.render", "render"),
     "run": ("cdi_gen.cli.run", "run"),

@@ -16,6 +16,7 @@ from cdi_gen.cli import options
 @options.DEVICE_PLUGIN_DIR
 @options.setting("udev_source", "--udev-source", type=click.Choice(["auto", "udev", "kernel"]))
 @options.setting("metrics_address", "--metrics-address")
+@options.setting("probe_socket", "--probe-socket", type=click.Path(dir_okay=False))
 @options.setting("cdi_annotations", "--cdi-annotations", is_flag=True)
 @options.setting("cleanup_on_exit", "--cleanup-on-exit", is_flag=True)
 @options.setting("no_kubelet", "--no-kubelet", is_flag=True)

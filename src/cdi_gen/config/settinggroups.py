@@ -274,12 +274,21 @@ class ClusterSettings(_Group):
 
 
 class MetricsSettings(_Group):
-    """Where /metrics, /healthz and /readyz are served."""
+    """Where /metrics, /healthz and /readyz are served: an address, and a socket for probes."""
 
     address: str | None = Field(
         default=":9400",
         description="HOST:PORT of /metrics, /healthz and /readyz; empty to disable",
     )
+
+    probe_socket: Path | None = Field(
+        default=None,
+        description="a unix socket, private to the pod, where /healthz and /readyz are served "
+        "too: what `cdi-gen probe` asks (on the host's network a probe of the address may "
+        "reach another agent, the one a rolling update replaces)",
+    )
+
+    _present = field_validator("probe_socket", mode="before")(not_empty)
 
     @field_validator("address", mode="after")
     @classmethod

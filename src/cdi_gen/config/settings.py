@@ -85,6 +85,7 @@ NAMES: dict[str, tuple[str | None, str]] = {
     "daemonset": ("cluster", "daemonset"),
     "daemonset_namespace": ("cluster", "daemonset_namespace"),
     "metrics_address": ("metrics", "address"),
+    "probe_socket": ("metrics", "probe_socket"),
     "log_format": ("logs", "format"),
     "log_level": ("logs", "level"),
     "retry_max_seconds": ("retry", "max_seconds"),
