@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -166,13 +167,44 @@ def test_dra_daemonset_as_shipped_serves_the_example_consumer(
     print(f"example pod output:\n{log}")
 
 
+def _events(cluster: Cluster, namespace: str, pod: str, reason: str) -> list[str]:
+    """The messages of ``pod``'s events for ``reason``."""
+    assert cluster.api is not None
+    selector = f"involvedObject.name={pod},reason={reason}"
+    events = cluster.api.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}")
+    return [str(e.get("message", "")) for e in events["items"]]
+
+
 def _prepare_failures(cluster: Cluster, pod: str) -> list[str]:
     """The kubelet's FailedPrepareDynamicResources events of ``pod``: a NodePrepareResources
     that found no driver, or one that failed."""
+    return _events(cluster, POD_NAMESPACE, pod, "FailedPrepareDynamicResources")
+
+
+def _serving_one_device(
+    cluster: Cluster,
+    loops: LoopDevices,
+    claims: Claims,
+    shipped_dra_daemonset: tuple[Path, int],
+    agent_image: AgentImage,
+) -> tuple[dict[str, Any], Callable[[dict[str, dict[str, Any]]], bool]]:
+    """The shipped DaemonSet serving one new loop device: its Ready pod, and the check that
+    the device is published."""
+    overlay, port = shipped_dra_daemonset
+    device = loops.add()
     assert cluster.api is not None
-    selector = f"involvedObject.name={pod},reason=FailedPrepareDynamicResources"
-    events = cluster.api.get(f"/api/v1/namespaces/{POD_NAMESPACE}/events?fieldSelector={selector}")
-    return [str(e.get("message", "")) for e in events["items"]]
+    write_dra_overlay(
+        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
+    )
+    cluster.kubectl("apply", "-k", str(overlay))
+    pod = wait_agent_ready(cluster)
+    cdi = f"example.com/fpga=fpga-{device.number}"
+
+    def published(found: dict[str, dict[str, Any]]) -> bool:
+        return any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values())
+
+    claims.wait_devices(DRIVER, published, f"{cdi} published", timeout=60)
+    return pod, published
 
 
 def test_dra_daemonset_rolls_without_a_gap(
@@ -185,21 +217,7 @@ def test_dra_daemonset_rolls_without_a_gap(
     """A changed DaemonSet rolls with surge (two agents of the driver, each with its pod's
     sockets) while pods with claims start one after another: every pod starts, and the
     kubelet never fails a NodePrepareResources."""
-    overlay, port = shipped_dra_daemonset
-    device = loops.add()
-    assert cluster.api is not None
-    write_dra_overlay(
-        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
-    )
-    cluster.kubectl("apply", "-k", str(overlay))
-    old = wait_agent_ready(cluster)
-    cdi = f"example.com/fpga=fpga-{device.number}"
-    claims.wait_devices(
-        DRIVER,
-        lambda found: any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values()),
-        f"{cdi} published",
-        timeout=60,
-    )
+    old, _ = _serving_one_device(cluster, loops, claims, shipped_dra_daemonset, agent_image)
     claims.template("rolling", "fpga.example.com")
 
     pods = claims.pods
@@ -240,14 +258,6 @@ def test_dra_daemonset_rolls_without_a_gap(
     print(f"pods started during the rollout: {len(started)}, prepare failures: 0")
 
 
-def _unready_events(cluster: Cluster, pod: str) -> list[str]:
-    """The kubelet's events of ``pod``'s failed readiness probes."""
-    assert cluster.api is not None
-    selector = f"involvedObject.name={pod},reason=Unhealthy"
-    events = cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector={selector}")
-    return [str(e.get("message", "")) for e in events["items"]]
-
-
 def test_a_successor_that_never_gets_ready_does_not_replace_the_agent(
     cluster: Cluster,
     loops: LoopDevices,
@@ -260,21 +270,9 @@ def test_a_successor_that_never_gets_ready_does_not_replace_the_agent(
     agent, not the node's port, which the old agent holds and answers ready on. The old pod
     is neither deleted nor restarted, its agent keeps the devices published, and undoing
     the change removes only the new pod."""
-    overlay, port = shipped_dra_daemonset
-    device = loops.add()
-    assert cluster.api is not None
-    write_dra_overlay(
-        overlay, agent_image.name, loop_fpga_config([device.name]), port, cluster.api.port
-    )
-    cluster.kubectl("apply", "-k", str(overlay))
-    old = wait_agent_ready(cluster)
+    _, port = shipped_dra_daemonset
+    old, published = _serving_one_device(cluster, loops, claims, shipped_dra_daemonset, agent_image)
     old_uid = old["metadata"]["uid"]
-    cdi = f"example.com/fpga=fpga-{device.number}"
-
-    def published(found: dict[str, dict[str, object]]) -> bool:
-        return any(device_attribute(d, DRIVER, "cdiName") == cdi for d in found.values())
-
-    claims.wait_devices(DRIVER, published, f"{cdi} published", timeout=60)
 
     registry = "CDI_GEN_PLUGINS_REGISTRY_DIR"
     cluster.kubectl(
@@ -286,7 +284,7 @@ def test_a_successor_that_never_gets_ready_does_not_replace_the_agent(
         if not newer:
             return None
         # Its agent's own answer (the first probes may come before its socket exists).
-        events = _unready_events(cluster, newer[0]["metadata"]["name"])
+        events = _events(cluster, NAMESPACE, newer[0]["metadata"]["name"], "Unhealthy")
         waiting = [e for e in events if "waiting for DRA driver" in e]
         return (newer[0], waiting) if waiting else None
 
@@ -298,7 +296,7 @@ def test_a_successor_that_never_gets_ready_does_not_replace_the_agent(
     assert kept["status"]["containerStatuses"][0]["ready"] is True
     assert kept["status"]["containerStatuses"][0]["restartCount"] == 0
     assert http_status(f"http://127.0.0.1:{port}/readyz") == 200  # the old agent's port
-    claims.wait_devices(DRIVER, published, f"{cdi} still published", timeout=10)
+    claims.wait_devices(DRIVER, published, "the device still published", timeout=10)
 
     # Undone: the template is the old pod's again, and only the unready pod goes.
     cluster.kubectl(
