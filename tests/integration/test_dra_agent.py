@@ -11,6 +11,7 @@ that does not serve cannot prepare it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import shutil
 import subprocess
@@ -308,3 +309,40 @@ async def test_the_probe_socket_answers_for_this_agent_while_another_holds_the_a
                 ready = await until(answer, "the probe saying ready", within=20)
                 assert ready.stdout == "ready\n"
     assert not probe_socket.exists()
+
+
+async def test_with_cleanup_on_exit_the_agent_a_newer_one_took_over_from_leaves_the_specs(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cleanup-on-exit`` through a rolling update with surge: the older agent hands over
+    to the newer one registered beside it and leaves the class's spec file, which the newer
+    one serves under the same name (and does not write again: it holds what it would
+    write). The newer one, with nobody to hand over to, removes it at its exit."""
+    from cdi_gen.dra.plugin.server import HANDOVER_SECONDS, DraPlugin
+
+    older_uid, newer_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    hand_over = DraPlugin.hand_over
+
+    async def briefly(plugin: DraPlugin, within: float = HANDOVER_SECONDS) -> bool:
+        # The newest agent waits out its bound for a successor that never comes: a short one.
+        return await hand_over(plugin, within=0.5 if plugin.pod_uid == newer_uid else within)
+
+    monkeypatch.setattr(DraPlugin, "hand_over", briefly)
+    spec = short_dir / "cdi" / f"{DRIVER}-loop.json"
+    async with (
+        FakeApiServer() as api,
+        FakeDraKubelet(short_dir / "reg") as kubelet,
+        contextlib.AsyncExitStack() as newer,
+    ):
+        _api(api)
+        async with _agent(short_dir, api, pod_uid=older_uid, cleanup_on_exit=True):
+            await kubelet.next_registration(within=10)
+            await until(spec.is_file, "the older agent's class spec")
+            written = spec.read_bytes()
+            await newer.enter_async_context(
+                _agent(short_dir, api, pod_uid=newer_uid, cleanup_on_exit=True)
+            )
+            await kubelet.next_registration(within=10)
+        # The older agent has gone, after the newer one registered; the newer one serves.
+        assert spec.read_bytes() == written
+    assert not spec.exists()

@@ -44,7 +44,8 @@ The agent builds each class's runner and frontend and lends them :class:`~cdi_ge
 (metrics, the retries' bound, its task group); they never hold the agent. A device-plugin
 class gets a :class:`~cdi_gen.deviceplugin.board.DeviceBoard` (its plugin serves it); a DRA
 class publishes into the driver's pool instead. On shutdown the boards close, every frontend
-stops, then the specs are removed when ``cleanup_on_exit`` says so.
+stops, then the specs are removed when ``cleanup_on_exit`` says so (or on an uninstall), unless
+a newer agent took them over.
 """
 
 from __future__ import annotations
@@ -394,7 +395,12 @@ class Agent:
             await self.dra.stop(successor=False)
         await self._stop_frontends()
         # Nothing serves the kubelet any more: what is cleaned up after the agent goes here.
-        if verdict is None or await self._owner().finish(
+        # Not the spec files a newer agent took over (a rolling update with surge): it writes
+        # the same files under the same names, and does not write them again while they hold
+        # what it would write, so removing them would leave its devices without a spec.
+        if self.dra is not None and self.dra.handed_over:
+            log.info("spec files kept at exit: the newer agent that took over serves them")
+        elif verdict is None or await self._owner().finish(
             verdict, None if self.dra is None else self.dra.name
         ):
             await self._remove_specs()

@@ -117,6 +117,9 @@ class DraDriver:
         )
         self._started = False
         self._stopped = False
+        #: Whether, at its stop, a newer instance of the driver took over (a rolling update):
+        #: the spec files, named alike for both, are then the ones that instance serves.
+        self.handed_over = False
 
     # -- the agent's two publication points --------------------------------------------
 
@@ -410,7 +413,7 @@ class DraDriver:
         self.pool.close()
         if self.plugin is not None:
             if successor:
-                await self.plugin.hand_over()
+                self.handed_over = await self.plugin.hand_over()
             await self.plugin.stop(grace=1.0)
         if self.claim_status is not None:
             await self.claim_status.close()
