@@ -104,6 +104,30 @@ def test_write_leaves_out_what_the_runtime_cannot_read_and_exits_1(
     assert not (spec_dir / "example.com-tun.json").exists()
 
 
+def test_slices_offers_only_what_the_runtime_can_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preview takes the agent's runtime ceiling: a device the agent leaves out of the
+    spec on an old podman is not offered as a slice either."""
+    config = _config(tmp_path, "{additionalGids: [5]}")
+    argv = ("slices", "--records", VM, "--config", str(config), "--node", "n1")
+    code, out, err = _cli(capsys, *argv, "--runtime", "podman@4.3.1")
+    assert code == 1
+    assert err.startswith(GIDS_LEFT_OUT), err
+    assert "cdiName" not in out
+    code, out, err = _cli(capsys, *argv, "--runtime", "containerd@2.3.7")
+    assert (code, err) == (0, "")
+    assert "- name: tun-tun\n" in out
+    # The agent's own environment says the same as the flag.
+    monkeypatch.setenv("CDI_GEN_RUNTIME", "podman@4.3.1")
+    code, out, err = _cli(capsys, *argv)
+    assert code == 1 and err.startswith(GIDS_LEFT_OUT), err
+    # A pin is the user's word over the ceiling, as for write.
+    code, out, err = _cli(capsys, *argv, "--cdi-version", "0.7.0")
+    assert (code, err) == (0, "")
+    assert "- name: tun-tun\n" in out
+
+
 def test_a_pin_is_the_users_word_over_the_ceiling(tmp_path: Path) -> None:
     discovery = _discovery(_config(tmp_path, "{additionalGids: [5]}"))
     cls, devices = discovery.config_of("tun"), discovery.devices("tun")

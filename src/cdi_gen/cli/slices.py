@@ -1,8 +1,10 @@
 """``cdi-gen slices``: the ResourceSlices this node would publish through DRA.
 
 As the agent, it offers only the devices in their class's spec: a device left out of the
-spec (skipped, invalid, or needing a newer cdiVersion than the pin) is left out of the
-slices too, named on stderr, and the command exits 1 after printing the rest."""
+spec (skipped, invalid, or needing a newer cdiVersion than the pin or, unpinned, than the
+node's known runtimes read) is left out of the slices too, named on stderr, and the command
+exits 1 after printing the rest. It reads the agent's pins as `write` does, so that
+`cdi-gen slices` in the agent's environment offers what the agent offers."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ from pathlib import Path
 import click
 
 from cdi_gen.cli import options
-from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, warn_skipped
+from cdi_gen.cli.inputs import (
+    discover_devices,
+    left_out_error,
+    node_ceiling,
+    warn_left_out,
+    warn_skipped,
+)
 
 
 @click.command()
@@ -33,6 +41,9 @@ from cdi_gen.cli.inputs import discover_devices, left_out_error, warn_left_out, 
     "where the API server keeps allowMultipleAllocations (DRAConsumableCapacity); default: "
     "its N slots, which every API server takes.",
 )
+@options.PIN_CDI_VERSION
+@options.PIN_RUNTIME
+@options.PIN_CRI_SOCKET
 def slices(
     *,
     config_path: Path | None,
@@ -41,6 +52,9 @@ def slices(
     driver: str | None,
     dra_only: bool,
     by_capacity: bool,
+    cdi_version: str | None,
+    runtime_refs: tuple[str, ...],
+    cri_sockets: tuple[str, ...],
 ) -> None:
     """Print the ResourceSlices (YAML documents) that `cdi-gen run` would publish for the
     devices found now, without an API server: a preview of the DRA view of each class.
@@ -58,7 +72,16 @@ def slices(
     from cdi_gen.errors import SpecError
 
     node = node if node is not None else socket.gethostname().lower()
-    discovery = discover_devices(config_path, (), records_path)
+    sockets = cri_sockets or None
+    discovery = discover_devices(
+        config_path,
+        (),
+        records_path,
+        cdi_version=cdi_version,
+        runtime_refs=runtime_refs,
+        cri_sockets=sockets,
+    )
+    ceiling = node_ceiling(runtime_refs, sockets)
     config = discovery.config
     _check_name("--node", node)
     driver = _driver(driver, config.vendor)
@@ -76,7 +99,7 @@ def slices(
             advertised = expand_advertised(advertised, replicas)
         # The agent publishes a device only once its entry is in the spec it wrote.
         try:
-            spec = discovery.class_spec(cls)
+            spec = discovery.class_spec(cls, ceiling=ceiling)
         except SpecError as exc:  # no spec at all: the agent would publish none of them
             for line in str(exc).splitlines():
                 click.echo(f"warning: class {cls!r}: no spec, no device offered: {line}", err=True)
