@@ -90,7 +90,11 @@ class LoopDevices:
     """Creates loop devices numbered ``low``-``high`` and guarantees their removal.
 
     Numbers start at a random point because other suites create loop devices at the same
-    time; an existing number (EEXIST) is simply skipped.
+    time; an existing number (EEXIST) is simply skipped. An agent under test matches every
+    loop device of its range, so ranges that run side by side must not overlap: e2e 200-299,
+    tests/integration/test_agent.py 300-399, the cluster tests 400-499,
+    test_agent_failures.py 600-699, the other integration tests 700-999 (and the benchmarks,
+    which run alone, 500-999).
     """
 
     low: int = 200

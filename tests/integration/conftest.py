@@ -27,10 +27,12 @@ def thread_boundary_kept() -> Iterator[None]:
 
 @pytest.fixture
 def loops() -> Iterator[LoopDevices]:
-    """Loop devices numbered 300-999 (other suites use other ranges), removed at the end."""
+    """Loop devices numbered 700-999, removed at the end: below 700 are the ranges of the
+    agents under test in this tier (test_agent.py, test_agent_failures.py), which would
+    take a device of this fixture, made on another worker, for one of theirs."""
     if not os.path.exists("/dev/loop-control"):
         pytest.fail("/dev/loop-control is missing: these tests need the loop driver and root")
-    created = LoopDevices(low=300, high=999)
+    created = LoopDevices(low=700, high=999)
     try:
         yield created
     finally:
