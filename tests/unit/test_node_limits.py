@@ -3,8 +3,9 @@
 Trap 2: a spec the node's known runtimes cannot read (a field needing a newer cdiVersion) was
 written with exit 0; now each such device is left out naming the runtime, the field and the
 version, the command exits 1 and the agent's /readyz names the class. Trap 4: extra host
-paths were never checked; now render/write warn, doctor fails and the agent leaves the
-device out, unless the entry is ``optional``. Trap 6: per-node fields in a grouped class's
+paths were never checked; now render/write warn, doctor fails (in a pod: under /dev and /sys
+only, the others named unchecked) and the agent leaves the device out, unless the entry is
+``optional``. Trap 6: per-node fields in a grouped class's
 edits are refused at load.
 """
 
@@ -299,8 +300,12 @@ def test_check_config_refuses_a_per_node_field_in_a_grouped_class(
 
 
 def test_doctor_cli_fails_a_missing_host_path(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, short_dir: Path
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # on the node itself
     missing = short_dir / "no-tools"
     config = _config(tmp_path, f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}]}}")
     spec_dir = tmp_path / "run"
@@ -316,6 +321,54 @@ def test_doctor_cli_fails_a_missing_host_path(
         f"FAIL class tun: device 'tun': containerEdits.mounts[0].hostPath: host path "
         f"'{missing}' does not exist: a container asking for the device would fail at creation"
     ) in out, out
+
+
+def test_doctor_in_a_pod_checks_only_the_host_folders_the_pod_sees(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kubectl exec ds/cdi-gen -- cdi-gen doctor` (what docs/operations.md says to run)
+    sees the image beyond /dev and /sys: a host path there is not failed, but named as
+    unchecked, and one under /dev is still judged."""
+    missing = short_dir / "no-tools"
+    config = _config(
+        tmp_path,
+        f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}], "
+        "deviceNodes: [{path: /dev/no-such-node}]}",
+    )
+    spec_dir = tmp_path / "run"
+    spec_dir.mkdir()
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    code, out, _ = _cli(
+        capsys, "doctor", "--config", str(config), "--records", VM,
+        "--spec-dir", str(spec_dir), "--runtime-spec-dir", str(spec_dir),
+        "--runtime", "containerd@2.3.7", "--containerd-config", str(tmp_path / "none.toml"),
+        "--crio-config", str(tmp_path / "none.conf"), "--device-plugin-dir", str(tmp_path),
+    )  # fmt: skip
+    assert code == 1
+    assert f"'{missing}' does not exist" not in out, out
+    assert (
+        f"WARN class tun: host path '{missing}' not checked: this pod sees only /dev, /sys of "
+        "the host -> run cdi-gen doctor on the node itself to check it\n"
+    ) in out, out
+    assert (
+        "FAIL class tun: device 'tun': containerEdits.deviceNodes[0].path: host path "
+        "'/dev/no-such-node' does not exist"
+    ) in out, out
+
+
+def test_doctor_names_each_unseen_path_once_per_class(tmp_path: Path) -> None:
+    config = _config(tmp_path, "{mounts: [{hostPath: /opt/a, containerPath: /a}]}")
+    discovery = _discovery(config)
+    checks = check_host_paths(discovery, exists=lambda p: False, host_folders=("/dev",))
+    assert [(c.status, c.message) for c in checks] == [
+        ("WARN", "host path '/opt/a' not checked: this pod sees only /dev of the host")
+    ]
+    # On the node itself every path is judged.
+    (check,) = check_host_paths(discovery, exists=lambda p: False)
+    assert check.status == "FAIL"
 
 
 def test_the_agent_checks_only_the_host_folders_it_sees(tmp_path: Path) -> None:

@@ -5,17 +5,18 @@ extra device nodes and mounts need."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdi_gen.doctor.check import Check
+from cdi_gen.errors import quote
 from cdi_gen.paths import UDEV_RUN_DIR
 
 if TYPE_CHECKING:
     from cdi_gen.discovery.inventory import Discovery
 
-__all__ = ["check_classes", "check_udev"]
+__all__ = ["check_classes", "check_host_paths", "check_udev", "in_a_pod"]
 
 
 def check_udev(run_dir: Path = UDEV_RUN_DIR) -> list[Check]:
@@ -61,19 +62,46 @@ def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
     return out
 
 
+def _judging(
+    exists: Callable[[str], bool], host_folders: Sequence[str] | None, unseen: dict[str, None]
+) -> Callable[[str], bool]:
+    """``exists``, or, with ``host_folders``, ``exists`` for the paths under them and
+    "present" for the others, which go into ``unseen``."""
+    if host_folders is None:
+        return exists
+    prefixes = tuple(f.rstrip("/") + "/" for f in host_folders)
+
+    def judge(path: str) -> bool:
+        if path.startswith(prefixes):
+            return exists(path)
+        unseen[path] = None
+        return True
+
+    return judge
+
+
 def check_host_paths(
-    discovery: Discovery, exists: Callable[[str], bool] = os.path.exists
+    discovery: Discovery,
+    exists: Callable[[str], bool] = os.path.exists,
+    *,
+    host_folders: Sequence[str] | None = None,
 ) -> list[Check]:
     """A FAIL per device and host path of its class's extra ``deviceNodes`` or bind
     ``mounts`` that is missing here (not marked ``optional``): the spec validates, but a
-    runtime fails the container at creation, and the agent leaves such a device out."""
+    runtime fails the container at creation, and the agent leaves such a device out.
+
+    ``host_folders``: in the agent's pod, the folders of the host it sees (the rest of its
+    filesystem is the image's). A path outside them is not judged, as the agent does not
+    judge it, and gets one WARN per class and path saying where to check it instead."""
     from cdi_gen.discovery.spec import missing_host_paths
 
     out = []
     for cls in discovery.class_names:
         config = discovery.config_of(cls)
+        unseen: dict[str, None] = {}  # the paths in the order first met
+        judge = _judging(exists, host_folders, unseen)
         for device in discovery.devices(cls):
-            for problem in missing_host_paths(config, device, exists):
+            for problem in missing_host_paths(config, device, judge):
                 out.append(
                     Check(
                         "FAIL",
@@ -83,4 +111,20 @@ def check_host_paths(
                         "optional: true if it appears later",
                     )
                 )
+        for path in unseen:
+            out.append(
+                Check(
+                    "WARN",
+                    f"class {cls}",
+                    f"host path {quote(path)} not checked: this pod sees only "
+                    f"{', '.join(host_folders or ())} of the host",
+                    "run cdi-gen doctor on the node itself to check it",
+                )
+            )
     return out
+
+
+def in_a_pod(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process runs in a Kubernetes pod (the kubelet sets the service
+    variables in every container), where the host is seen only through mounted folders."""
+    return "KUBERNETES_SERVICE_HOST" in environ

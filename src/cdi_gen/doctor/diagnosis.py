@@ -9,8 +9,9 @@ from cdi_gen.cdi import runtimes as rt
 from cdi_gen.cdi.registry import load_registry
 from cdi_gen.config.settings import Settings
 from cdi_gen.discovery.inventory import Discovery
+from cdi_gen.discovery.spec import AGENT_FOLDERS
 from cdi_gen.doctor.check import Check
-from cdi_gen.doctor.devices import check_classes, check_host_paths, check_udev
+from cdi_gen.doctor.devices import check_classes, check_host_paths, check_udev, in_a_pod
 from cdi_gen.doctor.kubernetes import check_dra, check_kubelet
 from cdi_gen.doctor.runtimechecks import check_runtimes, find_runtimes
 from cdi_gen.doctor.runtimeconfigs import check_containerd, check_crio, same_dir
@@ -68,5 +69,7 @@ def diagnose(
         )
         for cls in discovery.class_names
     )
-    checks += check_host_paths(discovery)
+    # In the agent's pod, beyond the folders its DaemonSet mounts, the files are the image's.
+    folders = AGENT_FOLDERS if in_a_pod() else None
+    checks += check_host_paths(discovery, host_folders=folders)
     return checks
