@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
+from cdi_gen.dra.plugin.capacity import shared_once
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
@@ -145,6 +146,47 @@ def test_refusals_name_the_claim_the_device_and_why(
     for part in parts:
         assert part in message, message
     assert "\n" not in message
+
+
+def _refused(view: ClaimView, devices: dict[str, PoolDevice]) -> str:
+    with pytest.raises(ClaimRefused) as refused:
+        prepare_claim(
+            ClaimRef("ns", "c", "u1"), view, driver=DRIVER, pool_name=POOL, devices=devices
+        )
+    assert refused.value.reason is Refusal.UNKNOWN_DEVICE
+    return str(refused.value)
+
+
+def test_a_claim_allocated_before_its_device_changed_form_is_told_so() -> None:
+    """An agent that starts against an API server that took up (or dropped) consumable
+    capacity publishes a shared device in the other form; a claim allocated to the old
+    form, not yet prepared, is refused naming why and what to do."""
+    slots = [
+        PoolDevice(f"kvm-kvm-{i}", f"example.com/kvm=kvm-{i}", "kvm", "/k", slots=2)
+        for i in range(2)
+    ]
+    once = {d.name: d for d in shared_once(slots, classes=["kvm"])}
+    assert [(d.name, d.shares) for d in once.values()] == [("kvm-kvm", 2)]
+    where = "claim ns/c (uid 'u1'): device 'kvm-kvm-1' (pool 'node-a') of request 'r'"
+    again = "the claim was allocated before; re-create it (or its pod) to have it allocated again"
+    assert _refused(claim(AllocatedDevice("r", DRIVER, POOL, "kvm-kvm-1")), once) == (
+        f"{where} is not in this node's pool: it is a slot of device 'kvm-kvm', which this "
+        f"node publishes by consumable capacity since its agent started; {again}"
+    )
+    share = claim(AllocatedDevice("r", DRIVER, POOL, "kvm-kvm", share_id="s"))
+    assert _refused(share, {d.name: d for d in slots}) == (
+        "claim ns/c (uid 'u1'): device 'kvm-kvm' (pool 'node-a') of request 'r' is not in "
+        "this node's pool: this node publishes it as 2 slots ('kvm-kvm-0' ...) since its "
+        f"agent started, where the API server drops consumable capacity; {again}"
+    )
+    # Only where the form changed: a device unknown in both forms is just unknown.
+    assert _refused(claim(AllocatedDevice("r", DRIVER, POOL, "kvm-kvm-9-1")), once).endswith(
+        "is not in this node's pool"
+    )
+    unshared = {"fpga-0": DEVICES["fpga-0"]}
+    assert _refused(claim(AllocatedDevice("r", DRIVER, POOL, "fpga-0-1")), unshared).endswith(
+        "is not in this node's pool"
+    )
 
 
 def test_a_hostile_value_is_quoted_and_cut() -> None:

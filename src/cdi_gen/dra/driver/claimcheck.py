@@ -12,12 +12,15 @@ result with its own ``shareID``, several of them possibly in one claim; every sh
 answered with that ID and the device's one CDI name. A share ID is refused on a device the
 node publishes unshared (a share holds nothing in the checkpoint, so it must not get round
 an exclusive device), as is a result of a shareable device without one, or one ID twice.
+A claim allocated before the node published its shared device in the other form (slots or
+capacity, chosen as the agent starts) is refused saying so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from cdi_gen.discovery.sharing import slot_device
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
@@ -51,12 +54,44 @@ def _check_device(
         )
     device = devices.get(result.device)
     if device is None:
-        raise ClaimRefused(Refusal.UNKNOWN_DEVICE, f"{where} is not in this node's pool")
+        raise ClaimRefused(
+            Refusal.UNKNOWN_DEVICE,
+            f"{where} is not in this node's pool{_published_otherwise(result, devices)}",
+        )
     if device.gone:
         raise ClaimRefused(Refusal.GONE, f"{where} is gone from the node")
     if not device.healthy:
         raise ClaimRefused(Refusal.UNHEALTHY, f"{where} is unhealthy")
     return device
+
+
+def _slot_of(name: str) -> str | None:
+    try:
+        return slot_device(name)
+    except ValueError:
+        return None
+
+
+def _published_otherwise(result: AllocatedDevice, devices: Mapping[str, PoolDevice]) -> str:
+    """Why a device the claim names is unknown when the node publishes it in the other
+    form now: a shared device is one device with shares where the API server keeps
+    consumable capacity and N slots where it does not, asked as the agent starts, so a
+    claim allocated before a switch names a device that is no more (empty if not so)."""
+    again = "the claim was allocated before; re-create it (or its pod) to have it allocated again"
+    whole = _slot_of(result.device)
+    shared = devices.get(whole) if whole is not None else None
+    if result.share_id is None and shared is not None and shared.shares > 1:
+        return (
+            f": it is a slot of device {quote(whole)}, which this node publishes by consumable "
+            f"capacity since its agent started; {again}"
+        )
+    slots = sorted(n for n, d in devices.items() if d.slots > 1 and _slot_of(n) == result.device)
+    if result.share_id is not None and slots:
+        return (
+            f": this node publishes it as {len(slots)} slots ({quote(slots[0])} ...) since its "
+            f"agent started, where the API server drops consumable capacity; {again}"
+        )
+    return ""
 
 
 def _check_shares(label: str, results: Sequence[tuple[AllocatedDevice, PoolDevice]]) -> None:
