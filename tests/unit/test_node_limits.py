@@ -299,6 +299,19 @@ def test_check_config_refuses_a_per_node_field_in_a_grouped_class(
     )
 
 
+def _doctor(capsys: pytest.CaptureFixture[str], tmp_path: Path, config: Path) -> tuple[int, str]:
+    """`cdi-gen doctor` on ``config`` with every node path of its own (none found)."""
+    spec_dir = tmp_path / "run"
+    spec_dir.mkdir()
+    code, out, _ = _cli(
+        capsys, "doctor", "--config", str(config), "--records", VM,
+        "--spec-dir", str(spec_dir), "--runtime-spec-dir", str(spec_dir),
+        "--runtime", "containerd@2.3.7", "--containerd-config", str(tmp_path / "none.toml"),
+        "--crio-config", str(tmp_path / "none.conf"), "--device-plugin-dir", str(tmp_path),
+    )  # fmt: skip
+    return code, out
+
+
 def test_doctor_cli_fails_a_missing_host_path(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
@@ -308,14 +321,7 @@ def test_doctor_cli_fails_a_missing_host_path(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # on the node itself
     missing = short_dir / "no-tools"
     config = _config(tmp_path, f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}]}}")
-    spec_dir = tmp_path / "run"
-    spec_dir.mkdir()
-    code, out, _ = _cli(
-        capsys, "doctor", "--config", str(config), "--records", VM,
-        "--spec-dir", str(spec_dir), "--runtime-spec-dir", str(spec_dir),
-        "--runtime", "containerd@2.3.7", "--containerd-config", str(tmp_path / "none.toml"),
-        "--crio-config", str(tmp_path / "none.conf"), "--device-plugin-dir", str(tmp_path),
-    )  # fmt: skip
+    code, out = _doctor(capsys, tmp_path, config)
     assert code == 1
     assert (
         f"FAIL class tun: device 'tun': containerEdits.mounts[0].hostPath: host path "
@@ -338,15 +344,8 @@ def test_doctor_in_a_pod_checks_only_the_host_folders_the_pod_sees(
         f"{{mounts: [{{hostPath: {missing}, containerPath: /opt/t}}], "
         "deviceNodes: [{path: /dev/no-such-node}]}",
     )
-    spec_dir = tmp_path / "run"
-    spec_dir.mkdir()
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    code, out, _ = _cli(
-        capsys, "doctor", "--config", str(config), "--records", VM,
-        "--spec-dir", str(spec_dir), "--runtime-spec-dir", str(spec_dir),
-        "--runtime", "containerd@2.3.7", "--containerd-config", str(tmp_path / "none.toml"),
-        "--crio-config", str(tmp_path / "none.conf"), "--device-plugin-dir", str(tmp_path),
-    )  # fmt: skip
+    code, out = _doctor(capsys, tmp_path, config)
     assert code == 1
     assert f"'{missing}' does not exist" not in out, out
     assert (
