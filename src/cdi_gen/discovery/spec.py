@@ -219,12 +219,21 @@ def missing_host_paths(
     return problems
 
 
-def within(folders: Sequence[str], exists: Callable[[str], bool]) -> Callable[[str], bool]:
-    """``exists`` for paths under ``folders``; any other path counts as present (unknown)."""
+def within(
+    folders: Sequence[str],
+    exists: Callable[[str], bool],
+    unseen: Callable[[str], object] | None = None,
+) -> Callable[[str], bool]:
+    """``exists`` for paths under ``folders``; any other path counts as present (unknown),
+    and is handed to ``unseen`` (for a caller that names what it could not check)."""
     prefixes = tuple(f.rstrip("/") + "/" for f in folders)
 
     def check(path: str) -> bool:
-        return not path.startswith(prefixes) or exists(path)
+        if path.startswith(prefixes):
+            return exists(path)
+        if unseen is not None:
+            unseen(path)
+        return True
 
     return check
 

@@ -62,24 +62,6 @@ def check_classes(counts: Iterable[tuple[str, str, int]]) -> list[Check]:
     return out
 
 
-def _judging(
-    exists: Callable[[str], bool], host_folders: Sequence[str] | None, unseen: dict[str, None]
-) -> Callable[[str], bool]:
-    """``exists``, or, with ``host_folders``, ``exists`` for the paths under them and
-    "present" for the others, which go into ``unseen``."""
-    if host_folders is None:
-        return exists
-    prefixes = tuple(f.rstrip("/") + "/" for f in host_folders)
-
-    def judge(path: str) -> bool:
-        if path.startswith(prefixes):
-            return exists(path)
-        unseen[path] = None
-        return True
-
-    return judge
-
-
 def check_host_paths(
     discovery: Discovery,
     exists: Callable[[str], bool] = os.path.exists,
@@ -93,13 +75,13 @@ def check_host_paths(
     ``host_folders``: in the agent's pod, the folders of the host it sees (the rest of its
     filesystem is the image's). A path outside them is not judged, as the agent does not
     judge it, and gets one WARN per class and path saying where to check it instead."""
-    from cdi_gen.discovery.spec import missing_host_paths
+    from cdi_gen.discovery.spec import missing_host_paths, within
 
     out = []
     for cls in discovery.class_names:
         config = discovery.config_of(cls)
-        unseen: dict[str, None] = {}  # the paths in the order first met
-        judge = _judging(exists, host_folders, unseen)
+        unseen: list[str] = []
+        judge = exists if host_folders is None else within(host_folders, exists, unseen.append)
         for device in discovery.devices(cls):
             for problem in missing_host_paths(config, device, judge):
                 out.append(
@@ -111,7 +93,7 @@ def check_host_paths(
                         "optional: true if it appears later",
                     )
                 )
-        for path in unseen:
+        for path in dict.fromkeys(unseen):  # each once, in the order first met
             out.append(
                 Check(
                     "WARN",

@@ -85,8 +85,10 @@ def _published_otherwise(result: AllocatedDevice, devices: Mapping[str, PoolDevi
             f": it is a slot of device {quote(whole)}, which this node publishes by consumable "
             f"capacity since its agent started; {again}"
         )
+    if result.share_id is None:
+        return ""
     slots = sorted(n for n, d in devices.items() if d.slots > 1 and _slot_of(n) == result.device)
-    if result.share_id is not None and slots:
+    if slots:
         return (
             f": this node publishes it as {len(slots)} slots ({quote(slots[0])} ...) since its "
             f"agent started, where the API server drops consumable capacity; {again}"
