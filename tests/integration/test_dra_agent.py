@@ -98,7 +98,7 @@ def _ever_offered(written: list[Obj]) -> set[str]:
 
 @asynccontextmanager
 async def _agent(
-    short_dir: Path, api: FakeApiServer, **options: Any
+    short_dir: Path, api: FakeApiServer, config: dict[str, Any] = CONFIG, **options: Any
 ) -> AsyncIterator[tuple[Agent, PipeSource]]:
     source = PipeSource.from_data("export-db-vm.txt", only={"loop0", "loop1"})
     settings: dict[str, Any] = {
@@ -113,7 +113,7 @@ async def _agent(
         "retry_max_seconds": 1.0,
         **options,
     }
-    agent = Agent(parse_config(CONFIG, "test.yaml"), Settings(**settings), source=source)
+    agent = Agent(parse_config(config, "test.yaml"), Settings(**settings), source=source)
     task = asyncio.create_task(agent.run())
     try:
         await asyncio.wait_for(agent.started.wait(), 10)
@@ -346,3 +346,51 @@ async def test_with_cleanup_on_exit_the_agent_a_newer_one_took_over_from_leaves_
         # The older agent has gone, after the newer one registered; the newer one serves.
         assert spec.read_bytes() == written
     assert not spec.exists()
+
+
+async def test_in_a_rolling_update_the_two_agents_never_write_the_slices_at_once(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling update with surge that changes the config: the newer agent publishes its
+    pool only once the older one has said it writes no more (after the kubelet registered
+    the newer one), so the older one's last write is never the last word. Before, both
+    published while the newer one waited for its registration, each took the other's slice
+    for a change to repair, and now and then the older one's devices stayed published."""
+    from cdi_gen.dra.plugin.server import HANDOVER_SECONDS, DraPlugin
+
+    older_uid, newer_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    hand_over = DraPlugin.hand_over
+
+    async def briefly(plugin: DraPlugin, within: float = HANDOVER_SECONDS) -> bool:
+        return await hand_over(plugin, within=0.5 if plugin.pod_uid == newer_uid else within)
+
+    monkeypatch.setattr(DraPlugin, "hand_over", briefly)
+    one = copy.deepcopy(CONFIG)
+    one["classes"][0]["match"]["kernel"] = "loop0"
+    caplog.set_level("INFO", logger="cdi_gen.dra.plugin.server")
+    async with FakeApiServer() as api, contextlib.AsyncExitStack() as newer:
+        written = _api(api)
+        kubelet = FakeDraKubelet(short_dir / "reg")
+        async with _agent(short_dir, api, pod_uid=older_uid):
+            async with kubelet:
+                await kubelet.next_registration(within=10)
+                await until(lambda: _offered(api) == DEVICES, "the older agent's pool")
+            # No kubelet for a while: the newer agent serves and is not registered.
+            await newer.enter_async_context(_agent(short_dir, api, one, pod_uid=newer_uid))
+            await until(
+                lambda: "once the older instance hands them over" in caplog.text,
+                "the newer agent waiting for the older one",
+            )
+            assert all("loop-loop1" in _ever_offered([w]) for w in written[1:]), written
+            async with kubelet:
+                await until(
+                    lambda: _offered(api) == {"loop-loop0"}, "the newer agent's pool", within=20
+                )
+                first = next(
+                    i for i, w in enumerate(written) if _ever_offered([w]) == {"loop-loop0"}
+                )
+                # Every write before the newer one's first is the older one's, none after.
+                assert all("loop-loop1" in _ever_offered([w]) for w in written[1:first])
+                assert all(_ever_offered([w]) == {"loop-loop0"} for w in written[first:])
+        assert _offered(api) == {"loop-loop0"}
+        assert all(_ever_offered([w]) == {"loop-loop0"} for w in written[first:])

@@ -1,6 +1,7 @@
 """The DRA sockets' names: one per node without a pod UID, one per pod with it (a rolling
 update's two instances register side by side), always within the unix socket limit; and
-which registration socket beside ours is a newer instance's."""
+which registration socket beside ours is a newer instance's, and which an older one's still
+served."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from cdi_gen.kubelet.registration import (
     endpoint_socket,
     hashed_name,
     newer_siblings,
+    older_siblings,
     registration_socket,
 )
 from cdi_gen.kubelet.transport import MAX_SOCKET_PATH
@@ -65,9 +67,11 @@ def bound(short_dir: Path) -> Iterator[list[socket.socket]]:
         sock.close()
 
 
-def _bind(path: Path, sockets: list[socket.socket]) -> int:
+def _bind(path: Path, sockets: list[socket.socket], *, listen: bool = False) -> int:
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(path))
+    if listen:
+        sock.listen()
     sockets.append(sock)
     return os.lstat(path).st_ctime_ns
 
@@ -103,3 +107,21 @@ def test_two_sockets_bound_within_one_clock_tick_are_ordered_by_name(
         bool(newer_siblings(second, DRIVER, os.lstat(second).st_ctime_ns)),
     ]
     assert views.count(True) == 1, (views, tick)
+
+
+def test_an_older_instance_counts_while_someone_listens_on_its_socket(
+    short_dir: Path, bound: list[socket.socket]
+) -> None:
+    # Bound and never listened on: the socket a killed instance leaves refuses connections.
+    _bind(short_dir / f"{DRIVER}-killed-reg.sock", bound)
+    older = short_dir / f"{DRIVER}-uid-a-reg.sock"
+    _bind(older, bound, listen=True)
+    _bind(short_dir / "other.example.com-uid-x-reg.sock", bound, listen=True)
+    ours = short_dir / f"{DRIVER}-uid-b-reg.sock"
+    since = _bind(ours, bound, listen=True)
+    _bind(short_dir / f"{DRIVER}-uid-c-reg.sock", bound, listen=True)  # newer than ours
+    assert older_siblings(ours, DRIVER, since) == [older]
+    # Ours not served: every instance served counts, whenever it was bound.
+    assert older_siblings(ours, DRIVER, None) == [older, short_dir / f"{DRIVER}-uid-c-reg.sock"]
+    bound[1].close()  # the older instance stopped serving
+    assert older_siblings(ours, DRIVER, since) == []

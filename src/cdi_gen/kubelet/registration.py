@@ -22,7 +22,8 @@ registration socket after the pod's UID, ``<driver>-<uid>-reg.sock``, or, when t
 would not fit a unix socket address, after a digest of the UID, then of the driver and the
 UID (the names Kubernetes' helper library gives), and :func:`endpoint_socket` the DRA socket,
 ``dra-<uid>.sock``. :func:`newer_siblings` finds the
-registration sockets of the same driver made after ours: the instance that replaces us.
+registration sockets of the same driver made after ours: the instance that replaces us;
+:func:`older_siblings` those made before ours that are still served: the instance we replace.
 
 The kubelet's error text is input like any other: it is kept quoted (control characters
 escaped) and cut (:func:`~cdi_gen.errors.quote`), so a megabyte of it with newlines becomes
@@ -37,12 +38,13 @@ import contextlib
 import hashlib
 import logging
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -62,11 +64,15 @@ __all__ = [
     "endpoint_socket",
     "hashed_name",
     "newer_siblings",
+    "older_siblings",
     "registration_socket",
     "successor",
+    "watch_until",
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: ``PluginInfo.type`` of a DRA driver.
 DRA_PLUGIN_TYPE = "DRAPlugin"
@@ -121,12 +127,9 @@ def endpoint_socket(folder: Path, pod_uid: str | None) -> Path:
     return Path(folder) / f"dra-{hashed_name(pod_uid, size=16)}.sock"
 
 
-def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
-    """The registration sockets beside ``ours`` of another instance of ``driver`` made after
-    ours (bound at ``since_ns``, a change time: when a socket was bound), newest first. A
-    socket left by an instance killed before ours started is older, so never taken for our
-    successor; two bound within one clock tick are ordered by name, so that both instances
-    agree which is the newer. Only names that carry the driver count: the shortest form
+def _siblings(ours: Path, driver: str) -> list[tuple[int, str, Path]]:
+    """The registration sockets beside ``ours`` of other instances of ``driver``: (change time,
+    name, path). Only names that carry the driver count: the shortest form
     (``dra-<digest>-reg.sock``) does not say whose it is, and two instances of one driver on
     one node get the same form."""
     found = []
@@ -134,7 +137,6 @@ def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
         entries = list(os.scandir(ours.parent))
     except OSError:
         return []
-    mine = (since_ns, ours.name)
     for entry in entries:
         name = entry.name
         if name == ours.name or not (name.startswith(f"{driver}-") and name.endswith(_SUFFIX)):
@@ -143,15 +145,52 @@ def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if stat.S_ISSOCK(st.st_mode) and (st.st_ctime_ns, name) > mine:
-            found.append((st.st_ctime_ns, Path(entry.path)))
-    return [path for _, path in sorted(found, reverse=True)]
+        if stat.S_ISSOCK(st.st_mode):
+            found.append((st.st_ctime_ns, name, Path(entry.path)))
+    return found
 
 
-async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]) -> Path:
-    """Wait until ``newer()`` (the registration sockets of newer instances, newest first, as
-    :func:`newer_siblings` finds them) names one; that one. Looked at whenever an entry of
-    one of ``folders`` changes (inotify), else every
+def newer_siblings(ours: Path, driver: str, since_ns: int) -> list[Path]:
+    """The registration sockets beside ``ours`` of another instance of ``driver`` made after
+    ours (bound at ``since_ns``, a change time: when a socket was bound), newest first. A
+    socket left by an instance killed before ours started is older, so never taken for our
+    successor; two bound within one clock tick are ordered by name, so that both instances
+    agree which is the newer."""
+    mine = (since_ns, ours.name)
+    found = [(t, name, path) for t, name, path in _siblings(ours, driver) if (t, name) > mine]
+    return [path for _, _, path in sorted(found, reverse=True)]
+
+
+def older_siblings(ours: Path, driver: str, since_ns: int | None) -> list[Path]:
+    """The registration sockets beside ``ours`` of another instance of ``driver`` that is
+    still serving and was bound before ours (at ``since_ns``; None, ours not served: every
+    one), oldest first: the instances we replace. A socket nobody listens on any more (its
+    instance was killed) is none."""
+    found = [
+        (t, name, path)
+        for t, name, path in _siblings(ours, driver)
+        if (since_ns is None or (t, name) < (since_ns, ours.name)) and _listening(path)
+    ]
+    return [path for _, _, path in sorted(found)]
+
+
+def _listening(path: Path) -> bool:
+    """Whether a server accepts connections on unix socket ``path`` (a full backlog counts:
+    someone listens). Non-blocking, so the look never waits for a busy server."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(os.fsencode(path))
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return True
+
+
+async def watch_until(folders: Sequence[Path], look: Callable[[], _T | None]) -> _T:
+    """Wait until ``look()`` answers something other than None; that answer. Looked at
+    whenever an entry of one of ``folders`` changes (inotify), else every
     :data:`~cdi_gen.kubelet.supervisor.WATCH_INTERVAL` (often while one cannot be watched)."""
     woken = asyncio.Event()
     watch = SocketWatch.of(asyncio.get_running_loop())
@@ -160,14 +199,25 @@ async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]
         while True:
             woken.clear()  # before the look: a socket made after it wakes us again
             interval = WATCH_INTERVAL if watch.arm() else UNWATCHED_INTERVAL
-            found = newer()
-            if found:
-                return found[0]
+            found = look()
+            if found is not None:
+                return found
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await woken.wait()
     finally:
         watch.unfollow(handle)
+
+
+async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]) -> Path:
+    """Wait until ``newer()`` (the registration sockets of newer instances, newest first, as
+    :func:`newer_siblings` finds them) names one; that one (see :func:`watch_until`)."""
+
+    def first() -> Path | None:
+        found = newer()
+        return found[0] if found else None
+
+    return await watch_until(folders, first)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
@@ -120,6 +121,8 @@ class DraDriver:
         #: Whether, at its stop, a newer instance of the driver took over (a rolling update):
         #: the spec files, named alike for both, are then the ones that instance serves.
         self.handed_over = False
+        #: Set once the publisher has ended for good (its last write done).
+        self._published_out = asyncio.Event()
 
     # -- the agent's two publication points --------------------------------------------
 
@@ -348,10 +351,36 @@ class DraDriver:
         )
 
     async def _publish(self, publisher: SlicePublisher) -> None:
-        """Run the publisher until the pool closes. It retries API failures itself; anything
+        """Run the publisher until the pool closes, once no older instance of the driver
+        (a rolling update) writes the slices. It retries API failures itself; anything
         else is a bug, logged and counted, and must not stop the agent (it would take the
         device plugins and the specs of every other class with it): start it over, after a
         wait that grows while it keeps failing (one traceback per doubling of the attempts)."""
+        try:
+            if self.plugin is not None:
+                await self._unless_closed(self.plugin.predecessors_yielded())
+            await self._run_publisher(publisher)
+        finally:
+            self._published_out.set()
+
+    async def _unless_closed(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` until it returns or the offered pool closes (the agent stops)."""
+        waits = [
+            asyncio.ensure_future(work),
+            # No version is above this one: it returns when the pool closes.
+            asyncio.ensure_future(self.offered.wait_newer(sys.maxsize)),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            done = await asyncio.gather(*waits, return_exceptions=True)
+        if isinstance(done[0], Exception):
+            # A bug: publishing goes on (stale slices would be worse than a race).
+            log.error("waiting to publish failed: %s", describe(done[0]), exc_info=done[0])
+
+    async def _run_publisher(self, publisher: SlicePublisher) -> None:
         retrying = Retry(
             bounded(self.tools.retry_max_seconds, RESTART_SECONDS),
             logger=log,
@@ -392,6 +421,10 @@ class DraDriver:
         found = await plugin.superseded()
         log.info("a newer instance publishes the ResourceSlices now: %s", found)
         self.offered.close()
+        # Said only once our last write is done: the newer one publishes after it, and so
+        # has the last word.
+        await self._published_out.wait()
+        plugin.mark_yielded()
 
     async def stop(self, *, successor: bool = True) -> None:
         """Stop serving, once; never raises. The slices stay (running pods keep their
@@ -412,6 +445,12 @@ class DraDriver:
         self.offered.close()
         self.pool.close()
         if self.plugin is not None:
+            if self.publisher is not None:
+                # A write still under way ends before our socket goes: a newer instance
+                # takes a socket no longer served for an instance that writes no more.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WITHDRAW_SECONDS):
+                        await self._published_out.wait()
             if successor:
                 self.handed_over = await self.plugin.hand_over()
             await self.plugin.stop(grace=1.0)

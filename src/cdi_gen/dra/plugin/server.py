@@ -26,8 +26,10 @@ beside the old one and the kubelet sends its calls to the newest. The old instan
 over: :meth:`DraPlugin.superseded` returns once a newer instance's registration socket is
 there and the kubelet has registered it (each instance says so with a file beside its DRA
 socket, ``<its registration socket's name>.registered``, in the plugin folder both share,
-removed at its stop; the driver stops publishing the slices then, the newest publishes them),
-and
+removed at its stop; the driver stops publishing the slices then and says so with
+``<name>.yielded``: :meth:`DraPlugin.predecessors_yielded` holds the newer one's first
+publication until every older instance still served has, so that the two never write the
+node's slices at once), and
 :meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until it is, bounded, before the
 stop removes only this instance's own sockets (the agent skips the wait when its DaemonSet is
 being uninstalled: no successor comes). Either instance may get any call: the
@@ -72,8 +74,10 @@ from cdi_gen.kubelet.registration import (
     RegistrationService,
     endpoint_socket,
     newer_siblings,
+    older_siblings,
     registration_socket,
     successor,
+    watch_until,
 )
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
@@ -196,6 +200,8 @@ class DraPlugin(SupervisedPlugin):
         self.registered_file = (
             self.socket_path.parent / f"{self.registration_socket.name}.registered"
         )
+        #: Where this instance says it writes no ResourceSlice any more (it handed over).
+        self.yielded_file = self.socket_path.parent / f"{self.registration_socket.name}.yielded"
         self._service = _Service(self)
         self.server = UnixServer(
             self.socket_path, self._service.services, on_stop=self._service.end_streams
@@ -252,6 +258,14 @@ class DraPlugin(SupervisedPlugin):
     async def stop(self, grace: float = 1.0) -> None:
         self.registered_file.unlink(missing_ok=True)
         await super().stop(grace)
+        # After the sockets: a newer instance never sees ours served and not yielded again.
+        self.yielded_file.unlink(missing_ok=True)
+
+    def mark_yielded(self) -> None:
+        """Say, beside our DRA socket, that this instance writes no ResourceSlice any more:
+        the newer instance waits for it before it publishes (see :meth:`predecessors`)."""
+        if self.pod_uid is not None:
+            self.yielded_file.write_bytes(b"")
 
     def successors(self) -> list[Path]:
         """The registration sockets of newer instances of this driver that the kubelet
@@ -266,6 +280,39 @@ class DraPlugin(SupervisedPlugin):
             for path in newer_siblings(self.registration_socket, self.driver, served[2])
             if (folder / f"{path.name}.registered").exists()
         ]
+
+    def predecessors(self) -> list[Path]:
+        """The registration sockets of older instances of this driver still served that have
+        not said they handed the ResourceSlices over, oldest first (none without a pod UID).
+        While our own socket is not served every served one counts: we cannot tell it is
+        older, and publishing beside it would withdraw what it serves."""
+        if self.pod_uid is None:
+            return []
+        served = self.registration_server.socket_id
+        folder = self.socket_path.parent
+        return [
+            path
+            for path in older_siblings(
+                self.registration_socket, self.driver, None if served is None else served[2]
+            )
+            if not (folder / f"{path.name}.yielded").exists()
+        ]
+
+    async def predecessors_yielded(self) -> None:
+        """Wait until no older instance of this driver may write the ResourceSlices: each
+        has said it handed them over, or stopped serving. Two instances publishing at once
+        would each take the other's slice for a change to repair, and whoever wrote last
+        would win: the older one's devices could stay published for good."""
+        if not self.predecessors():
+            return
+        log.info(
+            "DRA driver %s publishes its ResourceSlices once the older instance hands them "
+            "over: %s",
+            self.driver,
+            self.predecessors()[0],
+        )
+        folders = (self.registration_socket.parent, self.socket_path.parent)
+        await watch_until(folders, lambda: True if not self.predecessors() else None)
 
     async def superseded(self) -> Path:
         """Wait until a newer instance of this driver is registered beside us; its
