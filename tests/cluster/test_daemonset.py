@@ -174,6 +174,12 @@ def test_daemonset_as_shipped_serves_the_example_consumer(
     spec = (cluster.cdi_run / "example.com-fpga.json").read_text()
     assert f'"fpga-{device.number}"' in spec
 
+    # docs/operations.md's first check, as an operator runs it: doctor in the agent's pod
+    # judges the node through the pod's mounts, and finds nothing wrong with a working agent.
+    report = cluster.kubectl("-n", NAMESPACE, "exec", "ds/cdi-gen", "--", "cdi-gen", "doctor")
+    assert "OK   class fpga: 1 device(s) match" in report.splitlines(), report
+    assert not [line for line in report.splitlines() if line.startswith("FAIL")], report
+
     out = cluster.kubectl("apply", "-f", str(EXAMPLE))
     assert "pod/fpga-consumer created" in out, out
     cluster.api.wait_for(
