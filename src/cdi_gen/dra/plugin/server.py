@@ -303,13 +303,14 @@ class DraPlugin(SupervisedPlugin):
         has said it handed them over, or stopped serving. Two instances publishing at once
         would each take the other's slice for a change to repair, and whoever wrote last
         would win: the older one's devices could stay published for good."""
-        if not self.predecessors():
+        pending = self.predecessors()
+        if not pending:
             return
         log.info(
             "DRA driver %s publishes its ResourceSlices once the older instance hands them "
             "over: %s",
             self.driver,
-            self.predecessors()[0],
+            pending[0],
         )
         folders = (self.registration_socket.parent, self.socket_path.parent)
         await watch_until(folders, lambda: True if not self.predecessors() else None)
