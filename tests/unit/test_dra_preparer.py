@@ -1,6 +1,6 @@
-"""The DRA driver's state without its gRPC side: one lock per claim spans "already
-prepared?", the claim's read and its record, so calls on the same claim from several server
-threads never read it twice, record it twice, or leave a record behind an unprepare."""
+"""The DRA driver's state without its gRPC side: a call reads its claims before it takes
+any lock, and calls on the same claim from several server threads still never read it
+twice, record it twice, or leave a record behind an unprepare."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.dra.driver.preparer import ClaimLocks, PoolPreparer
+from cdi_gen.dra.driver.claimlocks import ClaimLocks
+from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.claims import ClaimRef, PrepareResult
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import ClaimError
@@ -23,7 +24,8 @@ REF = ClaimRef("default", "c1", "uid-1")
 
 
 class BlockedReader:
-    """A ClaimReader whose reads wait for ``release``; counts them as they start."""
+    """A ClaimReader whose reads of claim ``c1`` wait for ``release``; counts the reads as
+    they start. Claim ``c<n>`` (UID ``uid-<n>``) is allocated ``fpga-<n-1>``."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -35,9 +37,15 @@ class BlockedReader:
     ) -> list[ClaimView | ClaimError]:
         with self._lock:
             self.started += 1
-        self.release.wait(timeout)
-        result = AllocatedDevice("fpga", DRIVER, POOL, "fpga-0")
-        return [ClaimView(ns, name, "uid-1", (result,)) for ns, name in refs]
+        if any(name == "c1" for _, name in refs):
+            self.release.wait(timeout)
+        return [_allocated(ns, name) for ns, name in refs]
+
+
+def _allocated(namespace: str, name: str) -> ClaimView:
+    n = int(name.removeprefix("c"))
+    result = AllocatedDevice("fpga", DRIVER, POOL, f"fpga-{n - 1}")
+    return ClaimView(namespace, name, f"uid-{n}", (result,))
 
 
 @pytest.fixture
@@ -50,7 +58,10 @@ def reader() -> Iterator[BlockedReader]:
 @pytest.fixture
 def preparer(tmp_path: Path, reader: BlockedReader) -> PoolPreparer:
     pool = DevicePool()
-    pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
+    pool.publish(
+        "fpga",
+        [PoolDevice(f"fpga-{i}", f"example.com/fpga={i}", "fpga", f"/sys/f{i}") for i in (0, 1)],
+    )
     preparer = PoolPreparer(
         DRIVER,
         pool,
@@ -71,7 +82,7 @@ def test_a_second_prepare_of_a_claim_being_read_waits_and_reads_nothing(
         first = threads.submit(preparer.prepare, [REF], 20)
         until_sync(lambda: reader.started == 1, "the first read")
         second = threads.submit(preparer.prepare, [REF], 20)
-        until_sync(lambda: preparer.locks.waits == 1, "the second prepare waiting")
+        until_sync(lambda: preparer.pending.waits == 1, "the second prepare waiting")
         reader.release.set()
         answers = first.result(), second.result()
     assert answers[0] == answers[1]
@@ -88,12 +99,33 @@ def test_an_unprepare_during_a_prepare_removes_its_record(
         prepare: Future[list[PrepareResult]] = threads.submit(preparer.prepare, [REF], 20)
         until_sync(lambda: reader.started == 1, "the read")
         unprepare = threads.submit(preparer.unprepare, [REF], 20)
-        until_sync(lambda: preparer.locks.waits == 1, "the unprepare waiting")
+        until_sync(lambda: preparer.pending.waits == 1, "the unprepare waiting")
         reader.release.set()
         assert prepare.result()[0].error == ""
         assert unprepare.result() == [""]
     assert preparer.count == 0
     assert b"uid-1" not in preparer.checkpoint.path.read_bytes()
+
+
+def test_a_call_reads_its_other_claims_while_one_is_read_by_another_call(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    """No lock is held while the API server answers: a call naming a claim that another
+    call reads still reads (and prepares) its other claims meanwhile."""
+    other = ClaimRef("default", "c2", "uid-2")
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: reader.started == 1, "the first read")
+        second = threads.submit(preparer.prepare, [REF, other], 20)
+        until_sync(lambda: reader.started == 2, "the second call's read of its other claim")
+        until_sync(lambda: preparer.count == 1, "the other claim recorded")
+        assert not first.done() and not second.done()
+        reader.release.set()
+        [mine] = first.result()
+        theirs = second.result()
+    assert theirs == [mine, theirs[1]]
+    assert [d.device for d in theirs[1].devices] == ["fpga-1"]
+    assert preparer.count == 2
 
 
 def test_a_claim_held_longer_than_the_timeout_gets_an_error_to_retry(

@@ -21,25 +21,25 @@ costs no write of the checkpoint file, lives as long as its spec (a node restart
 ``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
 unprepare.
 
-One lock per claim UID spans "already prepared?", the claim's read and its record, and an
-unprepare of that UID takes the same lock: an unprepare arriving while the claim is read waits
-for the record and then removes it, instead of finding nothing and leaving the record to land
-after it (a claim the kubelet believes unprepared, kept for ever). The claims of one call are
-locked together (all or none, so two calls never deadlock) and read together, within the
-call's timeout; a claim whose lock stays taken that long gets an error the kubelet retries.
-Kubernetes' helper library reads a call's claims before any lock; here the read is inside
-the claim's lock on purpose: what it buys (a second prepare of a claim being read reads
-nothing, an unprepare during the read waits for the record) needs the UID held while the
-API server answers. Every other lock (``_holding``, the checkpoint's) is taken after the read.
+A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
+helper library does: the call that reads a claim owns its prepare
+(:class:`~cdi_gen.dra.driver.pending.PendingPrepares`), another prepare of it meanwhile gets
+the owner's answer and reads nothing, and an unprepare meanwhile waits until the owner has
+recorded it and then removes it, instead of finding nothing and leaving the record to land
+after it (a claim the kubelet believes unprepared, kept for ever). The record itself and an
+unprepare hold the claim's lock (:class:`~cdi_gen.dra.driver.claimlocks.ClaimLocks`) for a
+few file writes; a call's claims are locked together (all or none, so two calls never
+deadlock). Every wait is bounded by the call's timeout; a claim still held then gets an
+error the kubelet retries.
 
 Two instances of the driver (a rolling update) share this state through its files: every
 step that reads or changes it (the answer from the checkpoint, the record, the unprepare,
 the load) holds the :class:`~cdi_gen.dra.driver.statelock.StateLock`, innermost of all the
 locks, and reads the checkpoint and the claims' owner records again first when the other
-instance changed them. The claim's read from the API server is outside it: a slow API server
-holds one claim's lock, never the other instance's calls. What it leaves open: an unprepare
-sent to the other instance while this one reads the claim finds nothing to remove (the
-kubelet sends a claim's calls to the newest instance, so this needs the new instance to
+instance changed them. The claim's read from the API server is outside every lock: a slow
+API server holds up the calls of the claims it reads, never a lock. What it leaves open: an
+unprepare sent to the other instance while this one reads the claim finds nothing to remove
+(the kubelet sends a claim's calls to the newest instance, so this needs the new instance to
 register during that read).
 
 A slow API server must not take every server thread: at most ``max_reading_calls`` calls
@@ -52,7 +52,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,8 +66,10 @@ from cdi_gen.dra.driver.checkpoint import (
     checkpoint_path,
 )
 from cdi_gen.dra.driver.claimcheck import prepare_claim
+from cdi_gen.dra.driver.claimlocks import ClaimLocks
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.driver.claimstatus import ClaimStatus, device_entries
+from cdi_gen.dra.driver.pending import PendingPrepares
 from cdi_gen.dra.driver.statelock import StateLock, lock_path
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
@@ -81,7 +84,7 @@ from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import ClaimError, SpecWriteError
 from cdi_gen.model import ClaimView
 
-__all__ = ["STATE_LOCK_SECONDS", "ClaimLocks", "PoolPreparer"]
+__all__ = ["STATE_LOCK_SECONDS", "PoolPreparer"]
 
 log = logging.getLogger(__name__)
 
@@ -92,40 +95,6 @@ STATE_LOCK_SECONDS = 5.0
 
 def _describe(devices: tuple[PreparedDevice, ...]) -> str:
     return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
-
-
-class ClaimLocks:
-    """A lock per claim UID, taken for a set of UIDs at once (all or none)."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._held: set[str] = set()
-        #: Times a caller found a UID held and waited (the event a test waits for).
-        self.waits = 0
-
-    @contextmanager
-    def holding(
-        self, uids: Collection[str], timeout: float, on_wait: Callable[[], None] | None = None
-    ) -> Iterator[bool]:
-        """Hold every UID of ``uids`` for the block; yields False (holding none) when
-        another call still held one after ``timeout`` seconds. ``on_wait`` is called once
-        when the block has to wait."""
-        wanted = frozenset(uids)
-        with self._changed:
-            if not wanted.isdisjoint(self._held):
-                self.waits += 1
-                if on_wait is not None:
-                    on_wait()
-            got = self._changed.wait_for(lambda: wanted.isdisjoint(self._held), max(timeout, 0))
-            if got:
-                self._held |= wanted
-        try:
-            yield got
-        finally:
-            if got:
-                with self._changed:
-                    self._held -= wanted
-                    self._changed.notify_all()
 
 
 class PoolPreparer:
@@ -167,6 +136,7 @@ class PoolPreparer:
             checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
         )
         self.locks = ClaimLocks()
+        self.pending = PendingPrepares()
         #: Shared with another instance of the driver on the node (see the module docstring).
         self.state = StateLock(lock_path(state_dir, driver))
         self.claim_specs = claim_specs
@@ -275,27 +245,59 @@ class PoolPreparer:
                 for ref in refs
             ]
         try:
-            return self._prepare_locked(refs, timeout)
+            return self._prepare_pending(refs, timeout)
         finally:
             self._reading.release()
 
-    def _prepare_locked(self, refs: list[ClaimRef], timeout: float) -> list[PrepareResult]:
+    def _prepare_pending(self, refs: list[ClaimRef], timeout: float) -> list[PrepareResult]:
+        """Prepare the claims no other call prepares, then wait for the others' answers."""
         started = time.monotonic()
+        owned, others = self.pending.take(r.uid for r in refs)
+        if others:
+            self._log_wait("prepare", [r for r in refs if r.uid in others])
+        answers: dict[str, PrepareResult] = {}
+        try:
+            mine = {r.uid: r for r in refs if r.uid in owned}  # a claim named twice: read once
+            answers = self._prepare_owned(list(mine.values()), timeout)
+        finally:
+            for uid in owned:
+                answer = answers.get(uid)
+                if answer is None:  # only when preparing raised: logged by the server
+                    answer = PrepareResult(
+                        error=f"internal error of driver {self.driver}", reason="internal"
+                    )
+                self.pending.finish(uid, answer)
+        for ref in refs:
+            if ref.uid in others:
+                left = timeout - (time.monotonic() - started)
+                try:
+                    answers[ref.uid] = others[ref.uid].result(max(left, 0))
+                except FutureTimeout:
+                    answers[ref.uid] = self._unread(
+                        ref, "not read, another call prepares or unprepares it; try again"
+                    )
+        return [answers[r.uid] for r in refs]
+
+    def _prepare_owned(self, refs: list[ClaimRef], timeout: float) -> dict[str, PrepareResult]:
+        """Read the claims, then record them under their locks (an unprepare holds one for
+        a few file writes)."""
+        started = time.monotonic()
+        reads = self._read(refs, timeout)
         with self.locks.holding(
-            [r.uid for r in refs], timeout, lambda: self._log_wait("prepare", refs)
+            [r.uid for r in refs],
+            timeout - (time.monotonic() - started),
+            lambda: self._log_wait("prepare", refs),
         ) as held:
             if not held:
-                return [
-                    self._unread(ref, "not read, another call prepares or unprepares it; try again")
-                    for ref in refs
-                ]
-            # Asked again under the lock: the call that held it may have recorded it.
-            results: list[PrepareResult | None] = [self._recorded(ref) for ref in refs]
-            unread = [i for i, result in enumerate(results) if result is None]
-            reads = self._read([refs[i] for i in unread], timeout - (time.monotonic() - started))
-            for i, read in zip(unread, reads, strict=True):
-                results[i] = self._prepare_read(refs[i], read)
-            return [r for r in results if r is not None]
+                why = "not prepared, another call unprepares it; try again"
+                return {r.uid: self._unread(r, why) for r in refs}
+            answers: dict[str, PrepareResult] = {}
+            for ref, read in zip(refs, reads, strict=True):
+                # Asked again under the lock: a call that ended after this one first looked
+                # may have recorded it.
+                recorded = self._recorded(ref)
+                answers[ref.uid] = self._prepare_read(ref, read) if recorded is None else recorded
+            return answers
 
     def _read(self, refs: list[ClaimRef], timeout: float) -> list[ClaimView | Exception]:
         """Each claim as the API server has it, or why not, within ``timeout``."""
@@ -443,9 +445,20 @@ class PoolPreparer:
 
     def _unprepare_one(self, ref: ClaimRef, timeout: float) -> str:
         label = claim_label(ref.namespace, ref.name, ref.uid)
+        started = time.monotonic()
+        under_way = self.pending.under_way(ref.uid)
+        if under_way is not None:
+            # Removed once its prepare has recorded it: never a record landing after this.
+            self._log_wait("unprepare", [ref])
+            try:
+                under_way.result(max(timeout, 0))
+            except FutureTimeout:
+                return f"{label}: another call still prepares it; try again"
         try:
             with self.locks.holding(
-                [ref.uid], timeout, lambda: self._log_wait("unprepare", [ref])
+                [ref.uid],
+                timeout - (time.monotonic() - started),
+                lambda: self._log_wait("unprepare", [ref]),
             ) as held:
                 if not held:
                     return f"{label}: another call still prepares it; try again"
