@@ -44,6 +44,7 @@ from typing import Literal, Protocol, Self
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
 from cdi_gen.retry import Backoff, Retry, describe
+from cdi_gen.waits import first_of
 
 __all__ = ["RegisterHook", "Registrar", "ServingHook", "SupervisedPlugin", "Supervisor"]
 
@@ -270,25 +271,15 @@ class Supervisor:
             if not self._gone():
                 break
         kubelet_id = registrar.kubelet_id()
-        register = asyncio.ensure_future(registrar.register())
-        watch = asyncio.ensure_future(
-            self._poll(functools.partial(self._kubelet_restarted, kubelet_id))
+        error, _ = await first_of(
+            registrar.register(),
+            self._poll(functools.partial(self._kubelet_restarted, kubelet_id)),
         )
-        try:
-            await asyncio.wait({register, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not register.done():
-                register.cancel()
-            # gather hands back the helpers' own CancelledErrors as results, while a cancel
-            # aimed at this task (the agent stopping) still raises. Suppressing CancelledError
-            # around each await swallowed that one when it landed here, and the agent then
-            # ignored SIGTERM for good.
-            await asyncio.gather(watch, register, return_exceptions=True)
-        if register.cancelled():
+        if isinstance(error, asyncio.CancelledError):
             self._registered.clear()
             return "interrupted", kubelet_id, ""
-        error = register.result()
+        if isinstance(error, BaseException):
+            raise error
         if error is not None:
             # An empty answer is still a refusal, and must say so.
             error = error or "refused without a reason"

@@ -42,6 +42,7 @@ from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
 from cdi_gen.retry import Retry, Tools, bounded, describe
+from cdi_gen.waits import first_of
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -365,17 +366,8 @@ class DraDriver:
 
     async def _unless_closed(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` until it returns or the offered pool closes (the agent stops)."""
-        waits = [
-            asyncio.ensure_future(work),
-            # No version is above this one: it returns when the pool closes.
-            asyncio.ensure_future(self.offered.wait_newer(sys.maxsize)),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            done = await asyncio.gather(*waits, return_exceptions=True)
+        # No version is above this one: it returns when the pool closes.
+        done = await first_of(work, self.offered.wait_newer(sys.maxsize))
         if isinstance(done[0], Exception):
             # A bug: publishing goes on (stale slices would be worse than a race).
             log.error("waiting to publish failed: %s", describe(done[0]), exc_info=done[0])

@@ -55,6 +55,7 @@ from cdi_gen.dra.plugin.slicerecord import (
 )
 from cdi_gen.dra.plugin.slices import Slice, build_slices
 from cdi_gen.retry import Retry, bounded, describe
+from cdi_gen.waits import first_of
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -181,16 +182,7 @@ class SlicePublisher:
     async def _wait_change(self, version: int, limit: float | None) -> None:
         """Until the pool moves past ``version``, a slice is deleted behind our back, or
         ``limit`` seconds pass."""
-        waits = [
-            asyncio.ensure_future(self._pool.wait_newer(version)),
-            asyncio.ensure_future(self._dirty.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await first_of(self._pool.wait_newer(version), self._dirty.wait(), timeout=limit)
         self._dirty.clear()
 
     async def _list(self) -> None:

@@ -1,0 +1,34 @@
+"""The loop's wait for the first of several things: the one way the agent races awaitables.
+
+A supervisor waits for a registration or a kubelet restart, the DRA driver for the older
+instance's handover or its own stop, the slice publisher for a pool change, a deletion or
+its retry delay. Each wants the same three steps, and each step has gone wrong once by hand:
+wait until one is done (or a timeout passes), cancel the others, and wait for every one of
+them to end, so that none outlives the wait with its connection or file open. The last
+step hands the awaitables' own ends (a result, an exception, a ``CancelledError``) back as
+values, while a cancellation of the waiting task itself (the agent stopping) still raises:
+suppressing ``CancelledError`` around that step once swallowed SIGTERM for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+__all__ = ["first_of"]
+
+
+async def first_of(*awaitables: Awaitable[Any], timeout: float | None = None) -> list[Any]:  # noqa: ASYNC109
+    """Wait until one of ``awaitables`` is done or ``timeout`` seconds pass, cancel the
+    rest, and return how each ended, in order: its result, or the exception it raised (a
+    ``CancelledError`` for one cancelled here). Raises only when the caller is cancelled,
+    once every awaitable has ended."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+    return ended
