@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.dra.driver.claimlocks import ClaimLocks
+from cdi_gen.dra.driver.claimcalls import ClaimLocks
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.claims import ClaimRef, PrepareResult
 from cdi_gen.dra.plugin.pool import DevicePool

@@ -3,8 +3,8 @@
 * :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher),
   the frontend and pool of every DRA class;
 * :mod:`~cdi_gen.dra.driver.preparer`: which claims are prepared, and the decisions;
-* :mod:`~cdi_gen.dra.driver.pending` and :mod:`~cdi_gen.dra.driver.claimlocks`: how the server
-  threads share a claim's prepare (read before any lock) and its record;
+* :mod:`~cdi_gen.dra.driver.claimcalls`: how the server threads share a claim's prepare (read
+  before any lock) and its record;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
 * :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
 * :mod:`~cdi_gen.dra.driver.statelock`: the lock two instances (a rolling update) share that

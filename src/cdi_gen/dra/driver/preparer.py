@@ -23,11 +23,11 @@ unprepare.
 
 A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
 helper library does: the call that reads a claim owns its prepare
-(:class:`~cdi_gen.dra.driver.pending.PendingPrepares`), another prepare of it meanwhile gets
+(:class:`~cdi_gen.dra.driver.claimcalls.PendingPrepares`), another prepare of it meanwhile gets
 the owner's answer and reads nothing, and an unprepare meanwhile waits until the owner has
 recorded it and then removes it, instead of finding nothing and leaving the record to land
 after it (a claim the kubelet believes unprepared, kept for ever). The record itself and an
-unprepare hold the claim's lock (:class:`~cdi_gen.dra.driver.claimlocks.ClaimLocks`) for a
+unprepare hold the claim's lock (:class:`~cdi_gen.dra.driver.claimcalls.ClaimLocks`) for a
 few file writes; a call's claims are locked together (all or none, so two calls never
 deadlock). Every wait is bounded by the call's timeout; a claim still held then gets an
 error the kubelet retries.
@@ -65,11 +65,10 @@ from cdi_gen.dra.driver.checkpoint import (
     PreparedClaim,
     checkpoint_path,
 )
+from cdi_gen.dra.driver.claimcalls import ClaimLocks, PendingPrepares
 from cdi_gen.dra.driver.claimcheck import prepare_claim
-from cdi_gen.dra.driver.claimlocks import ClaimLocks
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
 from cdi_gen.dra.driver.claimstatus import ClaimStatus, device_entries
-from cdi_gen.dra.driver.pending import PendingPrepares
 from cdi_gen.dra.driver.statelock import StateLock, lock_path
 from cdi_gen.dra.plugin.claims import (
     ClaimReader,
