@@ -105,7 +105,8 @@ async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.dra.driver.claimspecs import ClaimSpecs
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.pool import DevicePool
-    from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
+    from cdi_gen.dra.plugin.server import DraPlugin
+    from cdi_gen.dra.plugin.service import MAX_READING_CALLS
     from cdi_gen.model import PoolDevice
 
     # The class's spec as the agent writes it: what a configured claim's spec starts from.

@@ -23,7 +23,7 @@ from cdi_gen.cdi.resolution import SpecResolver
 from cdi_gen.dra.driver.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
 from cdi_gen.dra.driver.claimreader import ApiClaimReader
 from cdi_gen.dra.driver.preparer import PoolPreparer
-from cdi_gen.dra.plugin import server as draplugin
+from cdi_gen.dra.plugin import service as draservice
 from cdi_gen.dra.plugin.claims import ClaimReader as KubeletClaimReader
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
@@ -126,7 +126,7 @@ class Node:
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
             state_dir=self.root / "state",
-            max_reading_calls=draplugin.MAX_READING_CALLS,
+            max_reading_calls=draservice.MAX_READING_CALLS,
             resolver=resolver,
         )
         return DraPlugin(
@@ -374,7 +374,7 @@ async def test_the_health_stream_follows_the_pool(
         for health in first.values():
             assert health.health == health_pb.HEALTHY
             assert health.device.pool_name == POOL
-            assert health.health_check_timeout_seconds == draplugin.HEALTH_TIMEOUT_SECONDS
+            assert health.health_check_timeout_seconds == draservice.HEALTH_TIMEOUT_SECONDS
             assert health.message == ""
         node.pool.publish("fpga", [device("0", healthy=False), device("1")])
         second = await connection.next_health()
@@ -396,7 +396,7 @@ async def test_the_health_stream_follows_the_pool(
 async def test_the_health_stream_repeats_itself_before_the_kubelet_times_out(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(draplugin, "HEALTH_RESEND_SECONDS", 0.2)
+    monkeypatch.setattr(draservice, "HEALTH_RESEND_SECONDS", 0.2)
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         connection.watch_health()
@@ -410,7 +410,7 @@ async def test_health_streams_are_capped(node: Node) -> None:
         extra: list[DraConnection] = []
         connection.watch_health()
         await connection.next_health()
-        for _ in range(draplugin.MAX_HEALTH_STREAMS):
+        for _ in range(draservice.MAX_HEALTH_STREAMS):
             more = DraConnection(
                 connection.socket,
                 connection.info,
@@ -470,21 +470,21 @@ async def test_a_stalled_api_server_leaves_threads_for_prepared_claims(node: Nod
             for i in range(WORKERS)
         ]
         await until(
-            lambda: node.claims.waiting >= draplugin.MAX_READING_CALLS, "every claim read stalled"
+            lambda: node.claims.waiting >= draservice.MAX_READING_CALLS, "every claim read stalled"
         )
         again = await connection.prepare([claim], within=5)
         assert again == first
         # Every call over the cap answered before the API server comes back: one still on
         # its way to the server would otherwise find a free slot (seen under load).
         await until(
-            lambda: sum(f.done() for f in stuck) >= WORKERS - draplugin.MAX_READING_CALLS,
+            lambda: sum(f.done() for f in stuck) >= WORKERS - draservice.MAX_READING_CALLS,
             "the calls over the cap answered",
         )
         node.claims.release.set()
         answers = await asyncio.gather(*stuck)
     errors = [a.claims[f"u-slow-{i}"].error for i, a in enumerate(answers)]
     busy = [e for e in errors if "already wait for the API server" in e]
-    assert len(busy) == WORKERS - draplugin.MAX_READING_CALLS, errors
+    assert len(busy) == WORKERS - draservice.MAX_READING_CALLS, errors
     assert all("not found" in e for e in errors if e not in busy), errors
 
 

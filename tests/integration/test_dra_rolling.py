@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cdi_gen.dra.driver.preparer import PoolPreparer
-from cdi_gen.dra.plugin import server as draplugin
+from cdi_gen.dra.plugin import service as draservice
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.model import PoolDevice
@@ -36,7 +36,7 @@ def instance(root: Path, pod_uid: str | None, claims: CountingClaims) -> DraPlug
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=root / "state",
-        max_reading_calls=draplugin.MAX_READING_CALLS,
+        max_reading_calls=draservice.MAX_READING_CALLS,
     )
     return DraPlugin(
         DRIVER,

@@ -289,7 +289,8 @@ class DraDriver:
         from cdi_gen.dra.driver.claimstatus import ClaimStatus
         from cdi_gen.dra.driver.preparer import PoolPreparer
         from cdi_gen.dra.plugin.claims import Refusal
-        from cdi_gen.dra.plugin.server import MAX_READING_CALLS, DraPlugin
+        from cdi_gen.dra.plugin.server import DraPlugin
+        from cdi_gen.dra.plugin.service import MAX_READING_CALLS
 
         settings = self.settings
         registered = {

@@ -1,7 +1,9 @@
 """The generic part of a DRA driver: what any driver needs, whatever its devices.
 
-* :mod:`~cdi_gen.dra.plugin.server`: the kubelet plugin's node service (``dra.v1``/
-  ``v1beta1``) and health stream (``drahealth``), registered through the plugin watcher;
+* :mod:`~cdi_gen.dra.plugin.server`: the kubelet plugin's sockets, registered through the
+  plugin watcher, and the rolling-update handover;
+* :mod:`~cdi_gen.dra.plugin.service`: its node service (``dra.v1``/``v1beta1``) and health
+  stream (``drahealth``), on the server's threads;
 * :mod:`~cdi_gen.dra.plugin.claims`: what the server asks of a driver (the
   ``ClaimPreparer`` and ``ClaimReader`` protocols) and what it answers;
 * :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources);
