@@ -38,9 +38,7 @@ import logging
 from pathlib import Path
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from cdi_gen.dra.plugin.claims import (
-    ClaimPreparer,
-)
+from cdi_gen.dra.plugin.claims import ClaimPreparer
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.service import DraService, PrepareHook
 from cdi_gen.errors import InvalidNameError, RegistrationError
@@ -65,8 +63,8 @@ log = logging.getLogger(__name__)
 
 #: Longest an instance stopping keeps serving for its successor to be registered (a rolling
 #: update): within the DRA pod's grace period (30 s in the manifests), which also covers the
-#: stop. The successor may be Ready before it registers (see the chart: the older one answers
-#: its probes until it has gone), so this covers the newer one's start.
+#: stop. It covers the newer one's start: that one is Ready only once it has published, after
+#: this one has handed the slices over (see the module docstring).
 HANDOVER_SECONDS = 20.0
 
 
