@@ -30,6 +30,8 @@ class BlockedReader:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.started = 0
+        #: Reads that answer that the API server did not answer, first.
+        self.failing = 0
         self._lock = threading.Lock()
 
     def read_claims(
@@ -37,8 +39,11 @@ class BlockedReader:
     ) -> list[ClaimView | ClaimError]:
         with self._lock:
             self.started += 1
+            failing, self.failing = self.failing > 0, max(self.failing - 1, 0)
         if any(name == "c1" for _, name in refs):
             self.release.wait(timeout)
+        if failing:
+            return [ClaimError(f"claim {ns}/{name}: no answer") for ns, name in refs]
         return [_allocated(ns, name) for ns, name in refs]
 
 
@@ -90,6 +95,26 @@ def test_a_second_prepare_of_a_claim_being_read_waits_and_reads_nothing(
     assert result.error == ""
     assert [d.device for d in result.devices] == ["fpga-0"]
     assert reader.started == 1
+
+
+def test_a_second_prepare_reads_a_claim_the_first_could_not_read(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    """The first call's read may fail within its own (shorter) deadline: the call that
+    waited for it reads the claim itself rather than answer the first one's error."""
+    reader.failing = 1
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: reader.started == 1, "the first read")
+        second = threads.submit(preparer.prepare, [REF], 20)
+        until_sync(lambda: preparer.pending.waits == 1, "the second prepare waiting")
+        reader.release.set()
+        [failed], [prepared] = first.result(), second.result()
+    assert failed.reason == "claim-read"
+    assert "no answer" in failed.error
+    assert prepared.error == ""
+    assert [d.device for d in prepared.devices] == ["fpga-0"]
+    assert reader.started == 2
 
 
 def test_an_unprepare_during_a_prepare_removes_its_record(

@@ -22,15 +22,10 @@ costs no write of the checkpoint file, lives as long as its spec (a node restart
 unprepare.
 
 A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
-helper library does: the call that reads a claim owns its prepare
-(:class:`~cdi_gen.dra.driver.claimcalls.PendingPrepares`), another prepare of it meanwhile gets
-the owner's answer and reads nothing, and an unprepare meanwhile waits until the owner has
-recorded it and then removes it, instead of finding nothing and leaving the record to land
-after it (a claim the kubelet believes unprepared, kept for ever). The record itself and an
-unprepare hold the claim's lock (:class:`~cdi_gen.dra.driver.claimcalls.ClaimLocks`) for a
-few file writes; a call's claims are locked together (all or none, so two calls never
-deadlock). Every wait is bounded by the call's timeout; a claim still held then gets an
-error the kubelet retries.
+helper library does; :mod:`~cdi_gen.dra.driver.claimcalls` keeps two calls on one claim from
+reading it twice or leaving its record behind an unprepare, and a claim's lock is held only
+for its record or its unprepare. Every wait is bounded by the call's timeout; a claim still
+held then gets an error the kubelet retries.
 
 Two instances of the driver (a rolling update) share this state through its files: every
 step that reads or changes it (the answer from the checkpoint, the record, the unprepare,
@@ -248,8 +243,12 @@ class PoolPreparer:
         finally:
             self._reading.release()
 
-    def _prepare_pending(self, refs: list[ClaimRef], timeout: float) -> list[PrepareResult]:
-        """Prepare the claims no other call prepares, then wait for the others' answers."""
+    def _prepare_pending(
+        self, refs: list[ClaimRef], timeout: float, *, again: bool = True
+    ) -> list[PrepareResult]:
+        """Prepare the claims no other call prepares, then wait for the others' answers. A
+        claim whose other call could not read it is read here (``again``: once), within what
+        is left of ``timeout``: that call's deadline may have been shorter than ours."""
         started = time.monotonic()
         owned, others = self.pending.take(r.uid for r in refs)
         if others:
@@ -266,6 +265,7 @@ class PoolPreparer:
                         error=f"internal error of driver {self.driver}", reason="internal"
                     )
                 self.pending.finish(uid, answer)
+        unread: dict[str, ClaimRef] = {}
         for ref in refs:
             if ref.uid in others:
                 left = timeout - (time.monotonic() - started)
@@ -275,6 +275,13 @@ class PoolPreparer:
                     answers[ref.uid] = self._unread(
                         ref, "not read, another call prepares or unprepares it; try again"
                     )
+                    continue
+                if again and answers[ref.uid].reason == "claim-read":
+                    unread[ref.uid] = ref
+        left = timeout - (time.monotonic() - started)
+        if unread and left > 0:
+            found = self._prepare_pending(list(unread.values()), left, again=False)
+            answers.update(zip(unread, found, strict=True))
         return [answers[r.uid] for r in refs]
 
     def _prepare_owned(self, refs: list[ClaimRef], timeout: float) -> dict[str, PrepareResult]:
