@@ -488,6 +488,31 @@ async def test_a_stalled_api_server_leaves_threads_for_prepared_claims(node: Nod
     assert all("not found" in e for e in errors if e not in busy), errors
 
 
+async def test_a_stalled_claim_holds_up_only_itself_in_a_call_that_waits_for_it(
+    node: Node,
+) -> None:
+    """No lock is held while the API server answers: a call naming a claim whose read
+    stalls in another call still reads and records its other claim meanwhile, reads the
+    stalled one no second time, and gets the same answer for it."""
+    node.claims.add("slow", "u-slow", ours("fpga-0"))
+    node.claims.add("c2", "uid-2", ours("fpga-1"))
+    node.claims.stalled = {"slow"}
+    slow, other = ("default", "slow", "u-slow"), ("default", "c2", "uid-2")
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin() as plugin:
+        connection = await kubelet.next_registration()
+        first = asyncio.ensure_future(connection.prepare([slow], within=30))
+        await until(lambda: node.claims.waiting == 1, "the slow claim's read stalled")
+        second = asyncio.ensure_future(connection.prepare([slow, other], within=30))
+        await until(lambda: plugin.preparer.count == 1, "the other claim recorded meanwhile")
+        assert not first.done() and not second.done()
+        node.claims.release.set()
+        answers = await asyncio.gather(first, second)
+    assert answers[0].claims["u-slow"] == answers[1].claims["u-slow"]
+    assert answers[0].claims["u-slow"].error == ""
+    assert [d.device_name for d in answers[1].claims["uid-2"].devices] == ["fpga-1"]
+    assert node.claims.reads == 2
+
+
 async def test_a_read_ends_within_the_callers_deadline(node: Node) -> None:
     """A call with a claim on a stalled API server and one prepared earlier is answered
     before the caller gives up: the prepared claim with its devices, the other with why."""
