@@ -1,4 +1,5 @@
-"""Logging setup for the agent: one line per event, as text for people or JSON for pipelines.
+"""Logging setup for the agent: one line per event, as text for people or JSON for pipelines;
+and the one way a metrics hook is called (:func:`call_hook`: what it raises is logged).
 
 Events carry structured fields through ``extra={"fields": {...}}``; the text format appends
 them as ``key=value`` and the JSON format emits them as keys, so both stay greppable.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -61,3 +63,17 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
 def fields(**values: Any) -> dict[str, Any]:
     """``extra`` for a log call: ``log.info("spec written", extra=fields(cls="loop"))``."""
     return {"fields": values}
+
+
+def call_hook(
+    hook: Callable[..., object] | None, *args: object, what: str, logger: logging.Logger
+) -> None:
+    """Call ``hook`` (a metrics hook; None: nothing to call) with ``args``. What it raises
+    is logged to ``logger`` as ``<what> failed`` with its traceback and goes no further: a
+    hook must never fail the call it counts."""
+    if hook is None:
+        return
+    try:
+        hook(*args)
+    except Exception:
+        logger.exception("%s failed", what)

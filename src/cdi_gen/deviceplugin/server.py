@@ -45,6 +45,7 @@ from cdi_gen.deviceplugin.board import DeviceBoard
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
 from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
+from cdi_gen.logs import call_hook
 from cdi_gen.model import AdvertisedDevice
 from cdi_gen.names import validate_cdi_kind_as_resource
 from cdi_gen.paths import DEVICE_PLUGIN_DIR, KUBELET_SOCKET_NAME
@@ -233,12 +234,8 @@ class DevicePlugin(SupervisedPlugin):
         return response
 
     def call_allocate_hook(self, outcome: str, reason: str) -> None:
-        if self._on_allocate is None:
-            return
-        try:
-            self._on_allocate(outcome, reason)
-        except Exception:
-            log.exception("allocate hook of %s failed", self.resource_name)
+        what = f"allocate hook of {self.resource_name}"
+        call_hook(self._on_allocate, outcome, reason, what=what, logger=log)
 
 
 #: The fields a Device message is made of. Comparing these (a tuple built in C) is several

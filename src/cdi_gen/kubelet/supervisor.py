@@ -43,6 +43,7 @@ from typing import Literal, Protocol, Self
 
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.transport import UnixServer
+from cdi_gen.logs import call_hook
 from cdi_gen.retry import Backoff, Retry, describe
 from cdi_gen.waits import first_of
 
@@ -318,12 +319,8 @@ class Supervisor:
                     await self._wake.wait()
 
     def _call_hook(self, ok: bool, error: str) -> None:
-        if self._on_register is None:
-            return
-        try:
-            self._on_register(ok, error)
-        except Exception:
-            log.exception("registration hook of %s failed", self.name)
+        what = f"registration hook of {self.name}"
+        call_hook(self._on_register, ok, error, what=what, logger=log)
 
 
 class SupervisedPlugin:

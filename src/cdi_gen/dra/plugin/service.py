@@ -43,6 +43,7 @@ from cdi_gen.dra.plugin.claims import (
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.kubelet.streams import StreamGate, clip, follow
 from cdi_gen.kubelet.transport import WORKERS
+from cdi_gen.logs import call_hook
 from cdi_gen.model import PoolDevice
 
 __all__ = [
@@ -311,9 +312,5 @@ class DraService:
         )
 
     def _call_prepare_hook(self, outcome: str, reason: str) -> None:
-        if self._on_prepare is None:
-            return
-        try:
-            self._on_prepare(outcome, reason)
-        except Exception:
-            log.exception("prepare hook of %s failed", self.driver)
+        what = f"prepare hook of {self.driver}"
+        call_hook(self._on_prepare, outcome, reason, what=what, logger=log)
