@@ -80,16 +80,24 @@ def preparer(tmp_path: Path, reader: BlockedReader) -> PoolPreparer:
     return preparer
 
 
-def test_a_second_prepare_of_a_claim_being_read_waits_and_reads_nothing(
+def _two_prepares(
     preparer: PoolPreparer, reader: BlockedReader
-) -> None:
+) -> tuple[list[PrepareResult], list[PrepareResult]]:
+    """Prepare REF twice, the second call sent while the first one's read waits; the two
+    answers."""
     with ThreadPoolExecutor(2) as threads:
         first = threads.submit(preparer.prepare, [REF], 20)
         until_sync(lambda: reader.started == 1, "the first read")
         second = threads.submit(preparer.prepare, [REF], 20)
         until_sync(lambda: preparer.pending.waits == 1, "the second prepare waiting")
         reader.release.set()
-        answers = first.result(), second.result()
+        return first.result(), second.result()
+
+
+def test_a_second_prepare_of_a_claim_being_read_waits_and_reads_nothing(
+    preparer: PoolPreparer, reader: BlockedReader
+) -> None:
+    answers = _two_prepares(preparer, reader)
     assert answers[0] == answers[1]
     [result] = answers[0]
     assert result.error == ""
@@ -103,13 +111,7 @@ def test_a_second_prepare_reads_a_claim_the_first_could_not_read(
     """The first call's read may fail within its own (shorter) deadline: the call that
     waited for it reads the claim itself rather than answer the first one's error."""
     reader.failing = 1
-    with ThreadPoolExecutor(2) as threads:
-        first = threads.submit(preparer.prepare, [REF], 20)
-        until_sync(lambda: reader.started == 1, "the first read")
-        second = threads.submit(preparer.prepare, [REF], 20)
-        until_sync(lambda: preparer.pending.waits == 1, "the second prepare waiting")
-        reader.release.set()
-        [failed], [prepared] = first.result(), second.result()
+    [failed], [prepared] = _two_prepares(preparer, reader)
     assert failed.reason == "claim-read"
     assert "no answer" in failed.error
     assert prepared.error == ""
