@@ -424,10 +424,16 @@ async def test_plugin_stop_ends_streams_and_removes_the_socket(rig: Rig) -> None
     socket = rig.folder / "example.com-loop.sock"
     assert socket.exists()
     await rig.connection.next_devices()
-    await rig.plugin.stop()
+    # With a minute of grace, a stop that returns at once shows the stream ended itself:
+    # grpc cancels the calls still open only when the grace runs out.
+    await asyncio.wait_for(rig.plugin.stop(grace=60), 10)
     assert not socket.exists()
     await asyncio.wait_for(rig.connection.stream_ended.wait(), 5)
-    assert rig.connection.stream_error is None
+    # grpc closes the connection as soon as the last call is done. A client writing a frame
+    # at that moment (a ping, a window update) gets a broken pipe and reports UNAVAILABLE
+    # before it reads the OK it was sent; any other error is ours.
+    error = rig.connection.stream_error
+    assert error is None or error.code() == grpc.StatusCode.UNAVAILABLE, error
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await rig.allocate("loop200")
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
