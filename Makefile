@@ -17,7 +17,7 @@ export PYTHONNOUSERSITE := 1
 # tests again, about a third of make test-fast's time.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-fast lint fuzz bench bench-fleet proto check-setup setup-run setup-test setup-fast setup-lint
+.PHONY: run test test-fast lint lock fuzz bench bench-fleet proto check-setup setup-run setup-test setup-fast setup-lint
 
 setup-run:
 	scripts/setup.sh run
@@ -78,6 +78,13 @@ fuzz: setup-test
 
 proto: setup-lint
 	PYTHON=$(PY) proto/generate.sh
+
+# The one way to move the lock (requirements/*.txt) forward: every set resolved anew to the newest
+# releases pyproject.toml allows, the environment made from it, the protos generated again with
+# the locked grpcio-tools and the grpcio and protobuf floors raised to match (scripts/lock.sh).
+# Needs the network; commit what it changed in one commit.
+lock:
+	scripts/lock.sh
 
 # Whether the Debian packages scripts/setup.sh installs for `test` are all the suite needs: a
 # root file system made from nothing but that list, where the package is installed and what

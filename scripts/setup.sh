@@ -10,9 +10,12 @@
 #
 # Python runs in the project's own virtual environment, .venv at the repository root, never in
 # the machine's interpreter: whatever lingers there (a package from an earlier `make lint`, a
-# hand install) cannot make a test pass here. The environment is keyed on pyproject.toml and
-# the interpreter: when either changes it is made anew, so it holds only what pyproject.toml
-# asks for (the suite checks that, tests/plugins/environment.py). A fresh clone gets a fresh one.
+# hand install) cannot make a test pass here. It is installed from the lock (requirements/*.txt,
+# pinned and hashed, made by `make lock`), so two machines on two days install the same bytes; an
+# install that cannot honour the lock stops with one line naming the distribution. The
+# environment is keyed on pyproject.toml, the lock and the interpreter: when any changes it is
+# made anew, so it holds only what the lock pins for its set (the suite checks that,
+# tests/plugins/environment.py). A fresh clone gets a fresh one.
 #
 # Each part is checked first and installed only when missing, so a second run costs about a
 # second. When something is missing and cannot be installed here (not root, no network), it
@@ -20,15 +23,21 @@
 set -Eeuo pipefail
 
 list_only=false
-if [ "${1:-}" = "--packages" ]; then
-    list_only=true
-    shift
-fi
-mode="${1:-}"
+case "${1:-}" in
+    --packages)
+        list_only=true
+        shift
+        ;;
+    # What scripts/lock.sh needs of setup: uv's path (installed if missing), the lock's id.
+    --uv | --lock-id)
+        mode="${1#--}"
+        ;;
+esac
+mode="${mode:-${1:-}}"
 case "$mode" in
-    run | test | fast | lint) ;;
+    run | test | fast | lint | uv | lock-id) ;;
     *)
-        echo "usage: scripts/setup.sh [--packages] run|test|fast|lint" >&2
+        echo "usage: scripts/setup.sh [--packages] run|test|fast|lint | --uv | --lock-id" >&2
         exit 2
         ;;
 esac
@@ -102,9 +111,54 @@ ensure_packages() {
 # which they ran cannot change what a test sees; make test-fast after either runs in dev, on
 # a fresh clone in test, and the suite checks the environment against the set it holds
 # (tests/plugins/environment.py reads .cdi-gen-set).
+#
+# The lock: one file per set, each pinned and hashed (scripts/lock.sh). Its id, the first 12
+# hex digits of the files' sha256 in name order, is what `cdi-gen --version` and the image's
+# label name (deploy/Containerfile computes it the same way).
+LOCK=requirements
+lock_id() { cat "$LOCK"/build.txt "$LOCK"/dev.txt "$LOCK"/run.txt "$LOCK"/test.txt | sha256sum | cut -c1-12; }
+
+# The lock's files each set installs (base also needs the build backend for the editable
+# install; test and dev hold it).
+set_files() {
+    case "$1" in
+        base) echo "$LOCK/run.txt $LOCK/build.txt" ;;
+        test) echo "$LOCK/test.txt" ;;
+        dev) echo "$LOCK/dev.txt" ;;
+    esac
+}
+
 venv_key() {
-    printf '%s %s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')" \
-        "$(sha256sum pyproject.toml | cut -c1-64)"
+    printf '%s %s %s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')" \
+        "$(cat "$LOCK"/*.txt | sha256sum | cut -c1-64)" "$(sha256sum pyproject.toml | cut -c1-64)"
+}
+
+# Runs an install of the lock's files; when it fails, its output, then one line naming the
+# locked distribution it failed on (a hash that no longer matches, a version gone) and why.
+install_locked() {
+    local files="$1" log pin name found="" why
+    shift
+    log="$(mktemp)"
+    if "$@" >"$log" 2>&1; then
+        rm -f "$log"
+        return 0
+    fi
+    cat "$log" >&2
+    # uv quotes the distribution it failed on as `name==version`; pip names it in its lines.
+    found="$(grep -m1 -oE '`[A-Za-z0-9][A-Za-z0-9._-]*==[^` ]+`' "$log" | tr -d '`' || true)"
+    if [ -z "$found" ]; then
+        # shellcheck disable=SC2086 # the set's files, several words
+        while read -r pin; do
+            name="${pin%%==*}"
+            if grep -qiE "(^|[^A-Za-z0-9_.-])${name//./\\.}([^A-Za-z0-9_.-]|$)" "$log"; then
+                found="$pin"
+                break
+            fi
+        done < <(sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*==[^ ;]*\).*/\1/p' $files)
+    fi
+    why="$(grep -E '^\s*(cause|Caused by|ERROR|error):' "$log" | tail -n 1 | sed -E 's/^\s*[A-Za-z ]+:\s*//' | cut -c1-200)"
+    rm -f "$log"
+    fail "the lock cannot be installed: ${found:-no locked distribution named in the output above}: ${why:-see above} (from $files; run make lock if the registry changed)"
 }
 
 # How much of the package a set holds: nothing (0), base, test, dev.
@@ -134,21 +188,32 @@ ensure_venv() {
     if [ "$(set_rank "$have")" -ge "$(set_rank "$set")" ]; then
         return 0
     fi
-    local target="."
-    [ "$set" = test ] && target=".[test]"
-    [ "$set" = dev ] && target=".[test,lint]"
-    local uv
+    local files file reqs=() uv
+    files="$(set_files "$set")"
+    for file in $files; do
+        [ -f "$file" ] || fail "$file missing: the lock is part of the checkout (make lock makes it)"
+        reqs+=(-r "$file")
+    done
+    # The lock first, every file checked against its hash; then the package itself, editable,
+    # with the locked build backend (no build isolation, which would fetch the newest hatchling).
     if uv="$(installer)"; then
-        say "uv pip install -e '$target' into $VENV"
+        say "uv pip install --require-hashes $files, then -e . into $VENV"
         # Compiled ahead, in parallel: a process that runs with PYTHONDONTWRITEBYTECODE set (as
         # CI shells may) would otherwise compile pydantic, grpc and the rest again every time.
-        "$uv" pip install -q --python "$VENV/bin/python" --compile-bytecode -e "$target" >&2 \
-            || fail "uv pip install -e '$target' into $VENV failed (no network? see above)"
+        install_locked "$files" "$uv" pip install -q --python "$VENV/bin/python" --compile-bytecode \
+            --require-hashes "${reqs[@]}"
+        "$uv" pip install -q --python "$VENV/bin/python" --compile-bytecode --no-deps \
+            --no-build-isolation -e . >&2 || fail "uv pip install -e . into $VENV failed (see above)"
     else
-        say "pip install -e '$target' into $VENV (uv could not be installed, see above)"
-        "$VENV/bin/python" -m pip install -q --no-warn-script-location -e "$target" >&2 \
-            || fail "pip install -e '$target' into $VENV failed (no network? see above)"
+        say "pip install --require-hashes $files, then -e . into $VENV (uv could not be installed, see above)"
+        install_locked "$files" "$VENV/bin/python" -m pip install -q --no-warn-script-location \
+            --require-hashes "${reqs[@]}"
+        "$VENV/bin/python" -m pip install -q --no-warn-script-location --no-deps \
+            --no-build-isolation -e . >&2 || fail "pip install -e . into $VENV failed (see above)"
     fi
+    # What `cdi-gen --version` names (src/cdi_gen/cli/main.py), as the image records it.
+    mkdir -p "$VENV/share/cdi-gen"
+    lock_id >"$VENV/share/cdi-gen/lock"
     printf '%s\n' "$set" >"$VENV/.cdi-gen-set"
 }
 
@@ -156,15 +221,23 @@ ensure_venv() {
 # clone's `make test-fast` setup). It is a tool of the setup, not of the package, so it lives in
 # an environment of its own outside the checkout, pinned, made once per machine and user; the
 # project's .venv keeps only what pyproject.toml asks for, and pip, which the suite's wheelhouse
-# uses. Prints uv's path; fails (and setup falls back to pip) when it cannot be installed.
+# uses. Prints uv's path; fails (and setup falls back to pip) when it cannot be installed. Made
+# with .venv's pip where there is one; `--uv` (scripts/lock.sh, before any lock) gives uv's
+# environment a pip of its own.
 UV_VERSION=0.13.9
 installer() {
-    local home="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-gen/uv-$UV_VERSION"
+    local home="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-gen/uv-$UV_VERSION" pip
     if [ ! -x "$home/bin/uv" ]; then
         rm -rf "$home"
-        "$PYTHON" -m venv --without-pip "$home" >&2 || return 1
-        "$VENV/bin/python" -m pip --python "$home/bin/python" install -q \
-            --no-warn-script-location "uv==$UV_VERSION" >&2 || { rm -rf "$home"; return 1; }
+        if [ -x "$VENV/bin/python" ]; then
+            "$PYTHON" -m venv --without-pip "$home" >&2 || return 1
+            pip=("$VENV/bin/python" -m pip --python "$home/bin/python")
+        else
+            "$PYTHON" -m venv "$home" >&2 || return 1
+            pip=("$home/bin/python" -m pip)
+        fi
+        "${pip[@]}" install -q --no-warn-script-location "uv==$UV_VERSION" >&2 \
+            || { rm -rf "$home"; return 1; }
     fi
     printf '%s\n' "$home/bin/uv"
 }
@@ -232,6 +305,12 @@ if $list_only; then
 fi
 
 case "$mode" in
+    uv)
+        installer || fail "uv $UV_VERSION could not be installed (output above)"
+        ;;
+    lock-id)
+        lock_id
+        ;;
     run)
         if ! is_root && [ -n "$(missing_packages "${run_packages[@]}")" ]; then
             fail "missing Debian packages: $(missing_packages "${run_packages[@]}" | xargs); the agent also needs root to write /var/run/cdi"

@@ -24,6 +24,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 CACHE = Path("/var/cache/cdi-gen-test/wheelhouse")
+RUN_LOCK = Path(__file__).resolve().parents[1] / "requirements" / "run.txt"
 PACKAGE = "cdi-gen"
 SETUP_COMMAND = ".venv/bin/python tests/wheelhouse.py"
 
@@ -73,11 +74,13 @@ def wheelhouse(*, allow_download: bool = False) -> Path:
             f"or setup never ran): run `{SETUP_COMMAND}` first"
         )
     dest.mkdir(parents=True, exist_ok=True)
-    # --no-deps: the list is already the whole closure, pinned; --only-binary: the test must
-    # build nothing but our own wheel.
+    # The lock's run-time set, whose pins are these versions (tests/unit/test_lock.py), so each
+    # file is checked against its hash; --no-deps: the list is already the whole closure;
+    # --only-binary: the test must build nothing but our own wheel.
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--only-binary=:all:", "--dest", str(dest), *requirements],
+         "--no-deps", "--only-binary=:all:", "--require-hashes", "--dest", str(dest),
+         "-r", str(RUN_LOCK)],
         capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
     if proc.returncode != 0:

@@ -1,6 +1,7 @@
 """The suite's rule that it sees only what ``make test`` installed: it runs in the project's own
-virtual environment (``.venv``, made by ``scripts/setup.sh`` from pyproject.toml), and that
-environment holds the package's declared requirements and nothing else.
+virtual environment (``.venv``, made by ``scripts/setup.sh`` from the lock, ``requirements/``),
+and that environment holds exactly its set's locked distributions, at their locked versions, and
+the package itself.
 
 A test that passes only because the machine happens to have a package (left by an earlier
 ``make lint``, installed by hand) fails on a fresh clone on a fresh machine, and CI, which runs on
@@ -10,11 +11,13 @@ when:
 - the interpreter is not ``.venv``'s (the machine's python3, another project's environment);
 - a folder outside the repository and the interpreter's standard library is on ``sys.path``
   (``PYTHONPATH``, a user or system site-packages);
-- pyproject.toml changed since ``.venv`` was made (``scripts/setup.sh`` would make it anew);
-- ``.venv`` holds a distribution that the package's requirements (with the extras of the set
-  setup installed, ``.venv/.cdi-gen-set``: ``test`` and ``lint`` for ``make test``, ``test``
-  alone for ``make test-fast``; followed through every dependency) do not ask for, or lacks
-  one they ask for.
+- pyproject.toml or the lock changed since ``.venv`` was made (``scripts/setup.sh`` would make
+  it anew);
+- ``.venv`` holds a distribution that its set's lock files (``.venv/.cdi-gen-set``: ``dev``
+  for ``make test``, ``test`` for ``make test-fast``; tests/lockfile.py) do not pin, lacks one
+  they pin, or holds one at another version.
+
+Whether the lock itself is what pyproject.toml asks for is tests/unit/test_lock.py's question.
 
 Loaded by ``tests/conftest.py``; the check runs once, before collection.
 """
@@ -29,18 +32,17 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests import lockfile
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
 PROJECT = "cdi-gen"
-#: The extras of each set setup.sh installs the package with for the suite (``make test``'s
-#: and ``make lint``'s ``dev``, ``make test-fast``'s ``test``).
-SET_EXTRAS = {"dev": frozenset({"test", "lint"}), "test": frozenset({"test"})}
 _SET = VENV / ".cdi-gen-set"
-#: The extras this environment holds: its set's, or dev's when setup made no test set.
-EXTRAS = SET_EXTRAS.get(_SET.read_text().strip() if _SET.is_file() else "dev", SET_EXTRAS["dev"])
+#: The set of setup.sh's this environment holds (``dev`` when setup recorded none).
+SET = _SET.read_text().strip() if _SET.is_file() else "dev"
 #: What ``python -m venv`` puts in every environment before anything is asked for.
 BOOTSTRAP = frozenset({"pip", "setuptools", "wheel"})
 HINT = (
@@ -49,53 +51,36 @@ HINT = (
 )
 
 
-def wanted_distributions(dists: dict[str, metadata.Distribution]) -> tuple[set[str], set[str]]:
-    """The closure of the project's requirements over ``dists`` (canonical names): what is
-    asked for and present, and what is asked for but missing."""
-    seen: set[tuple[str, frozenset[str]]] = set()
-    present: set[str] = set()
-    missing: set[str] = set()
-    todo = [(PROJECT, EXTRAS)]
-    while todo:
-        name, extras = todo.pop()
-        key = (canonicalize_name(name), extras)
-        if key in seen:
-            continue
-        seen.add(key)
-        dist = dists.get(key[0])
-        if dist is None:
-            missing.add(key[0])
-            continue
-        present.add(key[0])
-        for text in dist.requires or ():
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue
-            if req.marker is None or any(
-                req.marker.evaluate({"extra": extra}) for extra in (extras or {""})
-            ):
-                todo.append((req.name, frozenset(req.extras)))
-    return present, missing
-
-
 def distribution_problems(found: Iterable[metadata.Distribution]) -> list[str]:
-    """What is wrong with an environment holding ``found``, one line each (empty: nothing)."""
-    dists: dict[str, metadata.Distribution] = {}
+    """What is wrong with an environment holding ``found`` against its set's lock, one line
+    each (empty: nothing)."""
+    installed: dict[str, str] = {}
     for dist in found:
         name = dist.metadata["Name"]
         if name:
-            dists.setdefault(canonicalize_name(name), dist)
-    present, missing = wanted_distributions(dists)
-    extra = sorted(set(dists) - present - BOOTSTRAP)
+            installed.setdefault(canonicalize_name(name), dist.version)
+    try:
+        pins = {n: p for n, p in lockfile.read_set(SET).items() if p.applies()}
+    except (OSError, lockfile.LockError) as err:
+        return [f"the lock of set {SET!r} cannot be read: {err}"]
+    files = "+".join(f"requirements/{f}.txt" for f in lockfile.SET_FILES[SET])
     problems = []
+    extra = sorted(set(installed) - set(pins) - BOOTSTRAP - {PROJECT})
     if extra:
         problems.append(
-            f"installed but not required by {PROJECT}[{','.join(sorted(EXTRAS))}]: "
-            f"{', '.join(extra)} (installed by hand? add it to pyproject.toml, or rm -rf .venv)"
+            f"installed but not in the lock ({files}): {', '.join(extra)} "
+            "(installed by hand? add it to pyproject.toml and run make lock, or rm -rf .venv)"
         )
+    missing = sorted(set(pins) - set(installed)) + ([PROJECT] if PROJECT not in installed else [])
     if missing:
-        problems.append(f"required but not installed: {', '.join(sorted(missing))}")
+        problems.append(f"locked but not installed: {', '.join(missing)}")
+    moved = sorted(
+        f"{name} {installed[name]} (locked {pin.version})"
+        for name, pin in pins.items()
+        if name in installed and Version(installed[name]) != pin.version
+    )
+    if moved:
+        problems.append(f"installed at another version than the lock's: {', '.join(moved)}")
     return problems
 
 
@@ -126,9 +111,14 @@ def environment_problems() -> list[str]:
     problems = path_problems(sys.path)
     key = (VENV / ".cdi-gen-key").read_text().split() if (VENV / ".cdi-gen-key").exists() else []
     pyproject = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
-    if not key or key[-1] != pyproject:
+    # setup.sh's key: the lock's files in name order, then pyproject.toml (venv_key).
+    lock = hashlib.sha256(
+        b"".join(path.read_bytes() for path in sorted(lockfile.LOCK.glob("*.txt")))
+    ).hexdigest()
+    if key[-2:] != [lock, pyproject]:
         problems.append(
-            "pyproject.toml changed since .venv was made (or .venv was not made by setup)"
+            "pyproject.toml or the lock changed since .venv was made (or .venv was not made by "
+            "setup)"
         )
     return problems + distribution_problems(metadata.distributions())
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import lockfile
 from tests.conftest import REPO
-from tests.plugins.environment import EXTRAS, distribution_problems
+from tests.plugins.environment import SET, distribution_problems
 
 TESTS = REPO / "tests"
 
@@ -89,29 +90,42 @@ def test_an_empty_parameter_list_is_an_error(tmp_path: Path) -> None:
     assert "Empty parameter set" in proc.stdout + proc.stderr
 
 
-def _distribution(folder: Path, name: str) -> metadata.Distribution:
-    info = folder / f"{name}-1.0.dist-info"
+def _distribution(folder: Path, name: str, version: str = "1.0") -> metadata.Distribution:
+    info = folder / f"{name}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return metadata.PathDistribution(info)
 
 
-def test_the_project_environment_holds_exactly_what_pyproject_asks_for() -> None:
+def test_the_project_environment_holds_exactly_the_lock() -> None:
     assert distribution_problems(metadata.distributions()) == []
 
 
 def test_a_package_installed_by_hand_stops_the_run(tmp_path: Path) -> None:
     # What made a test pass only on the machine that had run `make lint` before.
     found = [*metadata.distributions(), _distribution(tmp_path, "mypy-protobuf-by-hand")]
+    files = "+".join(f"requirements/{f}.txt" for f in lockfile.SET_FILES[SET])
     assert distribution_problems(found) == [
-        f"installed but not required by cdi-gen[{','.join(sorted(EXTRAS))}]: mypy-protobuf-by-hand "
-        "(installed by hand? add it to pyproject.toml, or rm -rf .venv)"
+        f"installed but not in the lock ({files}): mypy-protobuf-by-hand (installed by hand? "
+        "add it to pyproject.toml and run make lock, or rm -rf .venv)"
     ]
 
 
-def test_a_required_package_missing_stops_the_run() -> None:
+def test_a_locked_package_missing_stops_the_run() -> None:
     found = [d for d in metadata.distributions() if d.metadata["Name"] != "hypothesis"]
-    assert "required but not installed: hypothesis" in distribution_problems(found)
+    assert "locked but not installed: hypothesis" in distribution_problems(found)
+
+
+def test_a_package_at_another_version_than_the_locks_stops_the_run(tmp_path: Path) -> None:
+    # What a machine that installed on another day would hold without the lock.
+    locked = lockfile.read_set(SET)["hypothesis"].version
+    found = [
+        *(d for d in metadata.distributions() if d.metadata["Name"] != "hypothesis"),
+        _distribution(tmp_path, "hypothesis", "0.0.1"),
+    ]
+    assert distribution_problems(found) == [
+        f"installed at another version than the lock's: hypothesis 0.0.1 (locked {locked})"
+    ]
 
 
 def test_a_folder_from_outside_on_the_path_stops_the_run(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import warnings
 
 from cdi_gen._proto.dra.v1beta1 import api_pb2 as cdi__gen_dot___proto_dot_dra_dot_v1beta1_dot_api__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
