@@ -72,7 +72,11 @@ CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates
 IMAGE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # What the Containerfile copies from the build context (see .containerignore), plus itself.
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
-AGENT_INPUTS = (".containerignore", "deploy/Containerfile", "pyproject.toml", "README.md", "src")
+AGENT_INPUTS = (
+    ".containerignore", "deploy/Containerfile", "pyproject.toml", "README.md", "requirements", "src"
+)  # fmt: skip
+#: The lock's files in the order whose bytes make its id (scripts/setup.sh's lock_id).
+LOCK_FILES = ("build", "dev", "run", "test")
 KEEP_AGENT_IMAGES = 3
 # Bumped when the recipe below changes in a way the inputs do not show.
 RECIPE = "1"
@@ -93,6 +97,8 @@ class Stamp:
     version: str
     revision: str
     source: str
+    #: the id of the lock it installs (requirements/, as scripts/setup.sh --lock-id prints it)
+    lock: str
 
     def build_args(self) -> list[str]:
         return [f"--build-arg={k.upper()}={v}" for k, v in vars(self).items()]
@@ -162,7 +168,10 @@ def stamp(root: Path = REPO) -> Stamp:
     if revision != "unknown" and _git(root, "status", "--porcelain", "--", *AGENT_INPUTS):
         revision += "-dirty"
     source = _git(root, "config", "--get", "remote.origin.url") or "unknown"
-    return Stamp(version, revision, source)
+    lock = hashlib.sha256(
+        b"".join((root / "requirements" / f"{f}.txt").read_bytes() for f in LOCK_FILES)
+    ).hexdigest()[:12]
+    return Stamp(version, revision, source, lock)
 
 
 def agent_key(base: str, root: Path = REPO, labels: Stamp | None = None) -> str:

@@ -1,6 +1,6 @@
 """The agent image from deploy/Containerfile runs cdi-gen, before any cluster exists, and says
-what it is: the OCI labels and ``cdi-gen --version`` name the package version and the revision
-image.py stamped; the package is the wheel's, not the source tree.
+what it is: the OCI labels and ``cdi-gen --version`` name the package version, the revision
+image.py stamped and the lock it installed from; the package is the wheel's, not the source tree.
 
 The container runs under the DaemonSet's restrictions (read-only root, no capabilities, no
 privilege escalation, root user), so a failure here is one the DaemonSet would meet too.
@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests import lockfile
 
 from .image import AGENT_INPUTS, REPO, AgentImage
 
@@ -73,7 +75,8 @@ def test_image_reports_the_checkout_version_and_revision(agent_image: AgentImage
         assert agent_image.stamp.revision == "unknown"
     proc = podman_run(agent_image, ["--version"])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"cdi-gen, version {version} (revision {agent_image.stamp.revision})\n"
+    revision, lock = agent_image.stamp.revision, lockfile.lock_id()
+    assert proc.stdout == f"cdi-gen, version {version} (revision {revision}, lock {lock})\n"
 
 
 def test_image_says_what_it_is_in_its_labels(agent_image: AgentImage) -> None:
@@ -87,6 +90,8 @@ def test_image_says_what_it_is_in_its_labels(agent_image: AgentImage) -> None:
         "org.opencontainers.image.revision": agent_image.stamp.revision,
         "org.opencontainers.image.source": agent_image.stamp.source,
     }
+    # The lock it installed (requirements/), as `cdi-gen --version` inside it names it.
+    assert labels["io.cdi-gen.lock"] == agent_image.stamp.lock == lockfile.lock_id()
     assert labels["org.opencontainers.image.description"].startswith("Node agent")
 
 

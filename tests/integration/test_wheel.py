@@ -126,8 +126,9 @@ def test_the_installed_schemas_are_the_committed_ones(venv: Path) -> None:
         assert json.loads(proc.stdout) == expected
 
 
-def test_the_installed_version_names_no_revision(venv: Path) -> None:
-    """Outside an image and outside a checkout no revision is known, and it says so."""
+def test_the_installed_version_names_no_revision_and_no_lock(venv: Path) -> None:
+    """Outside an image and outside a checkout no revision is known, nor the lock of an
+    environment the user made, and it says so."""
     proc = _run([venv / "bin/cdi-gen", "--version"], venv)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"cdi-gen, version {VERSION} (revision unknown)\n"
+    assert proc.stdout == f"cdi-gen, version {VERSION} (revision unknown, lock unknown)\n"

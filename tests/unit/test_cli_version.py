@@ -1,5 +1,7 @@
-"""``cdi-gen --version``: the package version and the git revision it was built from: the one
-an image recorded (deploy/Containerfile), else the source checkout's HEAD, else "unknown"."""
+"""``cdi-gen --version``: the package version, the git revision it was built from (the one an
+image recorded, deploy/Containerfile, else the source checkout's HEAD, else "unknown") and the
+id of the dependency lock its environment was installed from (recorded by scripts/setup.sh or
+the Containerfile, else "unknown")."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdi_gen.cli import main
+from tests import lockfile
 from tests.conftest import REPO
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -46,7 +49,8 @@ def test_a_checkout_shows_its_head(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     git("commit", "-q", "-m", "one")
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "no-image"))
     monkeypatch.setattr(main, "__file__", str(tmp_path / "src" / "cdi_gen" / "cli" / "main.py"))
-    assert _version() == f"cdi-gen, version {VERSION} (revision {git('rev-parse', 'HEAD')})\n"
+    head = git("rev-parse", "HEAD")
+    assert _version() == f"cdi-gen, version {VERSION} (revision {head}, lock unknown)\n"
 
 
 def test_an_image_shows_the_revision_it_recorded(
@@ -57,7 +61,7 @@ def test_an_image_shows_the_revision_it_recorded(
     recorded.parent.mkdir(parents=True)
     recorded.write_text(f"{REVISION}\n")
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    assert _version() == f"cdi-gen, version {VERSION} (revision {REVISION})\n"
+    assert _version() == f"cdi-gen, version {VERSION} (revision {REVISION}, lock unknown)\n"
 
 
 def test_no_record_and_no_checkout_says_unknown(
@@ -65,4 +69,24 @@ def test_no_record_and_no_checkout_says_unknown(
 ) -> None:
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setattr(main, "__file__", str(tmp_path / "a" / "b" / "c" / "main.py"))
-    assert _version() == f"cdi-gen, version {VERSION} (revision unknown)\n"
+    assert _version() == f"cdi-gen, version {VERSION} (revision unknown, lock unknown)\n"
+
+
+def test_the_environment_names_the_lock_it_was_installed_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = tmp_path / main.LOCK_FILE
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text("1bf321a5d98c\n")
+    (tmp_path / main.REVISION_FILE).write_text(f"{REVISION}\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert _version() == f"cdi-gen, version {VERSION} (revision {REVISION}, lock 1bf321a5d98c)\n"
+
+
+def test_setup_records_the_lock_this_checkout_installed() -> None:
+    """make test's .venv was installed by scripts/setup.sh from this checkout's lock."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdi_gen", "--version"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert proc.stdout.endswith(f", lock {lockfile.lock_id()})\n"), proc.stdout

@@ -22,6 +22,10 @@ import click
 #: from its REVISION build argument into the agent's virtual environment): the wheel it
 #: installs is the same for every commit, so the revision cannot live in the package.
 REVISION_FILE = Path("share", "cdi-gen", "revision")
+#: Where an environment installed from the project's lock (requirements/*.txt) records the
+#: lock's id: scripts/setup.sh in the checkout's .venv, deploy/Containerfile in the image's. A
+#: wheel installed into someone's own environment has none.
+LOCK_FILE = Path("share", "cdi-gen", "lock")
 
 #: Every command: its name -> the module (one per command) and the click command in it.
 COMMANDS = {
@@ -71,12 +75,20 @@ def _revision() -> str:
     return "unknown"
 
 
+def _lock() -> str:
+    """The id of the lock this environment was installed from, else ``unknown``."""
+    try:
+        return (Path(sys.prefix) / LOCK_FILE).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
     from importlib.metadata import version
 
-    click.echo(f"cdi-gen, version {version('cdi-gen')} (revision {_revision()})")
+    click.echo(f"cdi-gen, version {version('cdi-gen')} (revision {_revision()}, lock {_lock()})")
     ctx.exit()
 
 
@@ -104,7 +116,7 @@ class _Commands(click.Group):
     expose_value=False,
     is_eager=True,
     callback=_print_version,
-    help="Show the version and the git revision built from, then exit.",
+    help="Show the version, the git revision and the dependency lock built from, then exit.",
 )
 def cli(debug: bool) -> None:
     """Make Linux devices schedulable in Kubernetes and injectable through CDI."""
