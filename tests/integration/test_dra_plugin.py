@@ -38,6 +38,8 @@ pytestmark = pytest.mark.timeout(60)
 
 DRIVER = "cdi-gen.example.com"
 POOL = "node-a"
+#: A share ID as the API server gives one: a UID.
+SHARE = "6b2f0c1d-4e5a-4b3c-8d7e-9f0a1b2c3d4e"
 
 
 def device(name: str, *, healthy: bool = True, gone: bool = False, shares: int = 1) -> PoolDevice:
@@ -188,7 +190,7 @@ async def test_a_refusal_is_reported_and_not_counted(node: Node) -> None:
 async def test_prepare_and_unprepare_are_idempotent(node: Node) -> None:
     # A share ID belongs to a device published with shares (consumable capacity).
     node.pool.publish("fpga", [device("0", shares=2), device("1")])
-    node.claims.add("c1", "uid-1", ours("fpga-0", share_id="s-1"))
+    node.claims.add("c1", "uid-1", ours("fpga-0", share_id=SHARE))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         kubelet_plugin = await kubelet.next_registration()
         claim = ("default", "c1", "uid-1")
@@ -199,7 +201,7 @@ async def test_prepare_and_unprepare_are_idempotent(node: Node) -> None:
         assert list(dev.request_names) == ["fpga"]
         assert (dev.pool_name, dev.device_name) == (POOL, "fpga-0")
         assert list(dev.cdi_device_ids) == ["example.com/fpga=0"]
-        assert dev.share_id == "s-1"
+        assert dev.share_id == SHARE
         assert node.claims.reads == 1
         recorded = checkpoint_path(node.root / "state", DRIVER).read_bytes()
         assert b"uid-1" in recorded
@@ -283,7 +285,7 @@ async def test_each_claim_gets_its_own_answer(node: Node) -> None:
 
 async def test_a_v1beta1_kubelet_is_served_without_share_id(node: Node) -> None:
     node.pool.publish("fpga", [device("0"), device("1", shares=2)])
-    node.claims.add("c1", "uid-1", ours("fpga-1", share_id="s-1"))
+    node.claims.add("c1", "uid-1", ours("fpga-1", share_id=SHARE))
     kubelet = FakeDraKubelet(node.root / "registry", services=("v1beta1.DRAPlugin",))
     async with kubelet, node.plugin():
         connection = await kubelet.next_registration()

@@ -76,7 +76,7 @@ def status_entry(
     if len(orjson.dumps(data)) > MAX_DATA:  # thousands of nodes: the names are what matter
         data = {"cdiDeviceIDs": list(device.cdi_device_ids)}
     entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
-    if device.share_id:
+    if device.share_id is not None:  # an empty one is no share: refused at prepare
         entry["shareID"] = device.share_id
     entry["conditions"] = [
         {
