@@ -7,9 +7,11 @@ checkpoint someone else wrote, a kubelet's huge error."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -319,6 +321,69 @@ async def test_a_restarted_driver_answers_from_its_checkpoint(node: Node) -> Non
             connection = await kubelet.next_registration()
             gone = await connection.prepare([claim])
             assert "not found" in gone.claims["uid-1"].error
+
+
+async def test_lowering_a_classs_shares_takes_no_share_allocated_before(node: Node) -> None:
+    """As docs/dra.md says ("Lowering a class's shares"): the node counts no shares, the
+    scheduler does. After an operator lowers a class from 4 shares to 2 (the agent restarts,
+    the device has 2), the 3 shares prepared before are answered again, and a share
+    allocated before and not yet prepared, the 4th of a device of 2, is prepared. Only a
+    class no longer shared (1) refuses a share not yet prepared; prepared ones stay."""
+    shares = [str(uuid.UUID(int=n)) for n in range(1, 6)]
+    node.pool.publish("fpga", [device("0", shares=4), device("1")])
+    node.claims.add("c1", "uid-1", *(ours("fpga-0", f"r{n}", shares[n]) for n in range(3)))
+    node.claims.add("c2", "uid-2", ours("fpga-0", share_id=shares[3]))
+    node.claims.add("c3", "uid-3", ours("fpga-0", share_id=shares[4]))
+    c1, c2, c3 = (("default", f"c{n}", f"uid-{n}") for n in (1, 2, 3))
+    async with FakeDraKubelet(node.root / "registry") as kubelet:
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            first = await connection.prepare([c1])
+            assert len(first.claims["uid-1"].devices) == 3
+        node.pool.publish("fpga", [device("0", shares=2), device("1")])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert answers["uid-2"].error == ""
+            assert [d.share_id for d in answers["uid-2"].devices] == [shares[3]]
+        node.pool.publish("fpga", [device("0"), device("1")])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2, c3])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert answers["uid-2"].error == ""
+            assert "yet this node publishes it unshared" in answers["uid-3"].error
+            # Shares hold nothing: the whole device goes to a claim while they are in use.
+            node.claims.add("c4", "uid-4", ours("fpga-0"))
+            whole = await connection.prepare([("default", "c4", "uid-4")])
+            assert whole.claims["uid-4"].error == ""
+
+
+async def test_lowering_a_classs_slots_refuses_only_slots_gone_and_not_yet_prepared(
+    node: Node,
+) -> None:
+    """The same as slots (an API server without consumable capacity): after 4 slots become
+    2, a claim prepared on slot 3 is answered again; one on slot 2 not yet prepared is
+    refused as a device the node does not have."""
+    slots = [dataclasses.replace(device(f"0-{n}"), slots=4) for n in range(4)]
+    node.pool.publish("fpga", slots)
+    node.claims.add("c1", "uid-1", ours("fpga-0-3"))
+    node.claims.add("c2", "uid-2", ours("fpga-0-2"))
+    c1, c2 = ("default", "c1", "uid-1"), ("default", "c2", "uid-2")
+    async with FakeDraKubelet(node.root / "registry") as kubelet:
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            first = await connection.prepare([c1])
+            assert first.claims["uid-1"].error == ""
+        node.pool.publish("fpga", [dataclasses.replace(d, slots=2) for d in slots[:2]])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert "'fpga-0-2' (pool 'node-a') of request 'fpga' is not in this node's pool" in (
+                answers["uid-2"].error
+            )
 
 
 async def test_a_kubelet_restart_registers_the_driver_again(node: Node) -> None:
