@@ -1,6 +1,6 @@
 """The name grammars cdi-gen must honour: CDI vendor, class, device name, kind and
-fully-qualified device names, the Kubernetes extended-resource name, DNS labels and the DRA
-driver name.
+fully-qualified device names, the Kubernetes extended-resource name, DNS labels, the DRA
+driver name and a DRA share ID.
 
 The rules follow the CDI Go library's parser (what runtimes enforce) plus the limits the CDI
 specification states but the parser does not check (name segment ≤ 63, prefix ≤ 253), so
@@ -206,6 +206,18 @@ MAX_DRIVER_NAME_LEN = 63
 def is_dns_label(text: str) -> bool:
     """Whether ``text`` is a DNS label: 1-63 of ``a-z 0-9 -``, alphanumeric at both ends."""
     return len(text) <= MAX_DNS_LABEL_LEN and _DNS_LABEL_RE.fullmatch(text) is not None
+
+
+#: A Kubernetes UID as the API validates a DRA allocation's ``shareID`` (``format=k8s-uuid``:
+#: apimachinery's ``validate.UUID``): the form alone, any UUID version.
+_K8S_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: That rule in words, for refusals.
+K8S_UUID_RULE = "a lowercase UUID in 8-4-4-4-12 form (36 characters of 0-9, a-f and '-')"
+
+
+def is_k8s_uuid(text: str) -> bool:
+    """Whether ``text`` is a UID the API accepts as a share ID (see :data:`K8S_UUID_RULE`)."""
+    return _K8S_UUID_RE.fullmatch(text) is not None
 
 
 def is_kept_label(text: str) -> bool:

@@ -7,9 +7,11 @@ checkpoint someone else wrote, a kubelet's huge error."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,8 @@ pytestmark = pytest.mark.timeout(60)
 
 DRIVER = "cdi-gen.example.com"
 POOL = "node-a"
+#: A share ID as the API server gives one: a UID.
+SHARE = "6b2f0c1d-4e5a-4b3c-8d7e-9f0a1b2c3d4e"
 
 
 def device(name: str, *, healthy: bool = True, gone: bool = False, shares: int = 1) -> PoolDevice:
@@ -188,7 +192,7 @@ async def test_a_refusal_is_reported_and_not_counted(node: Node) -> None:
 async def test_prepare_and_unprepare_are_idempotent(node: Node) -> None:
     # A share ID belongs to a device published with shares (consumable capacity).
     node.pool.publish("fpga", [device("0", shares=2), device("1")])
-    node.claims.add("c1", "uid-1", ours("fpga-0", share_id="s-1"))
+    node.claims.add("c1", "uid-1", ours("fpga-0", share_id=SHARE))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         kubelet_plugin = await kubelet.next_registration()
         claim = ("default", "c1", "uid-1")
@@ -199,7 +203,7 @@ async def test_prepare_and_unprepare_are_idempotent(node: Node) -> None:
         assert list(dev.request_names) == ["fpga"]
         assert (dev.pool_name, dev.device_name) == (POOL, "fpga-0")
         assert list(dev.cdi_device_ids) == ["example.com/fpga=0"]
-        assert dev.share_id == "s-1"
+        assert dev.share_id == SHARE
         assert node.claims.reads == 1
         recorded = checkpoint_path(node.root / "state", DRIVER).read_bytes()
         assert b"uid-1" in recorded
@@ -283,7 +287,7 @@ async def test_each_claim_gets_its_own_answer(node: Node) -> None:
 
 async def test_a_v1beta1_kubelet_is_served_without_share_id(node: Node) -> None:
     node.pool.publish("fpga", [device("0"), device("1", shares=2)])
-    node.claims.add("c1", "uid-1", ours("fpga-1", share_id="s-1"))
+    node.claims.add("c1", "uid-1", ours("fpga-1", share_id=SHARE))
     kubelet = FakeDraKubelet(node.root / "registry", services=("v1beta1.DRAPlugin",))
     async with kubelet, node.plugin():
         connection = await kubelet.next_registration()
@@ -317,6 +321,69 @@ async def test_a_restarted_driver_answers_from_its_checkpoint(node: Node) -> Non
             connection = await kubelet.next_registration()
             gone = await connection.prepare([claim])
             assert "not found" in gone.claims["uid-1"].error
+
+
+async def test_lowering_a_classs_shares_takes_no_share_allocated_before(node: Node) -> None:
+    """As docs/dra.md says ("Lowering a class's shares"): the node counts no shares, the
+    scheduler does. After an operator lowers a class from 4 shares to 2 (the agent restarts,
+    the device has 2), the 3 shares prepared before are answered again, and a share
+    allocated before and not yet prepared, the 4th of a device of 2, is prepared. Only a
+    class no longer shared (1) refuses a share not yet prepared; prepared ones stay."""
+    shares = [str(uuid.UUID(int=n)) for n in range(1, 6)]
+    node.pool.publish("fpga", [device("0", shares=4), device("1")])
+    node.claims.add("c1", "uid-1", *(ours("fpga-0", f"r{n}", shares[n]) for n in range(3)))
+    node.claims.add("c2", "uid-2", ours("fpga-0", share_id=shares[3]))
+    node.claims.add("c3", "uid-3", ours("fpga-0", share_id=shares[4]))
+    c1, c2, c3 = (("default", f"c{n}", f"uid-{n}") for n in (1, 2, 3))
+    async with FakeDraKubelet(node.root / "registry") as kubelet:
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            first = await connection.prepare([c1])
+            assert len(first.claims["uid-1"].devices) == 3
+        node.pool.publish("fpga", [device("0", shares=2), device("1")])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert answers["uid-2"].error == ""
+            assert [d.share_id for d in answers["uid-2"].devices] == [shares[3]]
+        node.pool.publish("fpga", [device("0"), device("1")])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2, c3])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert answers["uid-2"].error == ""
+            assert "yet this node publishes it unshared" in answers["uid-3"].error
+            # Shares hold nothing: the whole device goes to a claim while they are in use.
+            node.claims.add("c4", "uid-4", ours("fpga-0"))
+            whole = await connection.prepare([("default", "c4", "uid-4")])
+            assert whole.claims["uid-4"].error == ""
+
+
+async def test_lowering_a_classs_slots_refuses_only_slots_gone_and_not_yet_prepared(
+    node: Node,
+) -> None:
+    """The same as slots (an API server without consumable capacity): after 4 slots become
+    2, a claim prepared on slot 3 is answered again; one on slot 2 not yet prepared is
+    refused as a device the node does not have."""
+    slots = [dataclasses.replace(device(f"0-{n}"), slots=4) for n in range(4)]
+    node.pool.publish("fpga", slots)
+    node.claims.add("c1", "uid-1", ours("fpga-0-3"))
+    node.claims.add("c2", "uid-2", ours("fpga-0-2"))
+    c1, c2 = ("default", "c1", "uid-1"), ("default", "c2", "uid-2")
+    async with FakeDraKubelet(node.root / "registry") as kubelet:
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            first = await connection.prepare([c1])
+            assert first.claims["uid-1"].error == ""
+        node.pool.publish("fpga", [dataclasses.replace(d, slots=2) for d in slots[:2]])
+        async with node.plugin():
+            connection = await kubelet.next_registration()
+            answers = (await connection.prepare([c1, c2])).claims
+            assert answers["uid-1"] == first.claims["uid-1"]
+            assert "'fpga-0-2' (pool 'node-a') of request 'fpga' is not in this node's pool" in (
+                answers["uid-2"].error
+            )
 
 
 async def test_a_kubelet_restart_registers_the_driver_again(node: Node) -> None:

@@ -9,6 +9,7 @@ import logging
 import threading
 from typing import Any
 
+import orjson
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient
@@ -33,11 +34,11 @@ POOL = {
 }
 
 
-def _claim(uid: str = "u") -> dict[str, Any]:
+def _claim(uid: str = "u", name: str = "c") -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
         "spec": {},
         "status": {"devices": [{"driver": "other.example.com", "pool": "p", "device": "d"}]},
     }
@@ -196,3 +197,44 @@ async def test_close_cancels_a_write_the_api_server_holds(
     await status.close()
     assert not status.running
     api.hold_writes.set()
+
+
+def _not_the_claim() -> list[bytes]:
+    """2xx answers to a status write that are not the claim written: a proxy's empty object,
+    a Status, another claim, the claim's name under another UID, a list."""
+    other = {**_claim("another"), "status": {}}
+    renamed = {**_claim(name="d"), "status": {}}
+    return [
+        b"{}",
+        b'{"kind": "Status", "apiVersion": "v1", "status": "Success"}',
+        orjson.dumps({**_claim(), "kind": "ResourceClaimTemplate", "status": {}}),
+        orjson.dumps(other),
+        orjson.dumps(renamed),
+        b'{"kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1"}',
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    _not_the_claim(),
+    ids=["empty", "status", "other-kind", "other-uid", "other-name", "no-metadata"],
+)
+async def test_an_answer_that_is_not_the_claim_is_retried_and_switches_nothing_off(
+    api: FakeApiServer, client: ApiClient, caplog: pytest.LogCaptureFixture, body: bytes
+) -> None:
+    caplog.set_level(logging.WARNING)
+    api.claims[("ns", "c")] = _claim()
+    api.claims[("ns", "c2")] = _claim("u2", name="c2")
+    api.answers[("PATCH", STATUS)] = Answer(200, body, times=2)
+    status = _status(client)
+    _from_thread(status.prepared, "ns", "c", "u", device_entries(DRIVER, [DEVICE], POOL, {}))
+    await _settle(status)
+    assert status.enabled
+    assert "keeps no ResourceClaim status.devices" not in caplog.text
+    assert "the answer is not the claim" in caplog.text
+    assert len([r for r in api.requests if r[0] == "PATCH"]) == 3  # retried until written
+    assert api.claims[("ns", "c")]["status"]["devices"][-1]["device"] == "fpga-0"
+    # Another claim of the node still gets its status.
+    _from_thread(status.prepared, "ns", "c2", "u2", device_entries(DRIVER, [DEVICE], POOL, {}))
+    await _settle(status)
+    assert api.claims[("ns", "c2")]["status"]["devices"][-1]["device"] == "fpga-0"

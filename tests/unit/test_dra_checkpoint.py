@@ -34,12 +34,13 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoint"
 DRIVER = "cdi-gen.example.com"
 POOL = "node"
 KINDS = ("example.com/fpga", "example.com/gpu")
+SHARE = "7f3b0a1e-0000-4000-8000-00000000000b"
 CLAIM = PreparedClaim(
     "ns",
     "c",
     (
         PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=0",)),
-        PreparedDevice(("b", "c"), POOL, "fpga-1", ("example.com/fpga=1",), "share"),
+        PreparedDevice(("b", "c"), POOL, "fpga-1", ("example.com/fpga=1",), SHARE),
     ),
 )
 
@@ -59,8 +60,12 @@ def write(cp: Checkpoint, claims: dict[str, object], mode: int = 0o600) -> bytes
     return content
 
 
-def wire(*cdi_ids: str, pool: str = POOL, devices: int = 1) -> dict[str, object]:
+def wire(
+    *cdi_ids: str, pool: str = POOL, devices: int = 1, share: str | None = None
+) -> dict[str, object]:
     one = {"requestNames": ["r"], "pool": pool, "device": "fpga-0", "cdiDeviceIds": list(cdi_ids)}
+    if share is not None:
+        one["shareId"] = share
     return {"namespace": "ns", "name": "c", "devices": [one] * devices}
 
 
@@ -99,7 +104,7 @@ devices = st.builds(
     st.just(POOL),
     names,
     st.lists(cdi_names, max_size=3).map(tuple),
-    st.none() | names,
+    st.none() | st.uuids().map(str),  # share IDs: what prepare lets through
 )
 claims = st.dictionaries(
     names, st.builds(PreparedClaim, names, names, st.lists(devices, max_size=3).map(tuple))
@@ -215,6 +220,9 @@ def test_a_file_someone_else_could_have_written_is_refused_and_kept(
             wire("example.com/fpga=0", devices=MAX_ALLOCATION_RESULTS + 1),
             f"records {MAX_ALLOCATION_RESULTS + 1} devices; a claim has at most",
         ),
+        # Recorded by a cdi-gen that took any shareID: answered again only as prepare would.
+        (wire("example.com/fpga=0", share=""), "shareID '', not a share ID: want a lowercase"),
+        (wire("example.com/fpga=0", share="s\n" * 900), "shareID 's\\ns\\n"),
     ],
 )
 def test_a_recorded_claim_that_is_not_our_devices_is_dropped(
@@ -344,7 +352,7 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
         (PreparedDevice(("fpga",), POOL, "fpga-fpga0", ("example.com/fpga=fpga0",)),),
     )
     shared = cp.claims["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"].devices[0]
-    assert (shared.share_id, shared.admin_access) == ("share-1", False)
+    assert (shared.share_id, shared.admin_access) == ("3d0f6a52-8c1e-4b7a-9f25-6e4c1b8d2a70", False)
     assert cp.path.read_bytes() == stored  # not rewritten until something changes
     cp.remove("0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b")
     doc = orjson.loads(cp.path.read_bytes())

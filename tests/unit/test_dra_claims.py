@@ -17,6 +17,8 @@ from cdi_gen.dra.plugin.claims import (
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 
 DRIVER, POOL = "cdi-gen.example.com", "node-a"
+#: Share IDs as the API server gives them: UIDs.
+S1, S2 = "7f3b0a1e-0000-4000-8000-000000000001", "7f3b0a1e-0000-4000-8000-000000000002"
 DEVICES = {
     d.name: d
     for d in (
@@ -43,23 +45,23 @@ def test_our_results_become_devices_in_order_and_others_are_ignored() -> None:
     view = claim(
         AllocatedDevice("b", DRIVER, POOL, "fpga-3"),
         AllocatedDevice("gpu", "gpu.example.com", "elsewhere", "gpu-0"),
-        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id="s"),
+        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id=S1),
     )
     assert prepare(view) == [
         PreparedDevice(("b",), POOL, "fpga-3", ("example.com/fpga=3",)),
-        PreparedDevice(("a",), POOL, "kvm", ("example.com/kvm=kvm-0",), "s"),
+        PreparedDevice(("a",), POOL, "kvm", ("example.com/kvm=kvm-0",), S1),
     ]
 
 
 def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
     view = claim(
-        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id="7f3b0a1e-0000-4000-8000-000000000001"),
-        AllocatedDevice("b", DRIVER, POOL, "kvm", share_id="7f3b0a1e-0000-4000-8000-000000000002"),
+        AllocatedDevice("a", DRIVER, POOL, "kvm", share_id=S1),
+        AllocatedDevice("b", DRIVER, POOL, "kvm", share_id=S2),
     )
     got = prepare(view)
     assert [(d.request_names, d.device, d.share_id) for d in got] == [
-        (("a",), "kvm", "7f3b0a1e-0000-4000-8000-000000000001"),
-        (("b",), "kvm", "7f3b0a1e-0000-4000-8000-000000000002"),
+        (("a",), "kvm", S1),
+        (("b",), "kvm", S2),
     ]
     assert {d.cdi_device_ids for d in got} == {("example.com/kvm=kvm-0",)}
 
@@ -113,10 +115,10 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
         ),
         (
             # A share holds nothing in the checkpoint: it must not get round an exclusive device.
-            claim(AllocatedDevice("r", DRIVER, POOL, "fpga-0", share_id="s")),
+            claim(AllocatedDevice("r", DRIVER, POOL, "fpga-0", share_id=S1)),
             "u1",
             Refusal.INVALID_SHARE,
-            ["'fpga-0'", "shareID 's'", "unshared"],
+            ["'fpga-0'", f"shareID '{S1}'", "unshared"],
         ),
         (
             claim(AllocatedDevice("r", DRIVER, POOL, "kvm")),
@@ -126,12 +128,12 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
         ),
         (
             claim(
-                AllocatedDevice("r", DRIVER, POOL, "kvm", share_id="s"),
-                AllocatedDevice("q", DRIVER, POOL, "kvm", share_id="s"),
+                AllocatedDevice("r", DRIVER, POOL, "kvm", share_id=S1),
+                AllocatedDevice("q", DRIVER, POOL, "kvm", share_id=S1),
             ),
             "u1",
             Refusal.INVALID_SHARE,
-            ["request 'q'", "shareID 's' is given twice"],
+            ["request 'q'", f"shareID '{S1}' is given twice"],
         ),
     ],
 )
@@ -146,6 +148,50 @@ def test_refusals_name_the_claim_the_device_and_why(
     for part in parts:
         assert part in message, message
     assert "\n" not in message
+
+
+#: Share IDs the API would never store, by what is wrong with them.
+BAD_SHARES = {
+    "empty": "",
+    "long": "x" * 5000,
+    "newline": f"{S1}\nforged log line",
+    "newline-end": S1[:-1] + "\n",
+    "upper": S1.upper(),
+    "no-dashes": S1.replace("-", ""),
+    "braces": "{" + S1 + "}",
+    "short": S1[:-1],
+    "long-by-one": S1 + "0",
+    "underscores": S1.replace("-", "_"),
+    "word": "s",
+}
+
+
+@pytest.mark.parametrize("share", list(BAD_SHARES.values()), ids=list(BAD_SHARES))
+@pytest.mark.parametrize("device", ["kvm", "fpga-0", "fpga-9"])
+def test_a_share_id_that_is_not_a_uid_is_refused_quoting_it_and_the_rule(
+    share: str, device: str
+) -> None:
+    """The API stores only a UID as a result's shareID; anything else, on a shared device,
+    an unshared one or one the node lacks, is refused before it is prepared (and so before
+    the status, the checkpoint or a spec could take it), never read as no share."""
+    with pytest.raises(ClaimRefused) as refused:
+        prepare(claim(AllocatedDevice("r", DRIVER, POOL, device, share_id=share)))
+    assert refused.value.reason is Refusal.INVALID_SHARE
+    message = str(refused.value)
+    assert message.startswith(
+        f"claim ns/c (uid 'u1'): device {device!r} of request 'r': shareID "
+    ), message
+    assert "a lowercase UUID in 8-4-4-4-12 form" in message
+    assert repr(share[:20])[:-1] in message, message
+    assert "\n" not in message
+    assert len(message) < 400
+
+
+def test_a_share_id_the_api_stores_is_prepared_whatever_its_uuid_version() -> None:
+    """The API's rule is the form alone (lowercase hex, 8-4-4-4-12), not a UUID version."""
+    for share in ("00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"):
+        [device] = prepare(claim(AllocatedDevice("r", DRIVER, POOL, "kvm", share_id=share)))
+        assert device.share_id == share
 
 
 def _refused(view: ClaimView, devices: dict[str, PoolDevice]) -> str:
@@ -173,7 +219,7 @@ def test_a_claim_allocated_before_its_device_changed_form_is_told_so() -> None:
         f"{where} is not in this node's pool: it is a slot of device 'kvm-kvm', which this "
         f"node publishes by consumable capacity since its agent started; {again}"
     )
-    share = claim(AllocatedDevice("r", DRIVER, POOL, "kvm-kvm", share_id="s"))
+    share = claim(AllocatedDevice("r", DRIVER, POOL, "kvm-kvm", share_id=S1))
     assert _refused(share, {d.name: d for d in slots}) == (
         "claim ns/c (uid 'u1'): device 'kvm-kvm' (pool 'node-a') of request 'r' is not in "
         "this node's pool: this node publishes it as 2 slots ('kvm-kvm-0' ...) since its "

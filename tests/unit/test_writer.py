@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -151,6 +152,55 @@ def test_kill_at_any_step_leaves_old_or_new_file(tmp_path: Path, step: str) -> N
     write(tmp_path, new)
     assert (tmp_path / "example.com-loop.json").read_bytes() == new
     assert not [n for n in os.listdir(tmp_path) if n.endswith(atomicfile.TEMP_SUFFIX)]
+
+
+def _no_space_at(step: str) -> atomicfile.StepHook:
+    """A step hook failing at ``step`` as a full disk fails that step's call."""
+
+    def hook(name: str) -> None:
+        if name == step:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return hook
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("transient", [None, "u1"])
+def test_a_failed_write_leaves_no_record_of_a_spec_it_did_not_write(
+    tmp_path: Path, step: str, transient: str | None
+) -> None:
+    """A write failing between its owner record and its spec (a full disk at the spec's
+    write, fsync or rename) takes the record back: a first write leaves nothing, a
+    replacement the old spec with its old record; once the spec is in place (a failed folder
+    fsync after the rename) its record names it. No temporary stays."""
+    kw: dict[str, Any] = {"transient": transient, "instance": "me"}
+    if transient is not None:
+        kw["payload"] = {"uid": transient, "n": 1}
+    first = make_spec("loop200")
+    with pytest.raises(SpecWriteError, match="No space left on device"):
+        write(tmp_path, first, step_hook=_no_space_at(step), **kw)
+    if step == "renamed":
+        with atomicfile.folder(tmp_path) as dir_fd:
+            assert ownerrecords.is_owned_in(dir_fd, _name(transient))
+        assert sorted(os.listdir(tmp_path)) == sorted([_name(transient), _owner(transient)])
+        return
+    assert os.listdir(tmp_path) == []
+
+    write(tmp_path, first, **kw)
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    if transient is not None:
+        kw["payload"] = {"uid": transient, "n": 2}
+    with pytest.raises(SpecWriteError, match="No space left on device"):
+        write(tmp_path, make_spec("loop200", "loop201"), step_hook=_no_space_at(step), **kw)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+def _name(transient: str | None) -> str:
+    return "example.com-loop.json" if transient is None else f"example.com-loop@{transient}.json"
+
+
+def _owner(transient: str | None) -> str:
+    return ownerrecords.owner_name(_name(transient))
 
 
 def test_write_file_is_atomic_and_readable_wherever_it_goes(tmp_path: Path) -> None:

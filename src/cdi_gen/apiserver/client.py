@@ -154,9 +154,10 @@ class ApiClient:
     ) -> bool | None:
         """Make ``devices`` the ``status.devices`` entries field manager ``manager`` owns in
         claim ``namespace/name`` (server-side apply of the status subresource; none: ours
-        released, so removed); whether the answer keeps them (False: the API server drops
-        ``status.devices``), or None when the claim is gone or is another one now (its UID
-        not ``uid``). :class:`ApiServerError` when the API server fails."""
+        released, so removed); whether the answer, the claim itself, keeps them (False: the
+        API server drops ``status.devices``), or None when the claim is gone or is another
+        one now (its UID not ``uid``). :class:`ApiServerError` when the API server fails or
+        answers anything but that claim (kind, namespace, name and UID)."""
         what = f"ResourceClaim {namespace}/{name}: status"
         if not is_dns_label(namespace) or not is_dns_subdomain(name):
             raise ApiServerError(f"{quote(f'{namespace}/{name}')}: not a claim's name")
@@ -186,6 +187,10 @@ class ApiClient:
             if exc.status in (404, 409, 422):
                 return None
             raise
+        # Only the claim itself can say the API server drops status.devices: any other 2xx
+        # body (a proxy's {}, a Status, another object) says nothing of the feature, and
+        # would switch the status off for every claim of the node. It fails this write.
+        _check_is_claim(obj, namespace, name, uid, what)
         status = obj.get("status")
         found = status.get("devices") if isinstance(status, dict) else None
         have = (
@@ -314,6 +319,19 @@ class ApiClient:
 
 def _selector(driver: str, node: str) -> dict[str, str]:
     return {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
+
+
+def _check_is_claim(obj: Obj, namespace: str, name: str, uid: str, what: str) -> None:
+    """Raise :class:`ApiServerError` unless ``obj`` is claim ``namespace/name`` with ``uid``."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    found = (obj.get("kind"), meta.get("namespace"), meta.get("name"), meta.get("uid"))
+    if found != ("ResourceClaim", namespace, name, uid):
+        raise ApiServerError(
+            f"{what}: the answer is not the claim (want kind ResourceClaim, {namespace}/{name}, "
+            f"uid {uid}): kind, namespace, name, uid {quote(found)}",
+            200,
+        )
 
 
 def _device_key(entry: Obj) -> tuple[object, ...]:

@@ -44,8 +44,10 @@ __all__ = [
     "owned_transient_specs",
     "owner_name",
     "owner_record",
+    "parse_owner",
     "read_in",
     "read_owner",
+    "read_owner_bytes",
     "remove_lone_transient_records",
     "remove_record_of_gone_spec",
     "valid_records",
@@ -78,11 +80,16 @@ def read_in(dir_fd: int, name: str, limit: int) -> bytes | None:
         raise SpecWriteError(f"{name!r} in the spec folder: {exc}") from None
 
 
-def read_owner(dir_fd: int, filename: str) -> dict[str, object] | None:
+def read_owner_bytes(dir_fd: int, filename: str) -> bytes | None:
+    """The owner record of ``filename`` as stored, None if absent or not a regular file."""
     try:
-        raw = read_in(dir_fd, owner_name(filename), OWNER_MAX_BYTES)
+        return read_in(dir_fd, owner_name(filename), OWNER_MAX_BYTES)
     except SpecWriteError:
         return None
+
+
+def parse_owner(raw: bytes | None) -> dict[str, object] | None:
+    """An owner record's bytes read as one, None if they are not a JSON object."""
     if raw is None:
         return None
     try:
@@ -90,6 +97,10 @@ def read_owner(dir_fd: int, filename: str) -> dict[str, object] | None:
     except orjson.JSONDecodeError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def read_owner(dir_fd: int, filename: str) -> dict[str, object] | None:
+    return parse_owner(read_owner_bytes(dir_fd, filename))
 
 
 def written_hashes(record: dict[str, object] | None) -> list[str]:

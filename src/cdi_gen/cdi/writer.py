@@ -3,8 +3,10 @@ a CDI spec folder, only ever ours, atomically.
 
 A spec is written with its owner record (:mod:`cdi_gen.cdi.ownerrecords`) by the atomic steps
 of :mod:`cdi_gen.cdi.atomicfile`: the record first, naming both the spec on disk and the one
-about to replace it, so whichever survives a crash stays ours; a file someone else put at our
-name, or a spec another cdi-gen instance wrote, is refused. Files whose bytes would not change
+about to replace it, so whichever survives a crash stays ours. A write that fails before its
+spec is in place (a full disk) takes its record back: none for a spec that was not there, the
+old one for a spec replaced. A file someone else put at our name, or a spec another cdi-gen
+instance wrote, is refused. Files whose bytes would not change
 are left alone. Everything happens relative to a descriptor of the spec folder, on names
 derived from a valid vendor and class (:mod:`cdi_gen.cdi.specnames`), with ``O_NOFOLLOW``: a
 record planted by someone who can write the folder (a class of ``x/../../etc/passwd``, a
@@ -38,8 +40,10 @@ from cdi_gen.cdi.ownerrecords import (
     owned_specs,
     owner_name,
     owner_record,
+    parse_owner,
     read_in,
     read_owner,
+    read_owner_bytes,
     remove_record_of_gone_spec,
     written_hashes,
 )
@@ -91,7 +95,8 @@ def write_bytes(
                 # at every change) and the start-up sweep remove what a killed writer left.
                 remove_stale_temps_in(dir_fd)
             current = read_in(dir_fd, filename, SPEC_MAX_BYTES)
-            record = read_owner(dir_fd, filename)  # read once: ownership and instance
+            previous = read_owner_bytes(dir_fd, filename)
+            record = parse_owner(previous)  # read once: ownership and instance
             current_hash = None if current is None else digest(current)
             if current_hash is not None and current_hash not in written_hashes(record):
                 raise SpecWriteError(
@@ -118,13 +123,34 @@ def write_bytes(
                 payload,
             )
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
-            atomic_replace(dir_fd, owner_name(filename), encoded, hook=owner_hook)
-            atomic_replace(dir_fd, filename, data, hook=step_hook)
+            try:
+                atomic_replace(dir_fd, owner_name(filename), encoded, hook=owner_hook)
+                atomic_replace(dir_fd, filename, data, hook=step_hook)
+            except BaseException:
+                _take_back(dir_fd, filename, new_hash, None if current is None else previous)
+                raise
     except SpecWriteError:
         raise
     except OSError as exc:
         raise SpecWriteError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
     return True
+
+
+def _take_back(dir_fd: int, filename: str, new_hash: str, previous: bytes | None) -> None:
+    """After a write of ``filename`` failed: its owner record back to ``previous`` (None: the
+    spec was not there, so no record), unless the new spec made it to its name (a step after
+    the rename failed), which the record as written names. A record left by a failure here
+    still names the spec on disk, so nothing becomes foreign; at worst it is one that names
+    no spec, which the next start removes."""
+    with contextlib.suppress(OSError, SpecWriteError):
+        now = read_in(dir_fd, filename, SPEC_MAX_BYTES)
+        if now is not None and digest(now) == new_hash:
+            return
+        if previous is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(owner_name(filename), dir_fd=dir_fd)
+        else:
+            atomic_replace(dir_fd, owner_name(filename), previous)
 
 
 def remove_spec(

@@ -32,9 +32,9 @@ written (not owned by our effective user, or writable by group or others), is re
 one line naming the file and why, and left as it is:
 overwriting it would forget claims the kubelet still counts on, and cdi-gen never replaces a
 file it did not write. The operator moves it away to start with no prepared claims. Within a
-file of ours, a claim is answered again only if every recorded device is in our pool and
-every CDI name is of one of our kinds (``vendor/class``); the others are dropped with a line
-each (and left out when the file is next written).
+file of ours, a claim is answered again only if every recorded device is in our pool,
+every CDI name is of one of our kinds (``vendor/class``) and every share ID a UID; the others
+are dropped with a line each (and left out when the file is next written).
 
 What is written is what can be read back: a change that would make the file larger than the
 read cap is refused (that claim gets an error, the file stays as it was), and one claim
@@ -61,7 +61,7 @@ from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileRefused, read_regular
-from cdi_gen.names import parse_qualified_name
+from cdi_gen.names import K8S_UUID_RULE, is_k8s_uuid, parse_qualified_name
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -356,6 +356,9 @@ class Checkpoint:
                 f"{MAX_ALLOCATION_RESULTS}"
             )
         for device in claim.devices:
+            share = device.share_id  # an older cdi-gen took any: answered as prepare would
+            if share is not None and not is_k8s_uuid(share):
+                return f"shareID {quote(share, 60)}, not a share ID: want {K8S_UUID_RULE}"
             if device.pool != self.pool:
                 return (
                     f"device {quote(device.device)} is in pool {quote(device.pool)}, not in "

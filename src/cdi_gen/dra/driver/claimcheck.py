@@ -9,7 +9,10 @@ own drivers prepare.
 
 A device published with consumable capacity (``shares`` > 1) is allocated in shares, each
 result with its own ``shareID``, several of them possibly in one claim; every share is
-answered with that ID and the device's one CDI name. A share ID is refused on a device the
+answered with that ID and the device's one CDI name. A share ID must be what the API stores
+there, a UID (:data:`~cdi_gen.names.K8S_UUID_RULE`): any other value, empty included, is
+refused before anything else is looked at, so a result either has no share or a share with a
+UID, alike in the answer, the status and the checkpoint. A share ID is refused on a device the
 node publishes unshared (a share holds nothing in the checkpoint, so it must not get round
 an exclusive device), as is a result of a shareable device without one, or one ID twice.
 A claim allocated before the node published its shared device in the other form (slots or
@@ -30,7 +33,7 @@ from cdi_gen.dra.plugin.claims import (
 )
 from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
-from cdi_gen.names import is_dns_label
+from cdi_gen.names import K8S_UUID_RULE, is_dns_label, is_k8s_uuid
 
 __all__ = ["MAX_ALLOCATION_RESULTS", "is_request_name", "prepare_claim"]
 
@@ -129,8 +132,8 @@ def is_request_name(request: str) -> bool:
 
 def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice]) -> None:
     """Refuse names from the API server that paths and messages are built from: request
-    names, and the pod's name for a claim made from a template (a folder inside the
-    container)."""
+    names, share IDs, and the pod's name for a claim made from a template (a folder inside
+    the container)."""
     for result in results:
         if not is_request_name(result.request):
             raise ClaimRefused(
@@ -138,6 +141,13 @@ def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice
                 f"{label}: its allocation names request {quote(result.request)}: want a DNS "
                 "label, or two joined by '/' for a subrequest (1-63 characters of a-z 0-9 -, "
                 "starting and ending alphanumeric)",
+            )
+        share = result.share_id
+        if share is not None and not is_k8s_uuid(share):
+            raise ClaimRefused(
+                Refusal.INVALID_SHARE,
+                f"{label}: device {quote(result.device)} of request {quote(result.request)}: "
+                f"shareID {quote(share, 60)} is not a share ID: want {K8S_UUID_RULE}",
             )
     pod_claim = claim.pod_claim_name
     if pod_claim is not None and not is_dns_label(pod_claim):

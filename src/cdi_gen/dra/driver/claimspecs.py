@@ -11,7 +11,9 @@ memory by :class:`~cdi_gen.cdi.store.SpecStore`, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
 with ownership records naming this agent's instance and carrying the claim's record
 (:func:`~cdi_gen.dra.driver.checkpoint.claim_record`, read back at start by
-:meth:`ClaimSpecs.recorded`); removes them at unprepare; and finds, at start, those no
+:meth:`ClaimSpecs.recorded`); takes all of them back when one fails (a full disk), and removes
+them at unprepare, for a claim not prepared here whatever of ours sits at their names
+(:meth:`ClaimSpecs.remove_left`); and finds, at start, those no
 prepared claim names and the claims whose files are gone (a node restart empties
 ``/var/run/cdi``: such a claim is read and prepared anew).
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -218,7 +220,6 @@ class ClaimSpecs:
         # spec): the claim is prepared exactly as long as a spec of it is there.
         prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
         record = claim_record(uid, prepared)
-        written: list[ClaimSpec] = []
         try:
             mounts = self._write_metadata(uid, claim, out, carriers, pool)
             docs = [
@@ -243,15 +244,16 @@ class ClaimSpecs:
                     transient=spec.transient,
                     payload=record,
                 )
-                written.append(spec)
+        # Undone whole: the spec being written too, which a failure after its rename (a
+        # folder fsync) leaves in place, and any record a killed try left at its names.
         except Widening as exc:
-            self._undo(label, uid, replace(prepared, specs=tuple(written)))
+            self._undo(label, uid, prepared)
             raise ClaimRefused(
                 Refusal.WIDENS_CLASS,
                 f"{label}: its configuration asks for more than its class grants: {exc}",
             ) from None
         except (SpecError, SpecWriteError, InvalidNameError, OSError) as exc:
-            self._undo(label, uid, replace(prepared, specs=tuple(written)))
+            self._undo(label, uid, prepared)
             why = str(exc).replace("\n", "; ")
             raise ClaimRefused(
                 Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
@@ -362,10 +364,24 @@ class ClaimSpecs:
         return tuple(str(n.get("hostPath") or n.get("path")) for n in nodes if isinstance(n, dict))
 
     def remove(self, label: str, uid: str, claim: PreparedClaim) -> None:
-        """Remove the claim's specs (one already gone is fine), then its device metadata.
-        Raises :class:`~cdi_gen.errors.SpecWriteError` naming the first that cannot be
-        removed."""
-        for spec in claim.specs:
+        """Remove the claim's specs (one already gone is fine; a record of ours at its name
+        goes too), then its device metadata. Raises :class:`~cdi_gen.errors.SpecWriteError`
+        naming the first that cannot be removed."""
+        self._remove_specs(label, claim.specs)
+        if self.metadata is not None:
+            self.metadata.remove(uid, claim.namespace, claim.name, _requests(claim))
+
+    def remove_left(self, label: str, uid: str, kinds: Collection[str]) -> None:
+        """Remove whatever of ours sits at the names claim ``uid``'s specs of ``kinds`` would
+        have: for a claim no prepare recorded, what a refused prepare could not undo, or a
+        writer killed between a record and its spec left (another instance's, in a rolling
+        update: no start of this one sweeps it soon). By name, without listing the folder.
+        Raises :class:`~cdi_gen.errors.SpecWriteError`."""
+        tags = (claim_tag(uid), metadata_tag(uid))
+        self._remove_specs(label, [ClaimSpec(k, t) for k in sorted(kinds) for t in tags])
+
+    def _remove_specs(self, label: str, specs: Iterable[ClaimSpec]) -> None:
+        for spec in specs:
             vendor, _, cls = spec.kind.partition("/")
             if remove_spec(
                 self.spec_dir, vendor, cls, instance=self.instance, transient=spec.transient
@@ -375,8 +391,6 @@ class ClaimSpecs:
                     label,
                     transient_filename(vendor, cls, spec.transient),
                 )
-        if self.metadata is not None:
-            self.metadata.remove(uid, claim.namespace, claim.name, _requests(claim))
 
     def recorded(self) -> dict[str, PreparedClaim]:
         """The claims recorded with their specs (:meth:`write`), by UID: read from the owner

@@ -13,8 +13,9 @@ NodeUnprepareResources. The gRPC threads only hand the write to the agent's loop
 a :class:`~cdi_gen.retry.Retry` of at most :data:`ATTEMPTS` attempts, given up when the claim
 is gone, and superseded by a newer write of the same claim (an unprepare during a prepare's
 retries). An API server that drops ``status.devices`` (the ``DRAResourceClaimDeviceStatus``
-gate off: beta and on by default since 1.33, GA in 1.37) is noticed at the first answer, said
-once in the log, and no more status is written.
+gate off: beta and on by default since 1.33, GA in 1.37) is noticed at the first answer that
+is the claim written (kind, namespace, name and UID; any other answer fails that write, which
+is retried), said once in the log, and no more status is written.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def status_entry(
     if len(orjson.dumps(data)) > MAX_DATA:  # thousands of nodes: the names are what matter
         data = {"cdiDeviceIDs": list(device.cdi_device_ids)}
     entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
-    if device.share_id:
+    if device.share_id is not None:  # an empty one is no share: refused at prepare
         entry["shareID"] = device.share_id
     entry["conditions"] = [
         {

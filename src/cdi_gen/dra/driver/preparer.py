@@ -19,7 +19,7 @@ devices from a spec of its own, and with device metadata every claim gets a spec
 for the metadata mounts; its owner record carries the claim's record: such a claim
 costs no write of the checkpoint file, lives as long as its spec (a node restart empties
 ``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
-unprepare.
+unprepare (of a claim not prepared here, whatever of ours sits at its specs' names).
 
 A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
 helper library does; :mod:`~cdi_gen.dra.driver.claimcalls` keeps two calls on one claim from
@@ -470,8 +470,7 @@ class PoolPreparer:
                     return f"{label}: another call still prepares it; try again"
                 with self._shared(timeout):
                     known = self.checkpoint.get(ref.uid)
-                    if known is not None:
-                        self.state.changed()
+                    self.state.changed()  # unknown too: what it left goes (below)
                     if known is not None and known.specs and self.claim_specs is not None:
                         # The specs first: a record left by a crash after this names a spec
                         # that is gone, which the next start forgets; a spec left would be
@@ -482,6 +481,8 @@ class PoolPreparer:
                         if self.status is not None:
                             self.status.unprepared(ref.namespace, ref.name, ref.uid)
                     else:
+                        if self.claim_specs is not None:  # what a prepare could not undo
+                            self.claim_specs.remove_left(label, ref.uid, self.checkpoint.kinds)
                         log.info("unprepared %s: it was not prepared here (nothing to do)", label)
                 return ""
         except (CheckpointError, SpecWriteError) as exc:
