@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cdi_gen.dra.driver.admission import ReviewError, config_problem, review
-from cdi_gen.dra.driver.admissionserver import MAX_BODY, PATH, serve_admission
+from cdi_gen.dra.driver.admissionserver import PATH, AdmissionLimits, serve_admission
 from cdi_gen.dra.driver.claimspecs import device_configs
 from cdi_gen.dra.driver.servingcert import tls_context
 from cdi_gen.dra.plugin.claims import ClaimRefused
@@ -264,7 +264,7 @@ async def test_the_server_refuses_an_oversize_body_unread(tls: tuple[Path, Path,
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
         try:
             conn.putrequest("POST", PATH)
-            conn.putheader("Content-Length", str(MAX_BODY + 1))
+            conn.putheader("Content-Length", str(AdmissionLimits().max_body + 1))
             conn.endheaders()
             response = conn.getresponse()
             return response.status, response.read()

@@ -85,9 +85,11 @@ def admission(
             "admission: checking %s's claim configuration at https://%s:%d%s",
             driver, host, port, PATH,
         )  # fmt: skip
-        async with server:
-            await stop.wait()
+        await stop.wait()
         renewals.cancel()
+        server.close()
+        # Reviews under way get 5 s to be answered (the API server's own wait); any left
+        # after are dropped with the loop, which failurePolicy Ignore lets through.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 5)
 
