@@ -86,7 +86,9 @@ def test_many_clients_with_large_bodies_stay_under_the_deployments_memory_limit(
 @pytest.fixture
 async def bounded(tls: tuple[Path, Path, Path]) -> AsyncIterator[tuple[AdmissionServer, int]]:
     _, cert, key = tls
-    limits = AdmissionLimits(max_connections=3, in_flight_bytes=2 * (256 << 10), deadline=1.0)
+    limits = AdmissionLimits(
+        max_connections=3, max_body=256 << 10, in_flight_bytes=2 * (256 << 10), deadline=1.0
+    )
     server = await serve_admission("127.0.0.1", 0, tls_context(cert, key), DRIVER, limits)
     async with server:
         yield server, server.sockets[0].getsockname()[1]

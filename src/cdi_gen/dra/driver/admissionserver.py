@@ -79,6 +79,13 @@ class AdmissionLimits:
     max_header_bytes: int = 32768
     max_headers: int = 100
 
+    def __post_init__(self) -> None:
+        # A body the budget cannot hold would wait for it until its deadline.
+        if self.max_body > self.in_flight_bytes:
+            raise ValueError(
+                f"max_body {self.max_body} is over in_flight_bytes {self.in_flight_bytes}"
+            )
+
 
 class _RefusedError(Exception):
     def __init__(self, status: str, why: str) -> None:
@@ -199,6 +206,12 @@ class AdmissionServer:
         self._accepting = asyncio.get_running_loop().create_task(self._accept())
 
     async def _accept(self) -> None:
+        try:
+            await self._accept_each()
+        finally:
+            self.sockets[0].close()
+
+    async def _accept_each(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._slots.acquire()
@@ -275,14 +288,16 @@ class AdmissionServer:
         return head.encode() + out
 
     def close(self) -> None:
-        """Stop accepting; connections open go on to their answer."""
+        """Stop accepting (the socket is closed by the accept loop as it ends, so that it
+        never waits on a closed descriptor); connections open go on to their answer."""
         self._accepting.cancel()
-        self.sockets[0].close()
 
     async def wait_closed(self) -> None:
         """Wait until the accept loop has stopped and every open connection has ended."""
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._accepting
+        # asyncio.wait, not await: this call's own cancellation must not be taken for the
+        # accept loop's.
+        await asyncio.wait({self._accepting})
+        self.sockets[0].close()  # if the loop was cancelled before it began
         while self._handlers:
             await asyncio.wait(set(self._handlers))
 

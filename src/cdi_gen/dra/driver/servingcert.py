@@ -97,20 +97,24 @@ def _memory_file(data: bytes) -> Iterator[str]:
 def _context(cert: bytes, key: bytes, cert_file: Path, key_file: Path) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    with ExitStack() as files:
-        cert_name, key_name = (files.enter_context(_memory_file(b)) for b in (cert, key))
-        try:
+    try:
+        with ExitStack() as files:
+            cert_name, key_name = (files.enter_context(_memory_file(b)) for b in (cert, key))
             context.load_cert_chain(cert_name, key_name, password=_no_passphrase)
-        except _EncryptedKeyError:
-            raise CertificateError(
-                f"key {key_file}: the key is encrypted; cdi-gen admission takes an "
-                "unencrypted PEM key (the Secret holds it) and never asks for a passphrase"
-            ) from None
-        except ssl.SSLError as exc:
-            raise CertificateError(
-                f"certificate {cert_file} with key {key_file}: not a PEM certificate chain "
-                f"and its matching key ({exc.reason or exc})"
-            ) from None
+    except _EncryptedKeyError:
+        raise CertificateError(
+            f"key {key_file}: the key is encrypted; cdi-gen admission takes an "
+            "unencrypted PEM key (the Secret holds it) and never asks for a passphrase"
+        ) from None
+    except ssl.SSLError as exc:
+        raise CertificateError(
+            f"certificate {cert_file} with key {key_file}: not a PEM certificate chain "
+            f"and its matching key ({exc.reason or exc})"
+        ) from None
+    except OSError as exc:  # no memory file (EMFILE, no /proc): nothing about the files
+        raise CertificateError(
+            f"certificate {cert_file} with key {key_file}: cannot be loaded: {exc.strerror or exc}"
+        ) from None
     return context
 
 
