@@ -269,6 +269,10 @@ async def test_a_renewed_file_that_is_no_regular_file_is_refused_and_the_last_pa
     assert await _connections(port, ca) == (_der(second), _der(second))
 
 
+def _files(certificate: ServingCertificate) -> tuple[Path, Path]:
+    return certificate.cert_file, certificate.key_file
+
+
 async def test_a_renewed_encrypted_key_is_refused_and_the_last_pair_stays(
     tmp_path: Path,
     serving: tuple[ServingCertificate, int],
@@ -287,10 +291,6 @@ async def test_a_renewed_encrypted_key_is_refused_and_the_last_pair_stays(
         f"key {certificate.key_file}: the key is encrypted; cdi-gen admission takes an "
         "unencrypted PEM key (the Secret holds it) and never asks for a passphrase"
     ), refusal[0]
-
-
-def _files(certificate: ServingCertificate) -> tuple[Path, Path]:
-    return certificate.cert_file, certificate.key_file
 
 
 def test_the_command_refuses_an_encrypted_key_without_a_prompt(
