@@ -139,6 +139,21 @@ class Authority:
         return pair
 
 
+def encrypted_key(pair: Pair, path: Path, passphrase: bytes = b"secret") -> Path:
+    """``pair``'s key written to ``path`` encrypted with ``passphrase`` (PKCS#8 PEM, as
+    ``openssl genpkey -aes256`` writes it)."""
+    key = serialization.load_pem_private_key(pair.key.read_bytes(), None)
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(passphrase),
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
 def kubeconfig(path: Path, server: str, ca: Path, client: Pair, user: str) -> Path:
     """A kubeconfig with one cluster, one user (client certificate) and one context."""
     config = {

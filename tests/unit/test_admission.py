@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import signal
 import ssl
 import subprocess
@@ -16,10 +17,11 @@ from typing import Any
 import pytest
 
 from cdi_gen.dra.driver.admission import ReviewError, config_problem, review
-from cdi_gen.dra.driver.admissionserver import MAX_BODY, PATH, serve_admission
+from cdi_gen.dra.driver.admissionserver import PATH, AdmissionLimits, serve_admission
 from cdi_gen.dra.driver.claimspecs import device_configs
 from cdi_gen.dra.driver.servingcert import tls_context
 from cdi_gen.dra.plugin.claims import ClaimRefused
+from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.pki import Authority
 from tests.ports import free_port
@@ -160,12 +162,39 @@ def test_a_delete_has_no_object_and_is_allowed() -> None:
 
 
 @pytest.mark.parametrize(
-    "body",
-    [[], {"kind": "Pod"}, {"kind": "AdmissionReview"}, {"kind": "AdmissionReview", "request": {}}],
+    ("body", "why"),
+    [
+        ([], "want an AdmissionReview object, not []"),
+        ({"kind": "Pod"}, "want kind AdmissionReview, not 'Pod'"),
+        ({**_review(_claim()), "kind": "ConversionReview"}, "not 'ConversionReview'"),
+        ({"kind": "AdmissionReview"}, "AdmissionReview apiVersion None is not one of"),
+        ({**_review(_claim()), "request": {}}, "the AdmissionReview has no request with a uid"),
+    ],
 )
-def test_what_is_no_review(body: object) -> None:
-    with pytest.raises(ReviewError):
+def test_what_is_no_review(body: object, why: str) -> None:
+    with pytest.raises(ReviewError, match=re.escape(why)):
         review(body, DRIVER)
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["admission.k8s.io/v2", "admission.k8s.io/v1alpha1", "v1", "", 1, "x" * 500],
+)
+def test_a_review_of_a_version_we_do_not_speak_is_refused(version: object) -> None:
+    """Not echoed and allowed: an answer in an unknown version is not one the caller reads."""
+    with pytest.raises(ReviewError) as caught:
+        review({**_review(_claim(_entry(TYPO))), "apiVersion": version}, DRIVER)
+    message = str(caught.value)
+    assert message.startswith(f"AdmissionReview apiVersion {quote(version)} is not one of ")
+    assert message.endswith("admission.k8s.io/v1, admission.k8s.io/v1beta1")
+    assert len(message) < 200
+
+
+def test_a_v1beta1_review_is_answered_in_v1beta1() -> None:
+    body = {**_review(_claim(_entry(TYPO))), "apiVersion": "admission.k8s.io/v1beta1"}
+    answer = review(body, DRIVER)
+    assert answer["apiVersion"] == "admission.k8s.io/v1beta1"
+    assert answer["response"]["allowed"] is False
 
 
 # The server, over real TLS on a real socket.
@@ -205,9 +234,12 @@ async def test_the_server_answers_reviews_over_tls(tls: tuple[Path, Path, Path])
                 _post(port, ca, PATH, b"", method="GET"),
                 _post(port, ca, "/healthz", b"", method="GET"),
                 _post(port, ca, "/other", b"", method="GET"),
+                _post(
+                    port, ca, PATH, json.dumps({**_review(_claim()), "apiVersion": "v9"}).encode()
+                ),
             ]
 
-        (denied, bad, get, health, other) = await asyncio.to_thread(calls)
+        (denied, bad, get, health, other, version) = await asyncio.to_thread(calls)
     assert denied[0] == 200
     answer = json.loads(denied[1])["response"]
     assert answer["allowed"] is False
@@ -216,6 +248,10 @@ async def test_the_server_answers_reviews_over_tls(tls: tuple[Path, Path, Path])
     assert get[0] == 405
     assert health == (200, b"ok\n")
     assert other[0] == 404
+    assert version == (
+        400, b"AdmissionReview apiVersion 'v9' is not one of admission.k8s.io/v1, "
+        b"admission.k8s.io/v1beta1\n",
+    )  # fmt: skip
 
 
 async def test_the_server_refuses_an_oversize_body_unread(tls: tuple[Path, Path, Path]) -> None:
@@ -228,7 +264,7 @@ async def test_the_server_refuses_an_oversize_body_unread(tls: tuple[Path, Path,
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
         try:
             conn.putrequest("POST", PATH)
-            conn.putheader("Content-Length", str(MAX_BODY + 1))
+            conn.putheader("Content-Length", str(AdmissionLimits().max_body + 1))
             conn.endheaders()
             response = conn.getresponse()
             return response.status, response.read()

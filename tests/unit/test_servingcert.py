@@ -5,21 +5,25 @@ real socket, with and without a server name, and in the real ``cdi-gen admission
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
+import pty
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import termios
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from cdi_gen.dra.driver.admissionserver import serve_admission
-from cdi_gen.dra.driver.servingcert import ServingCertificate
-from tests.pki import Authority, Pair
+from cdi_gen.dra.driver.servingcert import TLS_MAX_BYTES, ServingCertificate
+from tests.pki import Authority, Pair, encrypted_key
 from tests.ports import free_port
 from tests.waiting import until, until_sync
 
@@ -199,3 +203,135 @@ def test_the_command_serves_a_renewed_certificate(tmp_path: Path, ca: Authority)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert f"admission: serving the renewed certificate {cert}" in err, err
+
+
+# Renewed files someone else may have put there: read by the spec folder's rules.
+
+
+def _swap_in(target: Path, make: Callable[[Path], object]) -> None:
+    """Put what ``make`` creates at ``target`` in one rename, as a renewal does."""
+    staged = target.with_name(f".{target.name}.new")
+    make(staged)
+    if staged.is_dir() and not staged.is_symlink():
+        target.unlink()  # a folder cannot be renamed over a file
+    os.replace(staged, target)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _device_link(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _huge(path: Path) -> None:
+    with path.open("wb") as out:
+        out.truncate(TLS_MAX_BYTES + 1)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("cert_file", _fifo, "not a regular file (a FIFO)"),
+        ("key_file", _fifo, "not a regular file (a FIFO)"),
+        ("key_file", _device_link, "not a regular file (a character device)"),
+        ("cert_file", _huge, "too large (1.0 MiB; the limit is 1.0 MiB)"),
+        ("key_file", lambda p: p.mkdir(), "not a regular file (a folder)"),
+    ],
+    ids=["fifo-cert", "fifo-key", "link-to-dev-zero", "huge-cert", "folder-key"],
+)
+async def test_a_renewed_file_that_is_no_regular_file_is_refused_and_the_last_pair_stays(
+    serving: tuple[ServingCertificate, int],
+    ca: Authority,
+    caplog: pytest.LogCaptureFixture,
+    case: tuple[str, Callable[[Path], object], str],
+) -> None:
+    """The event loop is not wedged on a FIFO nor fed /dev/zero: one line, the last good
+    pair served, and a good pair after it taken up."""
+    which, make, why = case
+    certificate, port = serving
+    first = _der(Pair(certificate.cert_file, certificate.key_file))
+    target = getattr(certificate, which)
+    _swap_in(target, make)
+    await until(lambda: certificate.refusals == 1, "the refused file logged")
+    assert await _connections(port, ca) == (first, first)
+    refusal = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert len(refusal) == 1, refusal
+    assert refusal[0].endswith(f"{target}: {why}"), refusal[0]
+    assert "\n" not in refusal[0]
+
+    if target.is_dir():
+        target.rmdir()
+    second = _issue(ca, "second")
+    _place(second, certificate.cert_file, certificate.key_file)
+    await until(lambda: certificate.reloads == 1, "the good pair after it taken up")
+    assert await _connections(port, ca) == (_der(second), _der(second))
+
+
+def _files(certificate: ServingCertificate) -> tuple[Path, Path]:
+    return certificate.cert_file, certificate.key_file
+
+
+async def test_a_renewed_encrypted_key_is_refused_and_the_last_pair_stays(
+    tmp_path: Path,
+    serving: tuple[ServingCertificate, int],
+    ca: Authority,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    certificate, port = serving
+    first = _der(Pair(certificate.cert_file, certificate.key_file))
+    second = _issue(ca, "second")
+    _place(Pair(second.cert, encrypted_key(second, tmp_path / "enc.key")), *_files(certificate))
+    await until(lambda: certificate.refusals == 1, "the encrypted key refused")
+    assert await _connections(port, ca) == (first, first)
+    refusal = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert len(refusal) == 1, refusal
+    assert refusal[0].endswith(
+        f"key {certificate.key_file}: the key is encrypted; cdi-gen admission takes an "
+        "unencrypted PEM key (the Secret holds it) and never asks for a passphrase"
+    ), refusal[0]
+
+
+def test_the_command_refuses_an_encrypted_key_without_a_prompt(
+    tmp_path: Path, ca: Authority
+) -> None:
+    """On a terminal (its controlling one, as OpenSSL's prompt opens /dev/tty), the command
+    prints its one line and exits 2: no passphrase prompt, no wait for one."""
+    pair = _issue(ca, "only")
+    key = encrypted_key(pair, tmp_path / "enc.key")
+    controller, terminal = pty.openpty()
+
+    def own_terminal() -> None:  # runs in the child, after setsid
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdi_gen", "admission", "--driver", DRIVER,
+             "--address", "127.0.0.1:0", "--tls-cert-file", str(pair.cert),
+             "--tls-key-file", str(key)],
+            stdin=terminal, stdout=terminal, stderr=terminal,
+            start_new_session=True, preexec_fn=own_terminal,  # noqa: PLW1509 - only an ioctl
+        )  # fmt: skip
+        os.close(terminal)
+        try:
+            # A prompt would wait for a passphrase forever; the timeout is that failure.
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        output = b""
+        with contextlib.suppress(OSError):  # EIO: the terminal's last holder has gone
+            while chunk := os.read(controller, 65536):
+                output += chunk
+    finally:
+        os.close(controller)
+    text = output.decode(errors="replace")
+    assert code == 2, text
+    assert "pass phrase" not in text.lower(), text
+    assert text.strip() == (
+        f"error: --tls-cert-file {pair.cert}, --tls-key-file {key}: key {key}: the key is "
+        "encrypted; cdi-gen admission takes an unencrypted PEM key (the Secret holds it) and "
+        "never asks for a passphrase"
+    ), text

@@ -56,12 +56,11 @@ def admission(
     import contextlib
     import logging
     import signal
-    import ssl
 
     from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
     from cdi_gen.dra.driver.admissionserver import PATH, serve_admission
-    from cdi_gen.dra.driver.servingcert import ServingCertificate
+    from cdi_gen.dra.driver.servingcert import CertificateError, ServingCertificate
     from cdi_gen.errors import ConfigError
     from cdi_gen.logs import setup_logging
 
@@ -70,7 +69,7 @@ def admission(
     driver = _driver(driver, driver or load_config(config_path).vendor)
     try:
         certificate = ServingCertificate(tls_cert_file, tls_key_file)
-    except (OSError, ssl.SSLError) as exc:
+    except CertificateError as exc:
         raise ConfigError(
             f"--tls-cert-file {tls_cert_file}, --tls-key-file {tls_key_file}: {exc}"
         ) from None
@@ -86,9 +85,11 @@ def admission(
             "admission: checking %s's claim configuration at https://%s:%d%s",
             driver, host, port, PATH,
         )  # fmt: skip
-        async with server:
-            await stop.wait()
+        await stop.wait()
         renewals.cancel()
+        server.close()
+        # Reviews under way get 5 s to be answered (the API server's own wait); any left
+        # after are dropped with the loop, which failurePolicy Ignore lets through.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 5)
 

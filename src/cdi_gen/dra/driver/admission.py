@@ -1,7 +1,9 @@
 """The admission check of claims: a ``DeviceConfig`` with a typo refused at ``kubectl apply``.
 
 The API server sends a ResourceClaim or ResourceClaimTemplate being created or updated as an
-``AdmissionReview`` (``admission.k8s.io/v1``); :func:`review` answers it. Each
+``AdmissionReview`` (``admission.k8s.io/v1``, or ``v1beta1`` of an older API server: the
+fields read are the same); :func:`review` answers it in the version it was asked in, and
+refuses any other version or kind, as the reference webhooks do. Each
 ``spec.devices.config`` entry (``spec.spec.devices.config`` of a template) whose
 ``opaque.driver`` is ours goes through :func:`~cdi_gen.dra.driver.claimconfig.parse_device_config`,
 the parser the driver itself runs at NodePrepareResources, so the refusal carries the driver's
@@ -16,10 +18,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 from cdi_gen.dra.driver.claimconfig import DeviceConfigError, parse_device_config
+from cdi_gen.errors import quote
 
-__all__ = ["REVIEW_API_VERSION", "ReviewError", "config_problem", "review"]
+__all__ = ["REVIEW_API_VERSIONS", "ReviewError", "config_problem", "review"]
 
-REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
+#: The versions answered, each in its own version: v1 is the one the shipped configuration
+#: registers; v1beta1 has the same request and response fields.
+REVIEW_API_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 #: The kinds whose configuration is checked, and where their ``devices`` sit.
 _DEVICES_AT: Final = {
     "ResourceClaim": ("spec",),
@@ -66,9 +71,20 @@ def config_problem(obj: object, kind: str, driver: str) -> str | None:
 def review(body: object, driver: str) -> dict[str, Any]:
     """The ``AdmissionReview`` answering ``body`` (the request's decoded JSON) for DRA
     driver ``driver``: allowed, or denied (422 ``Invalid``) with :func:`config_problem`'s
-    line. Raises :class:`ReviewError` when ``body`` is no review with a request and uid."""
-    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-        raise ReviewError("want an AdmissionReview")
+    line. Raises :class:`ReviewError` when ``body`` is no review of a version we speak, with
+    a request and uid."""
+    if not isinstance(body, dict):
+        raise ReviewError(f"want an AdmissionReview object, not {quote(body)}")
+    if body.get("kind") != "AdmissionReview":
+        raise ReviewError(f"want kind AdmissionReview, not {quote(body.get('kind'))}")
+    api_version = body.get("apiVersion")
+    if api_version not in REVIEW_API_VERSIONS:
+        # An answer in a version the API server did not ask in is one it cannot read; an
+        # unknown version's request may also mean something else than v1's.
+        raise ReviewError(
+            f"AdmissionReview apiVersion {quote(api_version)} is not one of "
+            + ", ".join(REVIEW_API_VERSIONS)
+        )
     request = body.get("request")
     if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
         raise ReviewError("the AdmissionReview has no request with a uid")
@@ -79,10 +95,9 @@ def review(body: object, driver: str) -> dict[str, Any]:
     if problem is not None:
         response["allowed"] = False
         response["status"] = {"code": 422, "reason": "Invalid", "message": problem}
-    api_version = body.get("apiVersion")
     return {
-        # The answer must carry the version it was asked in; v1 is the one we register.
-        "apiVersion": api_version if isinstance(api_version, str) else REVIEW_API_VERSION,
+        # The answer must carry the version it was asked in.
+        "apiVersion": api_version,
         "kind": "AdmissionReview",
         "response": response,
     }
