@@ -106,14 +106,15 @@ def _healthz(port: int, ca: Path) -> bool:
 
 @contextmanager
 def admission_process(
-    cert: Path, key: Path, ca: Path
+    cert: Path, key: Path, ca: Path, *args: str
 ) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """``cdi-gen admission`` as the Deployment runs it, answering /healthz; stopped after."""
+    """``cdi-gen admission`` as the Deployment runs it (with ``args`` added), answering
+    /healthz; stopped after."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cdi_gen", "admission", "--driver", DRIVER,
          "--address", f"127.0.0.1:{port}", "--tls-cert-file", str(cert),
-         "--tls-key-file", str(key)],
+         "--tls-key-file", str(key), *args],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

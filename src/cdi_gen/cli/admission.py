@@ -38,6 +38,14 @@ def _address(value: str) -> tuple[str, int]:
     required=True,
     help="The serving certificate's key (PEM).",
 )
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has for its whole connection (TLS handshake, request, and any wait "
+    "for the memory budget); the API server itself waits the webhook's timeoutSeconds.",
+)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 def admission(
     *,
@@ -46,6 +54,7 @@ def admission(
     address: str,
     tls_cert_file: Path,
     tls_key_file: Path,
+    request_timeout: float,
     log_format: str,
 ) -> None:
     """Serve the validating admission webhook of ResourceClaims and ResourceClaimTemplates:
@@ -59,7 +68,7 @@ def admission(
 
     from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
-    from cdi_gen.dra.driver.admissionserver import PATH, serve_admission
+    from cdi_gen.dra.driver.admissionserver import PATH, AdmissionLimits, serve_admission
     from cdi_gen.dra.driver.servingcert import CertificateError, ServingCertificate
     from cdi_gen.errors import ConfigError
     from cdi_gen.logs import setup_logging
@@ -75,7 +84,8 @@ def admission(
         ) from None
 
     async def main() -> None:
-        server = await serve_admission(host, port, certificate.context, driver)
+        limits = AdmissionLimits(deadline=request_timeout)
+        server = await serve_admission(host, port, certificate.context, driver, limits)
         renewals = asyncio.create_task(certificate.watch())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
