@@ -150,6 +150,32 @@ async def test_a_socket_served_without_the_lock_is_never_unlinked(short_dir: Pat
             probe.connect(str(path))
 
 
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "hard link", "folder"])
+async def test_something_planted_at_the_locks_name_is_refused_and_kept(
+    short_dir: Path, plant: str
+) -> None:
+    """The lock lives in the kubelet's folder: what is there under its name that is not a
+    lock file of its own is neither followed, waited on, written nor removed."""
+    path, lock = short_dir / "c.sock", short_dir / ".c.sock.lock"
+    target = short_dir / "target"
+    target.write_text("keep")
+    if plant == "symlink":
+        lock.symlink_to(target)
+    elif plant == "fifo":
+        os.mkfifo(lock)
+    elif plant == "hard link":
+        os.link(target, lock)
+    else:
+        lock.mkdir()
+    server = _echo(path, "uid-a")
+    with pytest.raises(RegistrationError, match=r"lock"):
+        server.start()
+    await server.stop(0)
+    assert target.read_text() == "keep"
+    assert lock.is_symlink() or lock.exists()
+    assert not path.exists()
+
+
 # -- the agent ----------------------------------------------------------------------------
 
 

@@ -135,8 +135,10 @@ class NameLock:
                     raise self._taken(os.pread(fd, _HOLDER_BYTES, 0)) from None
                 st, there = os.fstat(fd), _lstat(self.path)
                 if there is not None and (st.st_dev, st.st_ino) == there:
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, self.instance.encode(), 0)
+                    # Written before cut to length: a reader never sees it empty.
+                    data = self.instance.encode()
+                    os.pwrite(fd, data, 0)
+                    os.ftruncate(fd, len(data))
                     old, self._fd = self._fd, fd
                     if old is not None:
                         os.close(old)
@@ -193,10 +195,13 @@ class NameLock:
             raise RegistrationError(
                 f"cannot serve on {str(self.socket)!r}: its lock {str(self.path)!r}: {exc}"
             ) from exc
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        # Written into once locked: never a file that is also somewhere else (a hard link).
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
             os.close(fd)
             raise RegistrationError(
-                f"{str(self.path)!r} exists and is not a regular file; refusing to lock it"
+                f"{str(self.path)!r} exists and is not a regular file of its own; refusing "
+                "to lock it"
             )
         return fd
 
