@@ -149,7 +149,8 @@ class DraPlugin(SupervisedPlugin):
         )
 
     async def start(self) -> None:
-        """Load the preparer's state, serve both sockets, then register in the background.
+        """Take both sockets' names, load the preparer's state, serve both sockets, then
+        register in the background.
 
         Raises what the preparer's ``load`` raises (a
         :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be
@@ -157,17 +158,18 @@ class DraPlugin(SupervisedPlugin):
         when a socket cannot be served (:class:`~cdi_gen.errors.SocketInUseError` when
         another running copy of this instance serves it).
         """
-        self.preparer.load()
         try:
             make_folder(self.socket_path.parent)
         except OSError as exc:
             raise RegistrationError(
                 f"cannot create the DRA socket folder {str(self.socket_path.parent)!r}: {exc}"
             ) from exc
-        # Both names ours before anything of them is touched; then what an earlier run of
-        # this pod left (a crash) says nothing of this one: registered and yielded anew.
+        # Both names ours before anything of this instance is touched (a second copy with
+        # our pod UID stops here); then what an earlier run of this pod left (a crash) says
+        # nothing of this one: registered and yielded anew.
         self.server.lock.acquire()
         self.registration_server.lock.acquire()
+        self.preparer.load()
         if self.pod_uid is not None:
             self.registered_file.unlink(missing_ok=True)
             self.yielded_file.unlink(missing_ok=True)
