@@ -4,7 +4,8 @@
 
     CdiGenError                  exit 1
     ├── ConfigError              exit 2   bad config file, flag or name
-    │   └── InvalidNameError              a name breaks the CDI or Kubernetes grammar
+    │   ├── InvalidNameError              a name breaks the CDI or Kubernetes grammar
+    │   └── SocketInUseError              another running copy of this instance serves a socket
     ├── SpecError                exit 1   a CDI spec document breaks the rules
     │   └── VersionError                  a field needs a newer cdiVersion than allowed
     ├── SpecWriteError           exit 1   the spec folder could not be written
@@ -148,6 +149,12 @@ class DiscoveryError(CdiGenError):
 class LeftOutError(CdiGenError):
     """A command wrote or printed its specs, but left devices out of them (each named in a
     warning before): the exit status must say that not every device made it."""
+
+
+class SocketInUseError(ConfigError):
+    """A socket this instance would serve is held by another running copy of the same
+    instance (one pod UID): a second copy started with the pod's environment. It is never
+    taken from it; the agent exits, naming the socket."""
 
 
 class RegistrationError(CdiGenError):

@@ -46,11 +46,13 @@ def files_under(root: Path) -> set[str]:
 
 
 def claim_files(node: Node) -> set[str]:
-    """What a claim may leave: anything but the class spec and its record."""
+    """What a claim may leave: anything but the class spec and its record (and, while the
+    plugin serves, the locks of its sockets)."""
     return {
         f
         for f in files_under(node.root)
         if not f.startswith(("cdi/example.com-fpga.json", "cdi/.example.com-fpga.json", "state/"))
+        and not f.endswith(".sock.lock")
     }
 
 

@@ -136,3 +136,24 @@ async def test_a_newer_socket_not_yet_registered_is_no_successor(short_dir: Path
             assert newer.is_socket()
             assert old.successors() == []
             assert not await old.hand_over(within=0.1)
+
+
+async def test_the_old_one_sees_its_successor_stop_and_no_longer_counts_it(
+    short_dir: Path,
+) -> None:
+    """A rollback: the newer instance stops after the older one handed over to it. The older
+    one's wait for its successors to go returns, and the newer socket, were it left behind,
+    is no successor any more: it is not served."""
+    old = instance(short_dir, OLD, CountingClaims(DRIVER, POOL))
+    async with FakeDraKubelet(short_dir / "registry") as kubelet, old:
+        await kubelet.next_registration()
+        new = instance(short_dir, NEW, CountingClaims(DRIVER, POOL))
+        async with new:
+            await kubelet.next_registration()
+            await asyncio.wait_for(new.wait_registered(), 5)
+            assert await asyncio.wait_for(old.superseded(), 5) == new.registration_socket
+            gone = asyncio.create_task(old.successors_gone())
+            assert old.successors() == [new.registration_socket]
+        await asyncio.wait_for(gone, 5)
+        assert old.successors() == []
+        assert not await old.hand_over(within=0.1)

@@ -127,7 +127,7 @@ def test_a_failing_publisher_is_started_over_not_fatal(
     monkeypatch.setattr(driver_module, "RESTART_SECONDS", 0.0)
     driver = _driver()
     flaky = _Flaky()
-    asyncio.run(driver._publish(flaky))  # type: ignore[arg-type]
+    asyncio.run(driver._publish(flaky, asyncio.Event()))  # type: ignore[arg-type]
     assert flaky.runs == 2
     assert driver.metrics.failures.labels("example.com", "internal")._value.get() == 1
     # A wait of 0 is raised to the floor of every backoff.

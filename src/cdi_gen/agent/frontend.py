@@ -25,8 +25,10 @@ class Frontend(Protocol):
     """What serves one class's devices to the kubelet."""
 
     async def start(self) -> None:
-        """Serve: one attempt now, the retries on the agent's group; never raises. A
-        frontend shared by several classes starts once."""
+        """Serve: one attempt now, the retries on the agent's group. A frontend shared by
+        several classes starts once. Raises only
+        :class:`~cdi_gen.errors.SocketInUseError` (now or from a retry: the agent exits):
+        another running copy of this agent serves its socket."""
         ...
 
     async def stop(self) -> None:

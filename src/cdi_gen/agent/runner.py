@@ -293,7 +293,8 @@ class ClassRunner:
         return f"{self.resource} ({n} device{'s' if n > 1 else ''} left out: {', '.join(why)})"
 
     async def start(self) -> None:
-        """Start the class's frontend (retried on the agent's group); never raises."""
+        """Start the class's frontend (retried on the agent's group); raises only what
+        :meth:`~cdi_gen.agent.frontend.Frontend.start` does (the agent exits)."""
         if self.frontend is not None:
             await self.frontend.start()
 

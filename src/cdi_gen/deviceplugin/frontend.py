@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.deviceplugin.board import DeviceBoard
-from cdi_gen.errors import CdiGenError
+from cdi_gen.errors import CdiGenError, SocketInUseError
 from cdi_gen.logs import fields
 from cdi_gen.modes import make_folder
 from cdi_gen.retry import Failures, Retry, Tools, describe
@@ -103,6 +103,7 @@ class DevicePluginFrontend:
             on_allocate=metrics.allocate_hook(resource, [*AllocationRefusal, "internal"]),
             on_register=on_register,
             max_backoff=settings.retry.max_seconds,
+            pod_uid=settings.dra.pod_uid,
         )
 
     async def _attempt(self) -> bool:
@@ -113,6 +114,11 @@ class DevicePluginFrontend:
         try:
             make_folder(self.settings.kubelet.device_plugin_dir)
             await plugin.start()
+        except SocketInUseError:
+            # A second copy of this agent: no retry will change that, and the agent exits.
+            with contextlib.suppress(Exception):
+                await plugin.stop(grace=0)
+            raise
         except Exception as exc:
             # One class failing to serve must not stop the others; /readyz names it.
             self.error = describe(exc)

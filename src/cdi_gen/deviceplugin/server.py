@@ -100,6 +100,8 @@ class DevicePlugin(SupervisedPlugin):
     slots of one physical device. ``on_allocate`` is called on the server's threads and
     ``on_register`` on the loop, for metrics; their exceptions are logged and ignored.
     ``watch_interval`` is how often the socket files are looked at without an inotify event.
+    ``pod_uid`` (the agent's pod, when known) tells a second copy of this agent apart from an
+    agent it replaces when the socket's name is held (see :mod:`~cdi_gen.kubelet.transport`).
 
     The constructor raises :class:`~cdi_gen.errors.InvalidNameError` when ``vendor/class`` is
     not both a CDI kind and a Kubernetes extended resource name, and
@@ -122,6 +124,7 @@ class DevicePlugin(SupervisedPlugin):
         on_register: RegisterHook | None = None,
         watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
+        pod_uid: str | None = None,
     ) -> None:
         self.resource_name = validate_cdi_kind_as_resource(vendor, cls)
         self.vendor = vendor
@@ -137,7 +140,10 @@ class DevicePlugin(SupervisedPlugin):
         self._on_allocate = on_allocate
         self._service = _Service(self)
         self.server = UnixServer(
-            self.socket_path, self._service.services, on_stop=self._service.end_streams
+            self.socket_path,
+            self._service.services,
+            on_stop=self._service.end_streams,
+            instance=pod_uid or "",
         )
         self._supervisor = Supervisor(
             self.resource_name,

@@ -24,6 +24,8 @@ UID (the names Kubernetes' helper library gives), and :func:`endpoint_socket` th
 ``dra-<uid>.sock``. :func:`newer_siblings` finds the
 registration sockets of the same driver made after ours: the instance that replaces us;
 :func:`older_siblings` those made before ours that are still served: the instance we replace.
+:func:`watch_until` waits for a look at them to answer, woken by inotify and, through
+:func:`server_ended`, by the end of a sibling's process, which leaves its files as they were.
 
 The kubelet's error text is input like any other: it is kept quoted (control characters
 escaped) and cut (:func:`~cdi_gen.errors.quote`), so a megabyte of it with newlines becomes
@@ -53,7 +55,8 @@ from cdi_gen.errors import quote
 from cdi_gen.kubelet.boundary import wake
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.supervisor import UNWATCHED_INTERVAL, WATCH_INTERVAL
-from cdi_gen.kubelet.transport import MAX_SOCKET_PATH
+from cdi_gen.kubelet.transport import MAX_SOCKET_PATH, listening
+from cdi_gen.waits import first_of
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
@@ -66,7 +69,7 @@ __all__ = [
     "newer_siblings",
     "older_siblings",
     "registration_socket",
-    "successor",
+    "server_ended",
     "watch_until",
 ]
 
@@ -169,28 +172,21 @@ def older_siblings(ours: Path, driver: str, since_ns: int | None) -> list[Path]:
     found = [
         (t, name, path)
         for t, name, path in _siblings(ours, driver)
-        if (since_ns is None or (t, name) < (since_ns, ours.name)) and _listening(path)
+        if (since_ns is None or (t, name) < (since_ns, ours.name)) and listening(path)
     ]
     return [path for _, _, path in sorted(found)]
 
 
-def _listening(path: Path) -> bool:
-    """Whether a server accepts connections on unix socket ``path`` (a full backlog counts:
-    someone listens). Non-blocking, so the look never waits for a busy server."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(os.fsencode(path))
-        except (BlockingIOError, InterruptedError):
-            return True
-        except OSError:
-            return False
-        return True
-
-
-async def watch_until(folders: Sequence[Path], look: Callable[[], _T | None]) -> _T:
+async def watch_until(
+    folders: Sequence[Path],
+    look: Callable[[], _T | None],
+    *,
+    served: Callable[[], Sequence[Path]] = tuple,
+) -> _T:
     """Wait until ``look()`` answers something other than None; that answer. Looked at
-    whenever an entry of one of ``folders`` changes (inotify), else every
+    whenever an entry of one of ``folders`` changes (inotify), whenever the server of one of
+    the sockets ``served()`` names (asked after each look) closes a connection held to it
+    (its process ended: a kill leaves its files as they were), else every
     :data:`~cdi_gen.kubelet.supervisor.WATCH_INTERVAL` (often while one cannot be watched)."""
     woken = asyncio.Event()
     watch = SocketWatch.of(asyncio.get_running_loop())
@@ -202,22 +198,23 @@ async def watch_until(folders: Sequence[Path], look: Callable[[], _T | None]) ->
             found = look()
             if found is not None:
                 return found
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await woken.wait()
+            await first_of(woken.wait(), *map(server_ended, served()), timeout=interval)
     finally:
         watch.unfollow(handle)
 
 
-async def successor(folders: Sequence[Path], newer: Callable[[], Sequence[Path]]) -> Path:
-    """Wait until ``newer()`` (the registration sockets of newer instances, newest first, as
-    :func:`newer_siblings` finds them) names one; that one (see :func:`watch_until`)."""
-
-    def first() -> Path | None:
-        found = newer()
-        return found[0] if found else None
-
-    return await watch_until(folders, first)
+async def server_ended(path: Path) -> None:
+    """Return once the server on unix socket ``path`` closes a connection made to it (at
+    once when none can be made). Its process ending closes it, however it ends. A live
+    gRPC server keeps it open (it sends its settings and waits for ours) until it gives up
+    on it, which only costs one more look and a new connection."""
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.setblocking(False)
+        with contextlib.suppress(OSError):
+            await loop.sock_connect(connection, os.fsencode(path))
+            while await loop.sock_recv(connection, 4096):
+                pass
 
 
 @dataclass(frozen=True, slots=True)

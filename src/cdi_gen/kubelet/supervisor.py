@@ -179,11 +179,12 @@ class Supervisor:
         watch = SocketWatch.of(loop)
         self._watch = watch, watch.follow(files, wake.set)
 
-    async def _stop_servers(self, grace: float) -> None:
-        await asyncio.gather(*(s.stop(grace) for s in self.servers))
+    async def _stop_servers(self, grace: float, *, release: bool = True) -> None:
+        await asyncio.gather(*(s.stop(grace, release=release) for s in self.servers))
 
     async def _restart_servers(self) -> None:
-        await self._stop_servers(grace=0.2)
+        # The names stay ours in between: no other process takes them while we serve anew.
+        await self._stop_servers(grace=0.2, release=False)
         try:
             for server in self.servers:
                 server.start()

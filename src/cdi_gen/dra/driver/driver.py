@@ -19,6 +19,10 @@ the scheduler may allocate, and only a served plugin can prepare it. Until the p
 whenever it stops serving, the publisher follows an empty pool, which also withdraws the
 devices of slices an earlier run left; the devices are published when the plugin serves.
 
+In a rolling update the newest instance publishes: this one yields the slices to a newer one
+the kubelet registered, and takes them back (a new offered pool and publisher, which adopts
+the slices and restores deleted ones) when that one goes while this one runs.
+
 Every retry loop here (the start, the publisher started over) is a :class:`~cdi_gen.retry.Retry`
 bounded by ``retry_max_seconds``. The API server client and the DRA gRPC services are imported
 only when a class uses DRA: an agent serving device plugins alone loads neither.
@@ -38,6 +42,7 @@ from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.plugin.capacity import consumable_capacity, shared_once
 from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
+from cdi_gen.errors import SocketInUseError
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 from cdi_gen.modes import make_folder
@@ -152,10 +157,11 @@ class DraDriver:
 
     def _serving_changed(self, serving: bool, why: str) -> None:
         """The plugin's sockets became served, or stopped being: offer the pool, or
-        nothing. Not once stopping (the slices then stay, see :meth:`stop`)."""
+        nothing. Not once stopping or handed over (the slices then stay, see :meth:`stop`)."""
+        # Kept while handed over too: what is offered if this instance takes the slices back.
+        self._not_serving = "" if serving else why or "not serving"
         if self.offered.closed:
             return
-        self._not_serving = "" if serving else why or "not serving"
         # The pool keeps each class's devices: offered again as they are when serving resumes.
         for name, devices in self.pool.by_class.items():
             self.offered.publish(name, devices if serving else ())
@@ -187,7 +193,8 @@ class DraDriver:
 
     async def start(self) -> None:
         """Start the driver, once (whichever class asks first): one attempt now, the retries
-        on the agent's group; never raises."""
+        on the agent's group. Raises only :class:`~cdi_gen.errors.SocketInUseError` (a
+        second copy of this agent), as every attempt does."""
         if self._started:
             return
         self._started = True
@@ -199,6 +206,8 @@ class DraDriver:
         if it failed."""
         try:
             await self._serve()
+        except SocketInUseError:
+            raise  # a second copy of this agent: no retry will change that, the agent exits
         except Exception as exc:
             self.error = describe(exc)
             self.retrying.failed(
@@ -222,7 +231,6 @@ class DraDriver:
         a socket cannot be served; the agent retries.
         """
         from cdi_gen.apiserver.client import ApiClient
-        from cdi_gen.dra.plugin.publisher import SlicePublisher
 
         settings = self.settings
         if self.client is None:
@@ -249,19 +257,23 @@ class DraDriver:
                 raise
         finally:
             if self.publisher is None:
-                self.publisher = SlicePublisher(
-                    client,
-                    self.name,
-                    self.node,
-                    self.offered,
-                    retry_max=settings.retry.max_seconds,
-                )
-                self.tools.spawn(self._publish(self.publisher), f"slices {self.name}")
-                self._export(self.publisher)
+                self._start_publisher(client)
         log.info(
             "DRA driver started",
             extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
         )
+
+    def _start_publisher(self, client: ApiClient) -> None:
+        """Publish ``offered`` from now on: a publisher of its own, run on the agent's group."""
+        from cdi_gen.dra.plugin.publisher import SlicePublisher
+
+        publisher = SlicePublisher(
+            client, self.name, self.node, self.offered, retry_max=self.settings.retry.max_seconds
+        )
+        self.publisher = publisher
+        self._published_out = asyncio.Event()
+        self.tools.spawn(self._publish(publisher, self._published_out), f"slices {self.name}")
+        self._export(publisher)
 
     async def _ask_capacity(self, client: ApiClient) -> None:
         """Whether shared devices are published once, by capacity, or as slots: asked of
@@ -352,7 +364,7 @@ class DraDriver:
             lambda: float(publisher.published_version >= self.offered.version)
         )
 
-    async def _publish(self, publisher: SlicePublisher) -> None:
+    async def _publish(self, publisher: SlicePublisher, out: asyncio.Event) -> None:
         """Run the publisher until the pool closes, once no older instance of the driver
         (a rolling update) writes the slices. It retries API failures itself; anything
         else is a bug, logged and counted, and must not stop the agent (it would take the
@@ -363,7 +375,7 @@ class DraDriver:
                 await self._unless_closed(self.plugin.predecessors_yielded())
             await self._run_publisher(publisher)
         finally:
-            self._published_out.set()
+            out.set()
 
     async def _unless_closed(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` until it returns or the offered pool closes (the agent stops)."""
@@ -410,14 +422,38 @@ class DraDriver:
 
     async def _yield_slices(self, plugin: DraPlugin) -> None:
         """The newest instance publishes the slices: once a newer one registered beside us
-        (a rolling update), this one stops publishing (the slices stay as they are, its)."""
-        found = await plugin.superseded()
-        log.info("a newer instance publishes the ResourceSlices now: %s", found)
-        self.offered.close()
-        # Said only once our last write is done: the newer one publishes after it, and so
-        # has the last word.
-        await self._published_out.wait()
-        plugin.mark_yielded()
+        (a rolling update), this one stops publishing (the slices stay as they are, its).
+        Should that one go while this one still runs (killed: out of memory, a bad release
+        crashing), this one takes them back: nobody else would publish them again."""
+        while True:
+            found = await plugin.superseded()
+            log.info("a newer instance publishes the ResourceSlices now: %s", found)
+            self.offered.close()
+            # Said only once our last write is done: the newer one publishes after it, and
+            # so has the last word.
+            await self._published_out.wait()
+            plugin.mark_yielded()
+            await plugin.successors_gone()
+            if self._stopped or self.client is None:
+                return
+            log.warning(
+                "the newer instance is gone (%s); this one publishes the ResourceSlices again",
+                found,
+                extra=fields(driver=self.name),
+            )
+            plugin.mark_yielded(False)
+            self._take_back(self.client)
+
+    def _take_back(self, client: ApiClient) -> None:
+        """Publish again after a handover whose successor went: a new offered pool (the
+        handed-over one is closed for good) with the pool's devices while the plugin serves,
+        published by a new publisher, which adopts the slices there and restores deleted
+        ones."""
+        offered = DevicePool()
+        for name, devices in self.pool.by_class.items():
+            offered.publish(name, devices if self.serving else ())
+        self.offered = offered
+        self._start_publisher(client)
 
     async def stop(self, *, successor: bool = True) -> None:
         """Stop serving, once; never raises. The slices stay (running pods keep their

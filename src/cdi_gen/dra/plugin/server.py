@@ -19,11 +19,16 @@ socket, ``<its registration socket's name>.registered``, in the plugin folder bo
 removed at its stop; the driver stops publishing the slices then and says so with
 ``<name>.yielded``: :meth:`DraPlugin.predecessors_yielded` holds the newer one's first
 publication until every older instance still served has, so that the two never write the
-node's slices at once), and
-:meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until it is, bounded, before the
-stop removes only this instance's own sockets (the agent skips the wait when its DaemonSet is
-being uninstalled: no successor comes). Either instance may get any call: the
-preparer shares its state with the other through files, under a lock.
+node's slices at once). A successor counts only while its registration socket is served: one
+killed leaves its files, and :meth:`DraPlugin.successors_gone` (a connection held to that
+socket ends with its process) lets the older instance take the slices back. And
+:meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until a newer instance is
+registered, bounded, before the stop removes only this instance's own sockets and files
+(the agent skips the wait when its DaemonSet is being uninstalled: no successor comes).
+Its names are its own while it holds their locks
+(:class:`~cdi_gen.kubelet.transport.NameLock`): a second copy with the same pod UID is
+refused before it touches any of them. Either instance may get any call: the preparer
+shares its state with the other through files, under a lock.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`). A slow API
 server must not take them all: the preparer lets at most
@@ -49,11 +54,10 @@ from cdi_gen.kubelet.registration import (
     newer_siblings,
     older_siblings,
     registration_socket,
-    successor,
     watch_until,
 )
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
-from cdi_gen.kubelet.transport import UnixServer, check_socket_path
+from cdi_gen.kubelet.transport import UnixServer, check_socket_path, listening
 from cdi_gen.modes import make_folder
 from cdi_gen.names import is_dns_subdomain
 
@@ -122,11 +126,17 @@ class DraPlugin(SupervisedPlugin):
         self._service = DraService(
             driver, pool, preparer, pool_name=pool_name, on_prepare=on_prepare
         )
+        instance = pod_uid or ""
         self.server = UnixServer(
-            self.socket_path, self._service.services, on_stop=self._service.end_streams
+            self.socket_path,
+            self._service.services,
+            on_stop=self._service.end_streams,
+            instance=instance,
         )
         self.registration = RegistrationService(driver, self.socket_path)
-        self.registration_server = UnixServer(self.registration_socket, self.registration.services)
+        self.registration_server = UnixServer(
+            self.registration_socket, self.registration.services, instance=instance
+        )
         self._supervisor = Supervisor(
             driver,
             # The service first: the kubelet dials the endpoint as soon as it is told.
@@ -139,20 +149,30 @@ class DraPlugin(SupervisedPlugin):
         )
 
     async def start(self) -> None:
-        """Load the preparer's state, serve both sockets, then register in the background.
+        """Take both sockets' names, load the preparer's state, serve both sockets, then
+        register in the background.
 
         Raises what the preparer's ``load`` raises (a
         :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be
         read as ours; it is left as it is) and :class:`~cdi_gen.errors.RegistrationError`
-        when a socket cannot be served.
+        when a socket cannot be served (:class:`~cdi_gen.errors.SocketInUseError` when
+        another running copy of this instance serves it).
         """
-        self.preparer.load()
         try:
             make_folder(self.socket_path.parent)
         except OSError as exc:
             raise RegistrationError(
                 f"cannot create the DRA socket folder {str(self.socket_path.parent)!r}: {exc}"
             ) from exc
+        # Both names ours before anything of this instance is touched (a second copy with
+        # our pod UID stops here); then what an earlier run of this pod left (a crash) says
+        # nothing of this one: registered and yielded anew.
+        self.server.lock.acquire()
+        self.registration_server.lock.acquire()
+        self.preparer.load()
+        if self.pod_uid is not None:
+            self.registered_file.unlink(missing_ok=True)
+            self.yielded_file.unlink(missing_ok=True)
         await self._supervisor.start()
         log.info(
             "serving DRA driver %s on %s (registration %s), %d prepared claims",
@@ -175,21 +195,32 @@ class DraPlugin(SupervisedPlugin):
             self._on_register(ok, error)
 
     async def stop(self, grace: float = 1.0) -> None:
-        self.registered_file.unlink(missing_ok=True)
+        # The files named after our sockets are ours only while we hold the names: a copy
+        # refused them (a second one with our pod UID) must leave the running one's alone.
+        ours = self.registration_server.lock.held()
+        if ours:
+            self.registered_file.unlink(missing_ok=True)
         await super().stop(grace)
         # After the sockets: a newer instance never sees ours served and not yielded again.
-        self.yielded_file.unlink(missing_ok=True)
+        if ours:
+            self.yielded_file.unlink(missing_ok=True)
 
-    def mark_yielded(self) -> None:
-        """Say, beside our DRA socket, that this instance writes no ResourceSlice any more:
-        the newer instance waits for it before it publishes (see :meth:`predecessors`)."""
-        if self.pod_uid is not None:
+    def mark_yielded(self, yielded: bool = True) -> None:
+        """Say, beside our DRA socket, that this instance writes no ResourceSlice any more
+        (or, ``yielded`` False, that it writes them again: its successor is gone): the
+        newer instance waits for it before it publishes (see :meth:`predecessors`)."""
+        if self.pod_uid is None:
+            return
+        if yielded:
             self.yielded_file.write_bytes(b"")
+        else:
+            self.yielded_file.unlink(missing_ok=True)
 
     def successors(self) -> list[Path]:
         """The registration sockets of newer instances of this driver that the kubelet
-        registered, newest first (none without a pod UID, or while our own socket is not
-        served)."""
+        registered and that are still served, newest first (none without a pod UID, or while
+        our own socket is not served). An instance killed leaves its files as they were: only
+        a socket someone listens on says it runs."""
         served = self.registration_server.socket_id
         if self.pod_uid is None or served is None:
             return []
@@ -197,7 +228,7 @@ class DraPlugin(SupervisedPlugin):
         return [
             path
             for path in newer_siblings(self.registration_socket, self.driver, served[2])
-            if (folder / f"{path.name}.registered").exists()
+            if (folder / f"{path.name}.registered").exists() and listening(path)
         ]
 
     def predecessors(self) -> list[Path]:
@@ -231,14 +262,32 @@ class DraPlugin(SupervisedPlugin):
             self.driver,
             pending[0],
         )
-        folders = (self.registration_socket.parent, self.socket_path.parent)
-        await watch_until(folders, lambda: True if not self.predecessors() else None)
+        await watch_until(self._folders(), lambda: True if not self.predecessors() else None)
 
     async def superseded(self) -> Path:
         """Wait until a newer instance of this driver is registered beside us; its
         registration socket. Without a pod UID there is none: this waits until cancelled."""
-        folders = (self.registration_socket.parent, self.socket_path.parent)
-        return await successor(folders, self.successors)
+
+        def newest() -> Path | None:
+            found = self.successors()
+            return found[0] if found else None
+
+        return await watch_until(self._folders(), newest)
+
+    async def successors_gone(self) -> None:
+        """Wait until no newer instance of this driver is registered and served beside us
+        (each stopped, or died: killed, it leaves its files, and the connection held to its
+        registration socket tells at once)."""
+
+        def gone() -> bool | None:
+            if self.registration_server.socket_id is None:
+                return None  # ours being served anew: no sibling can be told newer now
+            return None if self.successors() else True
+
+        await watch_until(self._folders(), gone, served=self.successors)
+
+    def _folders(self) -> tuple[Path, Path]:
+        return (self.registration_socket.parent, self.socket_path.parent)
 
     async def hand_over(self, within: float = HANDOVER_SECONDS) -> bool:
         """Before a stop: keep serving until a newer instance has registered beside us, at
