@@ -177,8 +177,12 @@ def test_an_unreadable_boot_id_stops_the_load_and_leaves_the_file(
     before = cp.path.read_bytes()
     monkeypatch.setattr(bootmod, "BOOT_ID_PATH", tmp_path / "none")
     unread = Checkpoint(cp.path, DRIVER, pool=POOL, kinds=["example.com/fpga"])
-    with pytest.raises(CheckpointError, match="cannot read the node's boot ID"):
+    with pytest.raises(CheckpointError) as refused:
         unread.load()
+    text = str(refused.value)
+    assert text.startswith(f"{tmp_path / 'none'}: cannot read the node's boot ID"), text
+    assert text.endswith(f"the DRA checkpoint {cp.path} is not read"), text
+    assert "move it away" not in text  # the file is fine
     assert cp.path.read_bytes() == before
 
 

@@ -76,8 +76,10 @@ def read_boot(path: Path | None = None) -> Boot:
     path = BOOT_ID_PATH if path is None else path
     try:
         raw = read_regular(path, _BOOT_ID_MAX_BYTES)
-    except (FileNotFoundError, FileRefused) as exc:
-        raise BootError(f"{path}: cannot read the node's boot ID: {exc or 'not there'}") from None
+    except FileNotFoundError:
+        raise BootError(f"{path}: cannot read the node's boot ID: not there") from None
+    except FileRefused as exc:
+        raise BootError(f"{path}: cannot read the node's boot ID: {exc}") from None
     text = raw.decode("ascii", "replace").strip()
     if not is_k8s_uuid(text):
         raise BootError(f"{path}: {quote(text)} is not a boot ID: want {K8S_UUID_RULE}")

@@ -32,9 +32,8 @@ claims the kubelet still counts on, and cdi-gen never replaces a file it did not
 operator moves it away to start with no prepared claims. Within a file of ours, a claim is
 answered again only if every recorded device is in our pool, every CDI name is of one of our
 kinds (``vendor/class``) and every share ID a UID; the others are dropped with a line each.
-What is written can be read back: a change that would make the file larger than the read cap
-is refused (that claim gets an error, the file stays as it was), and one claim records at most
-the API's limit of allocation results, so the cap holds hundreds of claims.
+What is written can be read back: a change making the file larger than the read cap is refused
+(the file stays as it was); a claim records at most the API's limit of allocation results.
 """
 
 from __future__ import annotations
@@ -293,7 +292,9 @@ class Checkpoint:
                 claims = {}
         except FileNotFoundError:  # none yet, or set aside meanwhile by the other instance
             claims = {}
-        except (FileRefused, OSError, BootError) as exc:
+        except BootError as exc:  # the file is fine: moving it away would not help
+            raise CheckpointError(f"{exc}; the DRA checkpoint {self.path} is not read") from exc
+        except (FileRefused, OSError) as exc:
             raise CheckpointError(
                 f"{self.path}: cannot read the DRA checkpoint: {exc}; {_LEFT}"
             ) from exc
@@ -495,6 +496,5 @@ class Checkpoint:
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    # A rename or a write changes ctime: equal identities mean the bytes read are the file
-    # whose owner and mode were checked.
+    # A rename or a write changes ctime: equal identities mean the checked file was read.
     return st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size
