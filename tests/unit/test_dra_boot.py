@@ -163,7 +163,7 @@ def test_a_checkpoint_naming_no_boot_id_is_refused_and_kept(tmp_path: Path, valu
     doc = {"kind": CHECKPOINT_KIND, "version": 4, "driver": DRIVER, "bootId": value, "claims": {}}
     cp.path.write_bytes(orjson.dumps(doc))
     cp.path.chmod(0o600)
-    with pytest.raises(CheckpointError, match=r"bootId: want a lowercase UUID.*left as it is"):
+    with pytest.raises(CheckpointError, match=r"json: bootId: want a lowercase UUID.*left as it"):
         cp.load()
     assert orjson.loads(cp.path.read_bytes()) == doc
 

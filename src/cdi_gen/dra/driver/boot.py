@@ -87,12 +87,12 @@ def read_boot(path: Path | None = None) -> Boot:
     return Boot(text, time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
-def record_boot(doc: object) -> str | None:
+def record_boot(doc: object, where: str = "record.") -> str | None:
     """The boot a record (a JSON object) names (None: written before records named one);
-    raises ValueError naming the field."""
+    raises ValueError naming the field (after ``where``)."""
     value = doc.get(BOOT_FIELD) if isinstance(doc, dict) else None
     if value is not None and not (isinstance(value, str) and is_k8s_uuid(value)):
-        raise ValueError(f"record.{BOOT_FIELD}: want {K8S_UUID_RULE}, got {quote(value)}")
+        raise ValueError(f"{where}{BOOT_FIELD}: want {K8S_UUID_RULE}, got {quote(value)}")
     return value
 
 

@@ -416,7 +416,7 @@ class Checkpoint:
             )
         try:
             claims = _parse_claims(doc.get("claims"))
-            written = record_boot(doc) if version == CHECKPOINT_VERSION else None
+            written = record_boot(doc, "") if version == CHECKPOINT_VERSION else None
         except ValueError as exc:
             raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
         if version != CHECKPOINT_VERSION:
