@@ -82,7 +82,7 @@ def test_round_trip_and_removal(tmp_path: Path) -> None:
     cp.add("u1", CLAIM)
     assert cp.path.stat().st_mode & 0o777 == 0o600
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 3, DRIVER)
+    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 4, DRIVER)
     again = fresh(tmp_path)
     again.load()
     assert again.claims == {"u1": CLAIM}
@@ -134,16 +134,16 @@ def test_any_claims_survive_the_file(
         (b"[]", "not a cdi-gen DRA checkpoint"),
         (b'{"kind": "other"}', "not a cdi-gen DRA checkpoint (kind 'other'"),
         (
-            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 4, "driver": DRIVER, "claims": {}}),
-            "checkpoint format 4 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 3",
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 5, "driver": DRIVER, "claims": {}}),
+            "checkpoint format 5 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 4",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": "2", "driver": DRIVER}),
-            "checkpoint format '2'; this cdi-gen reads formats 1 to 3",
+            "checkpoint format '2'; this cdi-gen reads formats 1 to 4",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": True, "driver": DRIVER}),
-            "checkpoint format True; this cdi-gen reads formats 1 to 3",
+            "checkpoint format True; this cdi-gen reads formats 1 to 4",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": 1, "driver": "x.io", "claims": {}}),
@@ -335,15 +335,15 @@ def load_stored(
     cp.path.chmod(0o600)
     with caplog.at_level(logging.INFO, "cdi_gen.dra.driver.checkpoint"):
         cp.load()
-    assert f"checkpoint format {version} read as format 3" in caplog.text
+    assert f"checkpoint format {version} read as format 4" in caplog.text
     return cp, stored
 
 
-def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
+def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_4(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The file the agent wrote before per-claim specs (format 1), stored as it was written:
-    # an upgraded agent answers its claims as before, then records them in format 3.
+    # an upgraded agent answers its claims as before, then records them in format 4.
     cp, stored = load_stored(tmp_path, 1, caplog)
     first = cp.claims["0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b"]
     assert first == PreparedClaim(
@@ -356,7 +356,7 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_3(
     assert cp.path.read_bytes() == stored  # not rewritten until something changes
     cp.remove("0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b")
     doc = orjson.loads(cp.path.read_bytes())
-    assert doc["version"] == 3
+    assert doc["version"] == 4
     assert list(doc["claims"]) == ["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
 
 
@@ -380,7 +380,7 @@ def test_a_stored_format_2_checkpoint_is_read_and_keeps_its_configured_claim_unt
     assert cp.path.read_bytes() == stored  # not rewritten until something changes
     cp.remove(plain)
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["version"], sorted(doc["claims"])) == (3, [admin, configured])
+    assert (doc["version"], sorted(doc["claims"])) == (4, [admin, configured])
     cp.remove(configured)
     assert sorted(orjson.loads(cp.path.read_bytes())["claims"]) == [admin]
 
@@ -451,7 +451,7 @@ def test_a_format_2_file_keeps_its_claims_with_specs_until_they_are_unprepared(
     cp.load()
     cp.add("u2", CLAIM)
     written = orjson.loads(cp.path.read_bytes())
-    assert (written["version"], set(written["claims"])) == (3, {"u1", "u2"})
+    assert (written["version"], set(written["claims"])) == (4, {"u1", "u2"})
     cp.remove("u1")
     assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u2"}
 

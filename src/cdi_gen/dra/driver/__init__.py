@@ -7,6 +7,7 @@
   before any lock) and its record;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
 * :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
+* :mod:`~cdi_gen.dra.driver.boot`: the boot they were prepared in (a reboot voids them);
 * :mod:`~cdi_gen.dra.driver.statelock`: the lock two instances (a rolling update) share that
   state under;
 * :mod:`~cdi_gen.dra.driver.claimconfig`: a claim's opaque configuration;

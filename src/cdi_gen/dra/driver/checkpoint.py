@@ -5,19 +5,16 @@ driver restarts, yet expects the same answer if it does, and calls NodeUnprepare
 later. So every prepared claim is recorded in ``<state dir>/dra-<driver>.json`` before the
 kubelet gets its answer, and removed when it is unprepared. The file is replaced atomically
 (temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
-after the last change, never a mix.
+after the last change, never a mix. Two instances of one driver (a rolling update) share it:
+each change is made under their :class:`~cdi_gen.dra.driver.statelock.StateLock`, after
+reading the file again when the other changed it (:meth:`Checkpoint.load`).
 
-Two instances of one driver (a rolling update) share the file: each change is made under
-their :class:`~cdi_gen.dra.driver.statelock.StateLock`, after reading the file again when the
-other changed it (:meth:`Checkpoint.load`).
-
-A claim with specs of its own (a configured one, :mod:`cdi_gen.dra.driver.claimspecs`) is
-recorded with them instead: each of its specs' owner records in ``/var/run/cdi`` carries the
-claim (:func:`claim_record`), written before the spec, and goes with it. Both live exactly as
-long as the claim's specs do (a node restart empties that tmpfs, and such a claim is then read
-and prepared anew), and the claim costs no write of this file: the preparer hands them in with
-:meth:`Checkpoint.adopt` at start, and :meth:`Checkpoint.add` and :meth:`Checkpoint.remove`
-keep them in memory only.
+A claim with specs of its own (:mod:`cdi_gen.dra.driver.claimspecs`) is recorded with them
+instead: each of its specs' owner records in ``/var/run/cdi`` carries the claim
+(:func:`claim_record`), written before the spec, and goes with it. Both live exactly as long
+as the claim's specs do, and the claim costs no write of this file: the preparer hands them
+in with :meth:`Checkpoint.adopt` at start, and :meth:`Checkpoint.add` and
+:meth:`Checkpoint.remove` keep them in memory only.
 
 The file says what it is (``kind``), which format (``version``) and whose it is
 (``driver``). Format 2 added, per device, ``adminAccess`` and, per claim, the transient specs
@@ -25,20 +22,18 @@ written for it (``specs``: kind and transient ID). Format 3 leaves out the claim
 their specs; a format-2 file's claims with specs stay in the file until they are unprepared,
 and an older cdi-gen refuses format 3 instead of removing specs it would not know of. A format
 1 file (cdi-gen before per-claim specs) is read with neither (its claims hold their devices
-exclusively and have no spec of their own). Older formats are written as format 3 at the next
-change; a format newer than this cdi-gen's is refused, naming both. A file that is not that
-(corrupt, foreign, another driver's, a newer format), or that someone else could have
-written (not owned by our effective user, or writable by group or others), is refused with
-one line naming the file and why, and left as it is:
-overwriting it would forget claims the kubelet still counts on, and cdi-gen never replaces a
-file it did not write. The operator moves it away to start with no prepared claims. Within a
-file of ours, a claim is answered again only if every recorded device is in our pool,
-every CDI name is of one of our kinds (``vendor/class``) and every share ID a UID; the others
-are dropped with a line each (and left out when the file is next written).
-
-What is written is what can be read back: a change that would make the file larger than the
-read cap is refused (that claim gets an error, the file stays as it was), and one claim
-records at most the API's limit of allocation results, so the cap holds hundreds of claims.
+exclusively and have no spec of their own). Format 4 names the boot it was written in
+(``bootId``): a file of another boot is void, set aside whole (:mod:`~cdi_gen.dra.driver.boot`).
+Older formats are written as format 4 at the next change; a newer one is refused, naming both.
+A file that is not that (corrupt, foreign, another driver's, a newer format), or that someone
+else could have written (not owned by our effective user, or writable by group or others), is
+refused with one line naming the file and why, and left as it is: overwriting it would forget
+claims the kubelet still counts on, and cdi-gen never replaces a file it did not write. The
+operator moves it away to start with no prepared claims. Within a file of ours, a claim is
+answered again only if every recorded device is in our pool, every CDI name is of one of our
+kinds (``vendor/class``) and every share ID a UID; the others are dropped with a line each.
+What is written can be read back: a change making the file larger than the read cap is refused
+(the file stays as it was); a claim records at most the API's limit of allocation results.
 """
 
 from __future__ import annotations
@@ -57,6 +52,7 @@ import orjson
 
 from cdi_gen.cdi.atomicfile import replace_file
 from cdi_gen.cdi.specnames import transient_filename
+from cdi_gen.dra.driver.boot import BOOT_FIELD, Boot, BootError, read_boot, record_boot, set_aside
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
@@ -79,9 +75,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
-CHECKPOINT_VERSION = 3
+CHECKPOINT_VERSION = 4
 #: Formats read and converted to :data:`CHECKPOINT_VERSION` (written at the next change).
-READ_VERSIONS = (1, 2, 3)
+READ_VERSIONS = (1, 2, 3, 4)
 #: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
 #: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
 #: the largest claims and tens of thousands of common ones, more than a node prepares.
@@ -230,12 +226,11 @@ class Checkpoint:
     """The prepared claims of one driver, in memory and in its file; safe across threads.
 
     ``pool`` is the driver's pool and ``kinds`` the CDI kinds (``vendor/class``) of its
-    devices: what a recorded claim may name. ``max_bytes`` caps the file, read and written.
-    :meth:`load` reads the file (none yet: no claims); :meth:`add` and :meth:`remove`
-    change the file first and memory only once the file holds the change, so a claim is
-    never answered as prepared unless it is on disk, or, for a claim with specs of its own,
-    in their owner records (then the file is not written; see the module docstring). Raises
-    :class:`CheckpointError`.
+    devices: what a recorded claim may name. ``max_bytes`` caps the file, read and written;
+    ``boot`` is this boot (read at the first :meth:`load` when not given). :meth:`add` and
+    :meth:`remove` change the file first and memory only once the file holds the change, so a
+    claim is never answered as prepared unless it is on disk, or, for a claim with specs of
+    its own, in their owner records (then the file is not written). Raise CheckpointError.
     """
 
     def __init__(
@@ -246,8 +241,10 @@ class Checkpoint:
         pool: str,
         kinds: Collection[str],
         max_bytes: int = CHECKPOINT_MAX_BYTES,
+        boot: Boot | None = None,
     ) -> None:
         self.path = Path(path)
+        self.boot = boot
         self.driver = driver
         self.pool = pool
         self.kinds = frozenset(kinds)
@@ -282,20 +279,26 @@ class Checkpoint:
         return None
 
     def load(self, recorded: Mapping[str, PreparedClaim] | None = None) -> None:
-        """Read the file; a missing file means no prepared claims. ``recorded``, the claims
-        recorded with their specs (read from their owner records), are laid in as
-        :meth:`adopt` takes them, in the same swap: read again while serving (another
-        instance of the driver changed the files), no claim is ever missing in between."""
+        """Read the file (none: no claims; of another boot: set aside, none answered).
+        ``recorded``, the claims recorded with their specs (read from their owner records),
+        are laid in as :meth:`adopt` takes them, in the same swap: read again while serving
+        (the other instance changed the files), no claim is ever missing in between."""
         try:
-            raw = self._read()
-        except FileNotFoundError:
-            claims: dict[str, PreparedClaim] = {}
+            boot = self.boot = self.boot or read_boot()
+            raw, mtime = self._read()
+            claims, written = self._parse(raw)
+            if not boot.wrote(written, mtime):
+                set_aside(self.path, boot, written, mtime, len(claims))
+                claims = {}
+        except FileNotFoundError:  # none yet, or set aside meanwhile by the other instance
+            claims = {}
+        except BootError as exc:  # the file is fine: moving it away would not help
+            raise CheckpointError(f"{exc}; the DRA checkpoint {self.path} is not read") from exc
         except (FileRefused, OSError) as exc:
             raise CheckpointError(
                 f"{self.path}: cannot read the DRA checkpoint: {exc}; {_LEFT}"
             ) from exc
-        else:
-            claims = self._ours(self._parse(raw))
+        claims = self._ours(claims)
         in_file = frozenset(uid for uid, claim in claims.items() if claim.specs)
         for uid, claim in (recorded or {}).items():
             if claim.specs and uid not in claims and self._ours({uid: claim}):
@@ -304,9 +307,9 @@ class Checkpoint:
             self._claims = MappingProxyType(claims)
             self._in_file = in_file
 
-    def _read(self) -> bytes:
-        """The file's bytes, if it is ours alone: owned by our effective user and writable
-        by nobody else (anyone who can write it could make us answer any CDI name)."""
+    def _read(self) -> tuple[bytes, float]:
+        """The file's bytes and mtime, if it is ours alone: owned by our effective user and
+        writable by nobody else (anyone who can write it could make us answer any CDI name)."""
         before = os.lstat(self.path)
         if stat.S_ISREG(before.st_mode):  # anything else: read_regular says what it is
             self._check_owner(before)
@@ -314,21 +317,17 @@ class Checkpoint:
         after = os.lstat(self.path)
         if _identity(after) != _identity(before):
             raise FileRefused("replaced or changed while it was read")
-        return raw
+        return raw, after.st_mtime
 
     def _check_owner(self, st: os.stat_result) -> None:
         euid = os.geteuid()
         if st.st_uid != euid:
-            raise CheckpointError(
-                f"{self.path}: owned by uid {st.st_uid}, not by this agent's user (uid "
-                f"{euid}), so someone else may have written it; {_LEFT}"
-            )
-        if st.st_mode & _OTHERS_WRITE:
-            raise CheckpointError(
-                f"{self.path}: writable by group or others (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}), so someone else may have written it; "
-                f"{_LEFT}"
-            )
+            why = f"owned by uid {st.st_uid}, not by this agent's user (uid {euid})"
+        elif st.st_mode & _OTHERS_WRITE:
+            why = f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            return
+        raise CheckpointError(f"{self.path}: {why}, so someone else may have written it; {_LEFT}")
 
     def _ours(self, claims: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
         """The recorded claims whose every device is of our pool and kinds; the others are
@@ -390,7 +389,7 @@ class Checkpoint:
             return f"spec of {quote(spec.kind)}: {exc}"
         return None
 
-    def _parse(self, raw: bytes) -> dict[str, PreparedClaim]:
+    def _parse(self, raw: bytes) -> tuple[dict[str, PreparedClaim], str | None]:
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -417,6 +416,7 @@ class Checkpoint:
             )
         try:
             claims = _parse_claims(doc.get("claims"))
+            written = record_boot(doc, "") if version == CHECKPOINT_VERSION else None
         except ValueError as exc:
             raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
         if version != CHECKPOINT_VERSION:
@@ -426,7 +426,7 @@ class Checkpoint:
                 version,
                 CHECKPOINT_VERSION,
             )
-        return claims
+        return claims, written
 
     def _filed(self, uid: str, claim: PreparedClaim) -> bool:
         """Whether ``claim`` is kept in the file (else with its specs)."""
@@ -472,6 +472,7 @@ class Checkpoint:
             "kind": CHECKPOINT_KIND,
             "version": CHECKPOINT_VERSION,
             "driver": self.driver,
+            **({BOOT_FIELD: self.boot.id} if self.boot else {}),
             "claims": {
                 uid: _claim_doc(claim) for uid, claim in claims.items() if self._filed(uid, claim)
             },
@@ -495,6 +496,5 @@ class Checkpoint:
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    # A rename or a write changes ctime: equal identities mean the bytes read are the file
-    # whose owner and mode were checked.
+    # A rename or a write changes ctime: equal identities mean the checked file was read.
     return st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size

@@ -49,6 +49,7 @@ from cdi_gen.cdi.ownerrecords import (
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore, WrittenSpec
 from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
+from cdi_gen.dra.driver.boot import BOOT_FIELD, Boot, record_boot
 from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
 from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
@@ -72,7 +73,7 @@ from cdi_gen.dra.driver.claimspec import (
 )
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
-from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal, claim_label
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
@@ -83,6 +84,8 @@ log = logging.getLogger(__name__)
 
 #: The sources the API gives an entry: a DeviceClass's (the admin's) or the claim's own.
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
+#: Void claims a line names (the others are counted).
+_VOID_SHOWN = 10
 
 
 def _shown(value: str, plain: bool) -> str:
@@ -167,6 +170,10 @@ class ClaimSpecs:
         self.metadata = None if metadata_dir is None else MetadataFolder(Path(metadata_dir))
         self.read_mode = read_mode
         self.store = store
+        #: This boot, named in each claim's record (the preparer's load sets it).
+        self.boot: Boot | None = None
+        #: Claims recorded in another boot, by UID, as :meth:`recorded` found them (logged once).
+        self.void: dict[str, PreparedClaim] = {}
         #: Class spec path -> (the write it indexes, its devices by name); claim_spec
         #: changes neither. Replaced whole, so safe from any server thread.
         self._indexed: dict[Path, tuple[WrittenSpec, dict[str, Mapping[str, Any]]]] = {}
@@ -220,6 +227,8 @@ class ClaimSpecs:
         # spec): the claim is prepared exactly as long as a spec of it is there.
         prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
         record = claim_record(uid, prepared)
+        if self.boot is not None:
+            record[BOOT_FIELD] = self.boot.id
         try:
             mounts = self._write_metadata(uid, claim, out, carriers, pool)
             docs = [
@@ -397,10 +406,12 @@ class ClaimSpecs:
         records of this instance's transient specs (those an older agent named the CDI
         library's way renamed first). A record that cannot be read as a claim, or that names
         a spec it does not sit beside, is logged and left out (its spec is then no prepared
-        claim's, and goes as an orphan)."""
+        claim's, and goes as an orphan); so is one of another boot than :attr:`boot` (void,
+        kept in :attr:`void` and logged once: see :mod:`~cdi_gen.dra.driver.boot`)."""
         for name in migrate_transient_names(self.spec_dir, instance=self.instance):
             log.info("claim spec renamed to %s (claim and class specs no longer share names)", name)
         found: dict[str, PreparedClaim] = {}
+        void: dict[str, tuple[PreparedClaim, str]] = {}
         for vendor, cls, transient, payload in owned_transient_payloads(
             self.spec_dir, instance=self.instance
         ):
@@ -409,11 +420,34 @@ class ClaimSpecs:
                 uid, claim = read_claim_record(payload)
                 if ClaimSpec(f"{vendor}/{cls}", transient) not in claim.specs:
                     raise ValueError(f"record.specs: does not name {name}")
+                written = record_boot(payload)  # a dict: read_claim_record checked it
             except ValueError as exc:
                 log.warning("spec %s: its claim record is unreadable: %s", quote(name), exc)
                 continue
-            found.setdefault(uid, claim)
+            if written is None or self.boot is None or written == self.boot.id:
+                found.setdefault(uid, claim)
+            else:
+                void.setdefault(uid, (claim, written))
+        self._log_void(void)
         return found
+
+    def _log_void(self, void: Mapping[str, tuple[PreparedClaim, str]]) -> None:
+        """One line for the claims recorded in another boot that no line named yet."""
+        new = {uid: found for uid, found in void.items() if uid not in self.void}
+        self.void = {uid: claim for uid, (claim, _) in void.items()}
+        if not new or self.boot is None:
+            return
+        labels = [claim_label(c.namespace, c.name, uid) for uid, (c, _) in sorted(new.items())]
+        more = f" and {len(labels) - _VOID_SHOWN} more" if len(labels) > _VOID_SHOWN else ""
+        log.warning(
+            "%d claims recorded with their specs in boot %s, not this boot %s, are void, never "
+            "answered (each is prepared anew when the kubelet asks; their files go): %s%s",
+            len(new),
+            ", ".join(sorted({written for _, written in new.values()})),
+            self.boot.id,
+            ", ".join(labels[:_VOID_SHOWN]),
+            more,
+        )
 
     def intact(self, uid: str, claim: PreparedClaim) -> bool:
         """Whether a prepared claim's files are all there: its specs and, with metadata, at

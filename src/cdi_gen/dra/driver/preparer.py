@@ -17,9 +17,10 @@ CDI names: the spec entries the agent keeps on disk for every pool device. A cla
 configuration for this driver (:mod:`~cdi_gen.dra.driver.claimspecs`) gets its configured
 devices from a spec of its own, and with device metadata every claim gets a spec of its own
 for the metadata mounts; its owner record carries the claim's record: such a claim
-costs no write of the checkpoint file, lives as long as its spec (a node restart empties
-``/var/run/cdi`` and it is prepared anew) and is read back at start; the spec is removed at
-unprepare (of a claim not prepared here, whatever of ours sits at its specs' names).
+costs no write of the checkpoint file, lives as long as its spec and is read back at start;
+the spec is removed at unprepare (of a claim not prepared here, whatever of ours sits at its
+specs' names). A record of another boot is void (:mod:`~cdi_gen.dra.driver.boot`): after a
+node reboot every claim is prepared anew, with specs written after the boot.
 
 A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
 helper library does; :mod:`~cdi_gen.dra.driver.claimcalls` keeps two calls on one claim from
@@ -143,10 +144,10 @@ class PoolPreparer:
 
     def load(self) -> None:
         """Read the checkpoint and the claims recorded with their own specs, then bring the
-        claims' specs in line with them: a claim whose spec or device metadata is gone or
-        unreadable (a node restart empties ``/var/run/cdi``; a power loss may empty a file
-        written without fsync) is forgotten, to be read and prepared anew; a claim spec no
-        claim names is removed. Raises
+        claims' specs in line with them: a claim recorded in another boot is void, one whose
+        spec or device metadata is gone or unreadable (a power loss may empty a file written
+        without fsync) forgotten, to be read and prepared anew; a claim spec or metadata file
+        no claim names is removed. Raises
         :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be read
         as ours (it is left as it is) or changed, or the state lock cannot be taken."""
         with self.state.held(STATE_LOCK_SECONDS):
@@ -159,6 +160,7 @@ class PoolPreparer:
         specs = self.claim_specs
         if specs is None:
             return
+        specs.boot = self.checkpoint.boot
         for uid, claim in specs.recorded().items():
             self.checkpoint.adopt(uid, claim)
         for uid, claim in list(self.checkpoint.claims.items()):
