@@ -265,6 +265,8 @@ class DeviceRecord:
     properties: Mapping[str, str] = field(default_factory=dict)
     attributes: Mapping[str, str] = field(default_factory=dict)
     parents: tuple[ParentRecord, ...] = ()
+    #: The NUMA node of the nearest PCI device at or above the record (without one, of the
+    #: nearest device with a node); None for -1 or none (see cdi_gen.sources.udev).
     numa_node: int | None = None
     node_exists: bool = True
     action: str | None = None

@@ -1,6 +1,7 @@
 """Issue 36 item 2 on a real node: claims aligned on Kubernetes' standard
 ``resource.kubernetes.io/pcieRoot`` attribute, which the agent publishes for every device with
-a PCI device above it.
+a PCI device above it; and (issue 56 item 4) ``resource.kubernetes.io/numaNode`` (KEP-6072),
+published where that PCI device has a NUMA node.
 
 The only device nodes of this machine with a PCI parent are its virtio disk (the root
 filesystem) and that disk's partitions; loop devices and zram are virtual. So the aligned pair
@@ -8,6 +9,9 @@ is two shares of the whole disk (``sharing: {replicas: 3}``, which this lane's A
 as consumable capacity: one device with 3 shares), handed over read-only (cgroup ``r``, no
 ``w`` or ``m``) to a pod that only checks that the node is there. A loop device
 (no PCI parent, so no ``pcieRoot``) is the partner a ``matchAttribute`` can never accept.
+Where the disk's PCI function has a NUMA node (its sysfs ``numa_node`` is not -1), the aligned
+claim also selects on it and aligns on it; where it has none (-1, as on a VM without NUMA),
+the attribute must be absent.
 
 One agent serves both classes; the cluster is the current lane's single node (Kubernetes 1.37,
 no gates: ``matchAttribute`` is part of GA structured parameters, the standard names need no
@@ -42,6 +46,7 @@ from .pods import NAMESPACE, phase, status
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 DISK, LOOP = "disk", "fpga"
 
 
@@ -56,6 +61,12 @@ def pci_disk() -> tuple[str, str, str]:
             bdf = next(p for p in reversed(parts) if (Path("/sys/bus/pci/devices") / p).exists())
             return entry.name, parts[3], bdf
     pytest.fail("this machine has no whole disk with a PCI parent to align claims on")
+
+
+def pci_numa_node(bdf: str) -> int | None:
+    """The NUMA node of PCI function ``bdf`` as sysfs has it, None for -1 (no affinity)."""
+    node = int((Path("/sys/bus/pci/devices") / bdf / "numa_node").read_text())
+    return None if node < 0 else node
 
 
 def _config(disk: str, loop: str) -> str:
@@ -79,9 +90,12 @@ def _config(disk: str, loop: str) -> str:
     return json.dumps({"vendor": VENDOR, "classes": classes}, indent=2) + "\n"
 
 
-def _claim(claims: Claims, name: str, classes: dict[str, str], aligned: bool) -> None:
+def _claim(
+    claims: Claims, name: str, classes: dict[str, str], aligned: bool, numa: int | None = None
+) -> None:
     """A claim of one device per request (request name -> DeviceClass), constrained to one
-    pcieRoot when ``aligned``."""
+    pcieRoot when ``aligned``; with ``numa``, every request selects that standard NUMA node
+    and the devices are aligned on it too."""
     requests = [
         {"name": r, "exactly": {"deviceClassName": c, "allocationMode": "ExactCount", "count": 1}}
         for r, c in classes.items()
@@ -89,6 +103,11 @@ def _claim(claims: Claims, name: str, classes: dict[str, str], aligned: bool) ->
     devices: dict[str, Any] = {"requests": requests}
     if aligned:
         devices["constraints"] = [{"matchAttribute": PCIE_ROOT}]
+    if numa is not None:
+        expression = f'device.attributes["resource.kubernetes.io"].numaNode == {numa}'
+        for request in requests:
+            request["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+        devices.setdefault("constraints", []).append({"matchAttribute": NUMA_NODE})
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -130,6 +149,7 @@ def test_two_requests_aligned_on_one_pcie_root(
     api = cluster.api
     assert api is not None
     disk, root, bdf = pci_disk()
+    numa = pci_numa_node(bdf)
     loop = loops.add()
     config = _config(disk, loop.name)
     dra_agent(config)
@@ -145,8 +165,8 @@ def test_two_requests_aligned_on_one_pcie_root(
     shared = f"{DISK}-{disk}"
     loop_device = f"{LOOP}-{LOOP}-{loop.number}"
 
-    def topology(devices: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        return {n: (d.get("attributes", {}).get(PCIE_ROOT), d.get("attributes", {}).get(PCI_BUS_ID))
+    def topology(devices: dict[str, Any]) -> dict[str, tuple[Any, Any, Any]]:
+        return {n: tuple(d.get("attributes", {}).get(k) for k in (PCIE_ROOT, PCI_BUS_ID, NUMA_NODE))
                 for n, d in devices.items()}  # fmt: skip
 
     published = claims.wait_devices(
@@ -157,11 +177,13 @@ def test_two_requests_aligned_on_one_pcie_root(
         ),
         f"the disk ({shared}, by capacity) and {loop_device} published",
     )
-    # The standard names, fully qualified, on the disk only.
+    # The standard names, fully qualified, on the disk only; its NUMA node only where sysfs
+    # gives one, and then as the driver's own numaNode says too.
     assert topology(published) == {
-        shared: ({"string": root}, {"string": bdf}),
-        loop_device: (None, None),
+        shared: ({"string": root}, {"string": bdf}, None if numa is None else {"int": numa}),
+        loop_device: (None, None, None),
     }
+    assert device_attribute(published[shared], DRIVER, "numaNode") == numa
 
     # Negative first: a disk share and the loop device on one root cannot be had. The
     # scheduler says so in an event; the pod stays pending.
@@ -187,8 +209,10 @@ def test_two_requests_aligned_on_one_pcie_root(
     assert phase(claims.pods.get("misaligned")) == "Pending"
     assert allocated_devices(claims.get_claim("misaligned")) == []
 
-    # Two disk shares on one root: allocated, prepared, injected.
-    _claim(claims, "aligned", {"first": classes[DISK], "second": classes[DISK]}, aligned=True)
+    # Two disk shares on one root (and, where the disk has one, on one NUMA node, selected
+    # by the standard name): allocated, prepared, injected.
+    pair = {"first": classes[DISK], "second": classes[DISK]}
+    _claim(claims, "aligned", pair, aligned=True, numa=numa)
     _pod(claims, "aligned", "aligned", disk)
     claims.pods.wait_running("aligned", timeout=90)
     results = allocated_devices(claims.get_claim("aligned"))

@@ -28,7 +28,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.sources import RecordBatch
-from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, udevd_running
+from cdi_gen.sources.udev import UDEV_RUN_DIR, UdevWatcher, enumerate_records, udevd_running
 from tests.waiting import until, until_sync
 
 pytestmark = pytest.mark.kernel
@@ -271,3 +271,19 @@ async def test_overflow_recovers_by_enumeration(loops: LoopDevices, tmp_path: Pa
                 lambda: follower.spec_names() == expected, f"loop{numbers[0]} back", TIMEOUT
             )
         assert not follower.batches[-1].full, "five removals in a row came only by resync"
+
+
+def test_every_device_has_the_numa_node_of_its_nearest_pci_device() -> None:
+    # What the agent reads from this machine's sysfs, checked against the file itself: the
+    # nearest PCI device's numa_node, -1 none (never a bridge's or a class device's).
+    checked = 0
+    for record in enumerate_records():
+        chain = [(record.subsystem, record.sys_path)]
+        chain += [(p.subsystem, p.sys_path) for p in record.parents]
+        pci = next((path for subsystem, path in chain if subsystem == "pci"), None)
+        if pci is None:
+            continue
+        node = int((Path(pci) / "numa_node").read_text())
+        assert record.numa_node == (None if node < 0 else node), (record.sys_path, node)
+        checked += 1
+    assert checked, "this machine has no device node below a PCI device"

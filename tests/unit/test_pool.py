@@ -15,6 +15,7 @@ from cdi_gen.config.loader import load_config, parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
+from cdi_gen.discovery.topology import NUMA_NODE
 from cdi_gen.dra.plugin.pool import DevicePool, device_name, pool_devices
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord, ParentRecord, PoolDevice
@@ -96,6 +97,8 @@ def test_attributes_from_udev_and_templates() -> None:
         "vendor": "ACME",
         "model": "Frobnicator",
         "numaNode": 1,
+        # Kubernetes' standard name beside it (KEP-6072), for a claim's matchAttribute
+        NUMA_NODE: 1,
         # the 65-character serial does not fit a ResourceSlice string; the unrenderable
         # template is left out, the device is not
         "disk": "disk",
@@ -157,6 +160,11 @@ def test_device_name_includes_the_class() -> None:
         ({"9lives": "{kernel}"}, "is not a C identifier"),
         ({"x" * 33: "{kernel}"}, "is not a C identifier"),
         ({"class": "{kernel}"}, "is one cdi-gen sets itself"),
+        ({"numaNode": "{numa}"}, "is one cdi-gen sets itself"),
+        # Kubernetes' standard names (the pool sets them) and any other qualified name.
+        ({"resource.kubernetes.io/numaNode": "{numa}"}, "'resource.kubernetes.io/numaNode' has"),
+        ({"resource.kubernetes.io/pciBusID": "{kernel}"}, "has a domain"),
+        ({"example.com/x": "{kernel}"}, "'example.com/x' has a domain"),
         ({"ok": "{nope}"}, "nope"),
     ],
 )
@@ -262,7 +270,7 @@ def test_attribute_limits_are_bytes_and_numbers_fit_int64() -> None:
     )
     (device,) = _pool(config, [record])
     assert "vendor" not in device.attributes and "fw" not in device.attributes
-    assert "numaNode" not in device.attributes
+    assert "numaNode" not in device.attributes and NUMA_NODE not in device.attributes
     assert device.attributes["ok"] == "é" * 32  # 64 bytes: the limit itself fits
     lone = _loop(2, properties={"ID_MODEL": "bad\udcff"})  # not UTF-8: cannot be sent
     (device,) = _pool(config, [lone])

@@ -288,7 +288,7 @@ def _node(draw: st.DrawFn) -> tuple[dict[str, Any], list[DeviceRecord], str]:
                     minor=i * 100 + j,
                     driver=draw(st.none() | _VALUE),
                     properties=props,
-                    numa_node=draw(st.none() | st.integers(0, 2**70)),
+                    numa_node=draw(st.none() | st.integers(0, 3) | st.integers(0, 2**70)),
                 )
             )
     vendor = draw(

@@ -18,6 +18,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import MAX_CLASS_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.topology import (
+    NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
     device_topology,
@@ -195,19 +196,29 @@ def test_slices_command_shows_the_standard_attributes_fully_qualified(
     assert pool_problems(docs) == []
     devices = {d["name"]: d["attributes"] for doc in docs for d in doc["spec"].get("devices", [])}
     topology = {
-        name: {k: v["string"] for k, v in attrs.items() if k.startswith("resource.kubernetes.io/")}
+        name: {k: v for k, v in attrs.items() if k.startswith("resource.kubernetes.io/")}
         for name, attrs in devices.items()
     }
     gpu = next(n for n in devices if n.startswith("gpu-"))
+
+    def pci(bus_id: str, root: str, numa: int) -> dict[str, Any]:
+        return {
+            PCI_BUS_ID: {"string": bus_id},
+            PCIE_ROOT: {"string": root},
+            NUMA_NODE: {"int": numa},
+        }
+
     assert topology == {
-        "nvme-nvme0n1": {PCI_BUS_ID: "0000:3b:00.0", PCIE_ROOT: "pci0000:00"},
-        "nvme-nvme1n1": {PCI_BUS_ID: "0000:81:00.0", PCIE_ROOT: "pci0000:80"},
-        "nvme-nvme2n1": {},
+        "nvme-nvme0n1": pci("0000:3b:00.0", "pci0000:00", 0),
+        "nvme-nvme1n1": pci("0000:81:00.0", "pci0000:80", 1),
+        # Behind VMD: no bus ID or root the standard accepts, but a NUMA node all the same.
+        "nvme-nvme2n1": {NUMA_NODE: {"int": 0}},
         # card0 and renderD128 of one GPU: one device, on the PCI function they share.
-        gpu: {PCI_BUS_ID: "0000:01:00.0", PCIE_ROOT: "pci0000:00"},
+        gpu: pci("0000:01:00.0", "pci0000:00", 0),
         "loop-loop0": {},
     }
-    # Beside the driver's own attributes, which stay unqualified.
+    # Beside the driver's own attributes, which stay unqualified (numaNode too: claims
+    # deployed before the standard name select on it).
     assert devices["nvme-nvme0n1"]["class"] == {"string": "nvme"}
     assert devices["nvme-nvme0n1"]["numaNode"] == {"int": 0}
 
@@ -244,9 +255,11 @@ def test_the_standard_attributes_take_only_the_room_a_full_class_leaves() -> Non
     full = {**_CLASSES[0], "attributes": own, "sharing": {"replicas": 2}}
     for attributes in _pool_attributes([full], [record]):
         assert len(attributes) <= MAX_DEVICE_ATTRIBUTES
-        # Every attribute the class asked for is kept; the root comes before the bus ID.
+        # Every attribute the class asked for is kept; the standard ones take what room is
+        # left in their order: the root, the NUMA node, the bus ID.
         assert set(own) <= set(attributes)
-        if PCI_BUS_ID in attributes:
-            assert PCIE_ROOT in attributes
+        standard = [k for k in (PCIE_ROOT, NUMA_NODE, PCI_BUS_ID) if k in attributes]
+        assert standard == [PCIE_ROOT, NUMA_NODE, PCI_BUS_ID][: len(standard)]
     (plain,) = _pool_attributes([_CLASSES[0]], [record])
     assert plain[PCIE_ROOT] == "pci0000:00" and plain[PCI_BUS_ID] == "0000:3b:00.0"
+    assert plain[NUMA_NODE] == plain["numaNode"] == 0

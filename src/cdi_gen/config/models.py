@@ -179,6 +179,14 @@ class ClassConfig(ConfigModel):
                 f"reserves {len(BUILTIN_DRA_ATTRIBUTES)} for its built-in ones"
             )
         for key in value:
+            # Checked first, for the message: a qualified name is a C identifier's mistake
+            # only by accident, and the standard domain's names are the pool's own.
+            if "/" in key:
+                raise ValueError(
+                    f"attribute name {quote(key)} has a domain: a class's attributes are in "
+                    "the driver's own; cdi-gen sets the resource.kubernetes.io ones itself "
+                    "(pcieRoot, numaNode, pciBusID)"
+                )
             if not _DRA_ATTRIBUTE_RE.fullmatch(key):
                 raise ValueError(
                     f"attribute name {quote(key)} is not a C identifier of at most 32 "

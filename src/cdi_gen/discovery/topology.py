@@ -8,7 +8,11 @@ The names are those of Kubernetes' ``deviceattribute`` package (KEP-4381), in th
   (``dddd:bb:dd.f``, lower-case hex: anything else is no BDF);
 - ``pcieRoot``: the root complex of that PCI device, the first element of its sysfs path below
   ``/sys/devices`` (``pci0000:00``); a path outside ``/sys/devices/pci…`` or not ending in the
-  BDF gives none.
+  BDF gives none;
+- ``numaNode`` (KEP-6072, an int): the NUMA node of the device, which the udev source reads
+  from that same PCI device's sysfs ``numa_node`` (:attr:`DeviceRecord.numa_node`); none for
+  -1 (no affinity: the helper refuses it, as -1 would align every such device) or a number
+  beyond the nodes Linux can have (:func:`standard_numa_node`).
 
 Pure: a record already carries the sysfs paths of its parents, so nothing here reads sysfs.
 A device made of several records (a group) gets an attribute only where all its records
@@ -23,6 +27,7 @@ from collections.abc import Iterable
 from cdi_gen.model import DeviceRecord
 
 __all__ = [
+    "NUMA_NODE",
     "PCIE_ROOT",
     "PCI_BUS_ID",
     "STANDARD_DOMAIN",
@@ -30,12 +35,16 @@ __all__ = [
     "is_pci_bus_id",
     "pcie_root",
     "record_topology",
+    "standard_numa_node",
 ]
 
 #: The domain Kubernetes reserves for the attributes it defines.
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+#: Linux has at most 1024 NUMA nodes (NODES_SHIFT ≤ 10); Kubernetes' helper refuses more.
+MAX_NUMA_NODES = 1024
 
 #: The BDF the helper accepts: 4, 2, 2 and 1 lower-case hex digits (no longer PCI domains).
 _BDF_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
@@ -57,6 +66,14 @@ def pcie_root(sys_path: str, bdf: str) -> str | None:
     if len(parts) < 2 or parts[-1] != bdf or not parts[0].startswith("pci") or "" in parts:
         return None
     return parts[0]
+
+
+def standard_numa_node(numa_node: int | None) -> int | None:
+    """The value of ``resource.kubernetes.io/numaNode`` for a device on ``numa_node``: None
+    (leave it out) for no node, a negative one or one beyond :data:`MAX_NUMA_NODES`."""
+    if numa_node is None or not 0 <= numa_node < MAX_NUMA_NODES:
+        return None
+    return numa_node
 
 
 def record_topology(record: DeviceRecord) -> dict[str, str]:

@@ -44,7 +44,7 @@ driver         string                        the device's own driver
 properties     object of string → string     udev properties (``ID_*``, ``DEVLINKS``...)
 attributes     object of string → string     sysfs attributes (ATTR), values as read
 parents        list of parent objects        immediate parent first, up to the root
-numa_node      integer ≥ 0                   NUMA node (absent: none)
+numa_node      integer ≥ 0                   NUMA node (nearest PCI device's; absent: none)
 node_exists    true or false (default true)  whether the device node exists
 action         string                        uevent action (absent: enumerated)
 ============== ============================= ==============================================

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,6 +85,30 @@ def _numa(value: str | None) -> int | None:
     return n if n is not None and n >= 0 else None  # -1: no NUMA affinity
 
 
+def _numa_node(chain: Iterable[Any]) -> int | None:
+    """The NUMA node of the first device of ``chain`` (it, then its parents upwards): the
+    ``numa_node`` of the nearest PCI device in it, as Kubernetes' helper reads it for the
+    device's ``pciBusID``. That one decides, -1 (no affinity) or garbage included: a bridge
+    above it is another device, which must not stand in for it. Without a PCI device, the
+    nearest device with a ``numa_node`` of its own (a dax or nd region) decides alike."""
+    stated: int | None = None
+    found = False
+    for device in chain:
+        if device.subsystem == "pci":
+            return _numa(_attribute(device, "numa_node"))
+        if not found:
+            value = _attribute(device, "numa_node")
+            if value is not None:
+                found, stated = True, _numa(value)
+    return stated
+
+
+def _with_parents(device: Any) -> Iterator[Any]:
+    while device is not None:
+        yield device
+        device = device.parent
+
+
 def record_from_device(
     device: Any, wants: RecordWants = RecordWants(), action: str | None = None
 ) -> DeviceRecord:
@@ -105,7 +129,7 @@ def record_from_device(
             value = _attribute(device, name)
             if value is not None:
                 attributes[name] = value
-        numa = _numa(_attribute(device, "numa_node"))
+        numa = _numa_node(_with_parents(device))
         parent = device.parent
         while parent is not None:
             pattrs = {}
@@ -113,8 +137,6 @@ def record_from_device(
                 value = _attribute(parent, name)
                 if value is not None:
                     pattrs[name] = value
-            if numa is None:
-                numa = _numa(_attribute(parent, "numa_node"))
             parents.append(
                 ParentRecord(
                     sys_path=parent.sys_path,

@@ -8,9 +8,11 @@ health stream) sees a device only while its CDI entry resolves.
 :func:`pool_devices` maps a class's advertised devices to :class:`~cdi_gen.model.PoolDevice`:
 a DNS-label name unique on the node (:func:`device_name`), the fully-qualified CDI name, and
 the attributes a DeviceClass or a claim can select on, taken from udev (the first record of
-the device), and where the device sits on the PCI bus under the names Kubernetes
-standardised (``resource.kubernetes.io/pcieRoot`` and ``pciBusID``, see
-:mod:`cdi_gen.discovery.topology`), so that a claim can align it with another driver's devices.
+the device), and where the device sits on the PCI bus and which NUMA node it is on under the
+names Kubernetes standardised (``resource.kubernetes.io/pcieRoot``, ``numaNode`` and
+``pciBusID``, see :mod:`cdi_gen.discovery.topology`), so that a claim can align it with
+another driver's devices. The driver's own ``numaNode`` stays beside the standard one:
+claims already deployed select on it.
 Every entry fits what the API server accepts in a ResourceSlice: a value that does not (a
 string over 64 bytes, a number beyond int64) is left out, never the device; so are the
 standard attributes where the class's own ones leave no room within the 32 a device may carry.
@@ -22,7 +24,13 @@ from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 from cdi_gen.config.models import MAX_DEVICE_ATTRIBUTES, ClassConfig
-from cdi_gen.discovery.topology import PCI_BUS_ID, PCIE_ROOT, device_topology
+from cdi_gen.discovery.topology import (
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    device_topology,
+    standard_numa_node,
+)
 from cdi_gen.kubelet.boundary import Versioned
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import hashed_label, is_kept_label, qualified_name
@@ -100,14 +108,22 @@ def _udev_attributes(device: DiscoveredDevice) -> dict[str, AttributeValue]:
     return out
 
 
-def _add_topology(attributes: dict[str, AttributeValue], device: DiscoveredDevice) -> None:
+def _add_standard(
+    attributes: dict[str, AttributeValue], device: DiscoveredDevice | None, numa: int | None
+) -> None:
     # The class's own attributes were bounded before these names existed: a config that uses
     # all of its room keeps working, and only the standard attributes that fit are added,
-    # the root first (what claims align on).
-    topology = device_topology(device.records)
-    for key in (PCIE_ROOT, PCI_BUS_ID):
-        value = topology.get(key)
-        if value is not None and _fits(value) and len(attributes) < MAX_DEVICE_ATTRIBUTES:
+    # those claims align on first (the root, then the NUMA node), the bus ID last.
+    topology = {} if device is None else device_topology(device.records)
+    standard: list[tuple[str, AttributeValue | None]] = [
+        (PCIE_ROOT, topology.get(PCIE_ROOT)),
+        (NUMA_NODE, standard_numa_node(numa)),
+        (PCI_BUS_ID, topology.get(PCI_BUS_ID)),
+    ]
+    for key, value in standard:
+        if value is None or (isinstance(value, str) and not _fits(value)):
+            continue
+        if len(attributes) < MAX_DEVICE_ATTRIBUTES:
             attributes[key] = value
 
 
@@ -138,8 +154,7 @@ def _pool_device(
         attributes["numaNode"] = adv.numa_node
     if slot is not None:
         attributes["slot"] = slot
-    if found is not None:
-        _add_topology(attributes, found)
+    _add_standard(attributes, found, adv.numa_node)
     return PoolDevice(
         name=device_name(config.name, adv.id, classes),
         cdi_name=cdi,
