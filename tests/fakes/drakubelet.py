@@ -15,6 +15,12 @@ for 1.37, ``v1alpha1`` alone before) that the plugin lists.
 :meth:`FakeDraKubelet.restart` behaves like a kubelet restart: connections break, everything
 known is forgotten, and the existing sockets are registered again (the plugin watcher walks
 the folder when it starts; it does not remove the sockets in it).
+
+:meth:`FakeDraKubelet.stop` ends the plugin watcher within :data:`STOP_SECONDS`, or fails saying
+where it is: the watcher also stops at its next pass once told, because a cancel can be lost on
+Python 3.11 (``asyncio.wait_for`` returns the inner result when it ends in the turn the cancel
+lands in; grpc.aio reports a call cancelled as it ended by its outcome), and a stop that only
+cancelled and then waited for the watcher hung the test while it kept polling.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ _PACKAGES = {
 }
 
 Claim = tuple[str, str, str]  # namespace, name, uid
+
+#: Longest a stop waits for the plugin watcher to end (a registration in flight ends within
+#: ``dial_timeout`` per call; a stuck watcher is a bug of the fake, named when it happens).
+STOP_SECONDS = 15.0
 
 
 @dataclass
@@ -184,17 +194,29 @@ class FakeDraKubelet:
         self.scans = 0
         self._known: dict[Path, tuple[int, int, int]] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Set by stop() for the watcher it ends: looked at on each pass (see the module
+        #: docstring: a cancel alone may be lost).
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._watch())
+        self._stopping = asyncio.Event()
+        self._task = asyncio.create_task(self._watch(self._stopping))
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
+            self._stopping.set()
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            done, _ = await asyncio.wait([task], timeout=STOP_SECONDS)
+            if not done:
+                raise AssertionError(
+                    f"the fake kubelet's plugin watcher did not stop within {STOP_SECONDS:g}s: "
+                    f"{task!r}"
+                )
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error  # what the watcher failed with, as awaiting it raised
         plugins, self.plugins = [*self.plugins.values(), *self.older], {}
         self.older = []
         for plugin in plugins:
@@ -221,8 +243,8 @@ class FakeDraKubelet:
     ) -> None:
         await self.stop()
 
-    async def _watch(self) -> None:
-        while True:
+    async def _watch(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
             present: dict[Path, tuple[int, int, int]] = {}
             for entry in sorted(self.registry_dir.iterdir()):
                 ident = _socket_id(entry)
@@ -231,7 +253,7 @@ class FakeDraKubelet:
             for path in [p for p in self._known if p not in present]:
                 del self._known[path]  # deregistered: the plugin removed its socket
             for path, ident in present.items():
-                if self._known.get(path) != ident:
+                if self._known.get(path) != ident and not stopping.is_set():
                     self._known[path] = ident
                     await self._register(path)
             self.scans += 1
@@ -295,7 +317,10 @@ class FakeDraKubelet:
         chosen = next(s for s in info.supported_versions if s in self.services)
         channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}")
         try:
-            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout)
+            # A cancel scope, not wait_for: on 3.11 that one can take a stop's cancel for
+            # the dial's success (see the module docstring).
+            async with asyncio.timeout(self.dial_timeout):
+                await channel.channel_ready()
         except TimeoutError:
             await channel.close(None)
             return f"cannot connect to the DRA endpoint {info.endpoint}", None
