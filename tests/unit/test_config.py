@@ -366,8 +366,8 @@ def test_too_many_attributes_are_refused_naming_class_and_count(
     code, err = _check_config(capsys, path)
     assert code == 2
     assert err.strip() == (
-        f"error: {path}: classes[1].attributes: class 'fpga' has 30 attributes, at most 21: "
-        "a ResourceSlice device carries at most 32 and cdi-gen reserves 11 for its built-in ones"
+        f"error: {path}: classes[1].attributes: class 'fpga' has 30 attributes, at most 22: "
+        "a ResourceSlice device carries at most 32 and cdi-gen reserves 10 for its built-in ones"
     )
     classes[1]["attributes"] = {f"a{i}": "{kernel}" for i in range(MAX_CLASS_ATTRIBUTES)}
     path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))

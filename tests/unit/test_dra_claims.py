@@ -70,7 +70,6 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
     ("view", "uid", "reason", "parts"),
     [
         (claim(uid="u2"), "u1", Refusal.UID_MISMATCH, ["'u1'", "'u2'"]),
-        (claim(), "", Refusal.NO_UID, ["no claim UID"]),
         (claim(allocated=False), "u1", Refusal.NOT_ALLOCATED, ["not allocated"]),
         (
             claim(AllocatedDevice("r", "other.example.com", POOL, "fpga-0")),

@@ -235,11 +235,13 @@ def _attributes(cls: dict[str, Any], record: DeviceRecord) -> list[dict[str, Any
 @pytest.mark.parametrize(
     ("replicas", "properties", "standard"),
     [
-        # 21 of the class's own and all 10 built-in ones the pool sets: room for the root.
-        (2, {"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"}, [PCIE_ROOT]),
-        # No slot: the NUMA node fits too, the bus ID does not.
-        (1, {"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"}, [PCIE_ROOT, NUMA_NODE]),
-        (1, {"ID_VENDOR": "v", "ID_MODEL": "m"}, [PCIE_ROOT, NUMA_NODE, PCI_BUS_ID]),
+        # 22 of the class's own and all 10 built-in ones the pool sets: no room left.
+        (2, {"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"}, []),
+        # No slot: room for the root.
+        (1, {"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"}, [PCIE_ROOT]),
+        # No serial either: the NUMA node fits too, the bus ID does not.
+        (1, {"ID_VENDOR": "v", "ID_MODEL": "m"}, [PCIE_ROOT, NUMA_NODE]),
+        (1, {"ID_VENDOR": "v"}, [PCIE_ROOT, NUMA_NODE, PCI_BUS_ID]),
     ],
 )
 def test_the_standard_node_counts_against_the_limit(

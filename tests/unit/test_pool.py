@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cdi_gen import names
 from cdi_gen.config.loader import load_config, parse_config
-from cdi_gen.config.models import AgentConfig
+from cdi_gen.config.models import BUILTIN_DRA_ATTRIBUTES, AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.discovery.topology import NUMA_NODE
@@ -112,6 +112,24 @@ def test_slots_share_their_physical_device() -> None:
     assert [d.attributes["slot"] for d in devices] == [0, 1, 2, 0, 1, 2]
     assert {d.slots for d in devices} == {3}
     assert len({d.physical for d in devices}) == 2
+
+
+def test_the_reserved_attribute_names_are_exactly_those_the_pool_sets_itself() -> None:
+    # The config refuses a class's own attribute under a reserved name and bounds the class's
+    # own ones by what the reserved names leave of a device's 32: a name reserved but never
+    # set costs every class a slot, one set but not reserved could be overwritten. Every
+    # attribute the pool can set is here (udev properties, a driver, a NUMA node, a slot);
+    # the standard ones (a domain, never a C identifier) take only the room that is left.
+    config = _config({**LOOP, "sharing": {"replicas": 2}})
+    record = _loop(
+        3,
+        numa_node=1,
+        properties={"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"},
+        parents=(ParentRecord("/sys/devices/virtual", "virtual", driver="loopdrv"),),
+    )
+    for device in _pool(config, [record]):
+        own = {k for k in device.attributes if "/" not in k}
+        assert own == BUILTIN_DRA_ATTRIBUTES
 
 
 def test_when_gone_taint_keeps_the_device_marked_gone() -> None:

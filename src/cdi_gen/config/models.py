@@ -69,8 +69,9 @@ RUNTIME_PIN = "runtime"
 
 #: A DRA attribute name without a domain (the driver's is implied): a C identifier.
 _DRA_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-#: The attributes every published device carries (cdi_gen.dra.plugin.pool); a class's own
-#: ``attributes`` may not reuse them, so a device's ``class`` always is its class.
+#: The attributes the pool sets itself (cdi_gen.dra.plugin.pool; tests/unit/test_pool.py holds
+#: the two equal); a class's own ``attributes`` may not reuse them, so a device's ``class``
+#: always is its class.
 BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
     {
         "class",
@@ -82,7 +83,6 @@ BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
         "vendor",
         "model",
         "serial",
-        "physical",
         "slot",
     }
 )

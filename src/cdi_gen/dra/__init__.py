@@ -1,6 +1,7 @@
 """Serving classes through the node's DRA driver (``resource.k8s.io``), one driver per node.
 
-Split where Kubernetes' helper library for DRA drivers splits it:
+In two parts, modelled on the split of Kubernetes' helper library for DRA drivers but not yet
+the same in every place:
 
 * :mod:`cdi_gen.dra.plugin`, the generic part: the kubelet plugin's gRPC service and
   registration, the health stream, the node's ResourceSlices and their publishing, and

@@ -94,7 +94,7 @@ class CheckpointError(CdiGenError):
 
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
-    """A transient spec written for one claim: ``<vendor>-<class>_<transient>.json``."""
+    """A transient spec written for one claim: ``<vendor>-<class>@<transient>.json``."""
 
     kind: str
     transient: str

@@ -177,10 +177,10 @@ def prepare_claim(
     names a device this node cannot give, or a share that does not fit the device (see the
     module docstring).
     """
+    # ``ref`` has passed check_reference (DraService checks every reference before the
+    # preparer sees it), so its UID is never empty here.
     uid = ref.uid
     label = claim_label(ref.namespace, ref.name, uid)
-    if not uid:
-        raise ClaimRefused(Refusal.NO_UID, f"{label}: the request carries no claim UID")
     if (claim.namespace, claim.name) != (ref.namespace, ref.name):
         raise ClaimRefused(
             Refusal.NAME_MISMATCH,

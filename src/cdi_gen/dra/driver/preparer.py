@@ -1,7 +1,7 @@
 """The DRA driver's state: which claims are prepared, with which devices, kept in the checkpoint.
 
 :class:`PoolPreparer` is the node's :class:`~cdi_gen.dra.plugin.claims.ClaimPreparer`: the
-kubelet's gRPC side (:mod:`~cdi_gen.dra.plugin.server`) hands it claim references and answers
+kubelet's gRPC side (:mod:`~cdi_gen.dra.plugin.service`) hands it claim references and answers
 what it returns. It imports no grpc.
 
 Preparing a claim: a claim already in the :class:`~cdi_gen.dra.driver.checkpoint.Checkpoint`

@@ -76,7 +76,7 @@ class PrepareResult:
 
 class ClaimPreparer(Protocol):
     """The DRA driver's state behind its kubelet service: which claims are prepared, and
-    with which devices. The gRPC side (:mod:`~cdi_gen.dra.plugin.server`) checks the
+    with which devices. The gRPC side (:mod:`~cdi_gen.dra.plugin.service`) checks the
     requests' shape and answers; everything it answers comes from here.
 
     Called on the gRPC server's threads. ``claims`` have passed :func:`check_reference`.

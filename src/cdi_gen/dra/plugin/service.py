@@ -6,9 +6,10 @@ adds ``share_id``) and streams device health (``v1.DRAResourceHealth`` from Kube
 ``v1alpha1`` before; the same messages). :class:`~cdi_gen.dra.plugin.server.DraPlugin` serves
 it on the driver's socket.
 
-This is the gRPC side only, as the kubelet's own helper library splits a driver: it checks
-each request's shape, computes what the caller's deadline leaves (:func:`work_timeout`), and
-answers; which claims are prepared, and with which devices, is the driver's state behind the
+This is the gRPC side only (the generic part of the driver, a split modelled on Kubernetes'
+helper library for DRA drivers): it checks each request's shape, computes what the caller's
+deadline leaves (:func:`work_timeout`), and answers; which claims are prepared, and with which
+devices, is the driver's state behind the
 :class:`~cdi_gen.dra.plugin.claims.ClaimPreparer` it is given. A claim's namespace, name and
 UID are checked first (:func:`~cdi_gen.dra.plugin.claims.check_reference`: they become an API
 path); every claim of a request gets an entry; a claim that cannot be prepared gets its
