@@ -40,10 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a script: make tests/ importable as pytest makes it (for podman_store).
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # Run as a script: make tests/ importable as pytest makes it (for podman_store), and the
+    # repository root (for tests.lockfile).
+    sys.path[:0] = [
+        str(Path(__file__).resolve().parents[1]),
+        str(Path(__file__).resolve().parents[2]),
+    ]
 
 from podman_store import PodmanStore
+
+from tests.lockfile import lock_id
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CDI_GEN_IMAGE_CACHE", "/var/cache/cdi-gen-test/image"))
@@ -75,8 +81,6 @@ CONTAINERFILE = REPO / "deploy" / "Containerfile"
 AGENT_INPUTS = (
     ".containerignore", "deploy/Containerfile", "pyproject.toml", "README.md", "requirements", "src"
 )  # fmt: skip
-#: The lock's files in the order whose bytes make its id (scripts/setup.sh's lock_id).
-LOCK_FILES = ("build", "dev", "run", "test")
 KEEP_AGENT_IMAGES = 3
 # Bumped when the recipe below changes in a way the inputs do not show.
 RECIPE = "1"
@@ -168,9 +172,7 @@ def stamp(root: Path = REPO) -> Stamp:
     if revision != "unknown" and _git(root, "status", "--porcelain", "--", *AGENT_INPUTS):
         revision += "-dirty"
     source = _git(root, "config", "--get", "remote.origin.url") or "unknown"
-    lock = hashlib.sha256(
-        b"".join((root / "requirements" / f"{f}.txt").read_bytes() for f in LOCK_FILES)
-    ).hexdigest()[:12]
+    lock = lock_id(root / "requirements")
     return Stamp(version, revision, source, lock)
 
 
