@@ -3,9 +3,11 @@
 tests/integration/test_wheel.py installs the project's wheel into an empty virtual environment,
 as a user's ``pip install`` would, but the suite reaches no package index while it runs: the
 network is for setup only (``scripts/setup.sh test``). So setup downloads, once, the wheels of
-every run-time dependency at exactly the versions ``.venv`` holds (the closure of the package's
-``Requires-Dist`` without extras) into ``/var/cache/cdi-gen-test/wheelhouse/<hash of that
-list>/``, and the test installs with ``pip install --no-index --find-links`` from there: the
+every run-time dependency at exactly the versions the lock's run-time set pins
+(``requirements/run.txt``, each file checked against its hash; tests/unit/test_lock.py holds it
+to the closure of the package's ``Requires-Dist`` without extras, and the suite holds ``.venv``
+to the lock) into ``/var/cache/cdi-gen-test/wheelhouse/<hash of that list>/``, and the test
+installs with ``pip install --no-index --find-links`` from there: the
 new environment gets the versions the rest of the suite tested, and nothing from ``.venv``
 (no ``--system-site-packages``, no shared ``sys.path``).
 
@@ -17,15 +19,16 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+if __package__ in (None, ""):
+    # Run as a script (setup.sh): the repository root, for tests.lockfile, as pytest has it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.lockfile import LOCK, read
 
 CACHE = Path("/var/cache/cdi-gen-test/wheelhouse")
-RUN_LOCK = Path(__file__).resolve().parents[1] / "requirements" / "run.txt"
-PACKAGE = "cdi-gen"
+RUN_LOCK = LOCK / "run.txt"
 SETUP_COMMAND = ".venv/bin/python tests/wheelhouse.py"
 
 
@@ -33,28 +36,10 @@ class WheelhouseError(RuntimeError):
     """The wheels are not there (or could not be downloaded); the message says what to run."""
 
 
-def pins(package: str = PACKAGE) -> list[str]:
-    """``name==version`` of every distribution ``package`` needs at run time, as installed."""
-    found: dict[str, str] = {}
-    done: set[tuple[str, str]] = set()
-    # (distribution, extra): our package without extras, a dependency with the extras its
-    # dependents ask for (lightkube asks for httpx2[http2]).
-    todo = [(package, "")]
-    while todo:
-        name, extra = todo.pop()
-        if (name, extra) in done:
-            continue
-        done.add((name, extra))
-        for text in metadata.distribution(name).requires or ():
-            req = Requirement(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
-                continue
-            if req.marker is None and extra:
-                continue  # listed already under the distribution's own (extra "") entry
-            dep = canonicalize_name(req.name)
-            found.setdefault(dep, metadata.version(req.name))
-            todo += [(dep, e) for e in ("", *sorted(req.extras))]
-    return sorted(f"{name}=={version}" for name, version in found.items())
+def pins() -> list[str]:
+    """``name==version`` of every distribution the package needs at run time, as the lock pins
+    it for this platform."""
+    return sorted(f"{n}=={pin.version}" for n, pin in read(RUN_LOCK).items() if pin.applies())
 
 
 def folder(requirements: list[str]) -> Path:
@@ -70,13 +55,12 @@ def wheelhouse(*, allow_download: bool = False) -> Path:
         return dest
     if not allow_download:
         raise WheelhouseError(
-            f"no wheels of the run-time dependencies in {dest} (.venv's versions changed, "
+            f"no wheels of the run-time dependencies in {dest} (the lock changed, "
             f"or setup never ran): run `{SETUP_COMMAND}` first"
         )
     dest.mkdir(parents=True, exist_ok=True)
-    # The lock's run-time set, whose pins are these versions (tests/unit/test_lock.py), so each
-    # file is checked against its hash; --no-deps: the list is already the whole closure;
-    # --only-binary: the test must build nothing but our own wheel.
+    # The lock's run-time set, so each file is checked against its hash; --no-deps: the list is
+    # already the whole closure; --only-binary: the test must build nothing but our own wheel.
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
          "--no-deps", "--only-binary=:all:", "--require-hashes", "--dest", str(dest),

@@ -3,8 +3,8 @@ virtual environment and renders, validates and checks configs from there, packag
 (the catalogue, the generated modules' stubs) included.
 
 The build runs offline (``--no-isolation``: the backend, hatchling, is the test extra's), and
-so does the install: the run-time dependencies come from the wheels setup downloaded at
-``.venv``'s versions (tests/wheelhouse.py), never from ``.venv`` itself.
+so does the install: the run-time dependencies come from the wheels setup downloaded at the
+lock's versions (tests/wheelhouse.py), never from ``.venv`` itself.
 """
 
 from __future__ import annotations
