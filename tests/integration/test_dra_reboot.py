@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from tests.mountns import reported, run_private
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,29 +187,8 @@ def _run(root: Path, boot_id: str, mode: str, steps: list[tuple[str, list[str]]]
 
 def _boot(root: Path, boot_id: str, mode: str, steps: list[tuple[str, list[str]]]) -> Any:
     """Run the driver once in a private mount namespace, as in boot ``boot_id``."""
-    result = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            sys.executable,
-            "-m",
-            "tests.integration.test_dra_reboot",
-            str(root),
-            boot_id,
-            mode,
-            json.dumps(steps),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    [line] = [x for x in result.stdout.splitlines() if x.startswith("RUN ")]
-    run = json.loads(line.removeprefix("RUN "))
+    args = ["-m", "tests.integration.test_dra_reboot", str(root), boot_id, mode, json.dumps(steps)]
+    run = reported(run_private(args, cwd=REPO), "RUN ")
     assert run["boot"] == boot_id
     return run
 
@@ -229,8 +208,6 @@ def _spec_of(step: Any, cdi_name: str) -> str:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_reboot_voids_what_was_prepared_before_it(short_dir: Path, mode: str) -> None:
-    for tool in ("unshare", "mount"):
-        assert shutil.which(tool), f"{tool} is needed for this test (util-linux)"
     (short_dir / "registry").mkdir()
     first = _boot(short_dir, BOOT_A, mode, [("prepare", list(CLAIMS))])
     [step] = first["steps"]

@@ -7,13 +7,12 @@ then 501 devices, free the space, and the next write must succeed.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import orjson
+
+from tests.mountns import run_private
 
 CONFIG = """\
 vendor: example.com
@@ -74,29 +73,13 @@ def make_records(count: int) -> list[dict[str, object]]:
 
 
 def test_spec_stays_ours_after_writes_fail_on_a_full_disk(tmp_path: Path) -> None:
-    for tool in ("unshare", "mount"):
-        assert shutil.which(tool), f"{tool} is needed for this test (util-linux)"
     (tmp_path / "config.yaml").write_text(CONFIG)
     for count in (2, 3, 500, 501):
         (tmp_path / f"records.json.{count}").write_bytes(orjson.dumps(make_records(count)))
     (tmp_path / "mnt").mkdir()
-    result = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            sys.executable,
-            "-c",
-            SCENARIO,
-            str(tmp_path / "mnt"),
-            str(tmp_path / "config.yaml"),
-            str(tmp_path / "records.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "RESULT 0" in result.stdout, result.stdout
+    args = [
+        "-c", SCENARIO,
+        str(tmp_path / "mnt"), str(tmp_path / "config.yaml"), str(tmp_path / "records.json"),
+    ]  # fmt: skip
+    stdout = run_private(args, timeout=120)
+    assert "RESULT 0" in stdout, stdout

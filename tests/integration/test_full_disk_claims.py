@@ -15,11 +15,7 @@ room again, the same claim prepares and unprepares cleanly.
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
-import subprocess
-import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +34,7 @@ from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.claims import ClaimRef
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry, PoolDevice
+from tests.mountns import reported, run_private
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,30 +143,9 @@ SCENARIO = textwrap.dedent(
 
 @pytest.mark.parametrize("mode", ["one-page", "second-spec", "inodes"])
 def test_a_full_spec_folder_leaves_no_record_of_a_refused_claim(tmp_path: Path, mode: str) -> None:
-    for tool in ("unshare", "mount"):
-        assert shutil.which(tool), f"{tool} is needed for this test (util-linux)"
     (tmp_path / "mnt").mkdir()
-    result = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            sys.executable,
-            "-c",
-            SCENARIO,
-            str(tmp_path / "mnt"),
-            str(tmp_path),
-            mode,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    [line] = [x for x in result.stdout.splitlines() if x.startswith("STEPS ")]
-    steps = json.loads(line.removeprefix("STEPS "))
+    args = ["-c", SCENARIO, str(tmp_path / "mnt"), str(tmp_path), mode]
+    steps = reported(run_private(args), "STEPS ")
     before = steps["before"]
     assert before["metadata"] == []
     assert len(before["specs"]) == 4, before  # the two class specs and their records
