@@ -41,3 +41,22 @@ async def running_agent(
     finally:
         agent.stop()
         await asyncio.wait_for(task, 10)
+
+
+def dra_settings(short_dir: Path, kubeconfig: Path, node: str, **options: Any) -> dict[str, Any]:
+    """The flat settings of a DRA agent on ``short_dir``'s private folders (specs, device
+    plugins, plugin registry, kubelet plugins, state) that talks to the API server of
+    ``kubeconfig`` as node ``node``; ``options`` added or replaced. Flat, so a test can pass
+    them to :class:`~cdi_gen.config.settings.Settings` or as ``CDI_GEN_*`` variables."""
+    return {
+        "spec_dir": short_dir / "cdi",
+        "device_plugin_dir": short_dir / "dp",
+        "plugins_registry_dir": short_dir / "reg",
+        "kubelet_plugins_dir": short_dir / "plugins",
+        "state_dir": short_dir / "state",
+        "kubeconfig": kubeconfig,
+        "node_name": node,
+        "metrics_address": "127.0.0.1:0",
+        "retry_max_seconds": 1.0,
+        **options,
+    }

@@ -28,6 +28,7 @@ from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.metrics import Metrics, serve_http
+from tests.agentrun import dra_settings
 from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.fakes.source import PipeSource
@@ -101,18 +102,7 @@ async def _agent(
     short_dir: Path, api: FakeApiServer, config: dict[str, Any] = CONFIG, **options: Any
 ) -> AsyncIterator[tuple[Agent, PipeSource]]:
     source = PipeSource.from_data("export-db-vm.txt", only={"loop0", "loop1"})
-    settings: dict[str, Any] = {
-        "spec_dir": short_dir / "cdi",
-        "device_plugin_dir": short_dir / "dp",
-        "plugins_registry_dir": short_dir / "reg",
-        "kubelet_plugins_dir": short_dir / "plugins",
-        "state_dir": short_dir / "state",
-        "kubeconfig": api.kubeconfig(short_dir),
-        "node_name": NODE,
-        "metrics_address": "127.0.0.1:0",
-        "retry_max_seconds": 1.0,
-        **options,
-    }
+    settings = dra_settings(short_dir, api.kubeconfig(short_dir), NODE, **options)
     agent = Agent(parse_config(config, "test.yaml"), Settings(**settings), source=source)
     task = asyncio.create_task(agent.run())
     try:

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
+from tests.agentrun import dra_settings
 from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.fakes.source import PipeSource
@@ -54,17 +54,7 @@ def _devices(api: FakeApiServer) -> dict[str, Obj]:
 async def _agent(short_dir: Path, api: FakeApiServer) -> AsyncIterator[Agent]:
     api.nodes[NODE] = str(uuid.uuid4())
     source = PipeSource.from_data("export-db-vm.txt", only={"loop0"})
-    settings: dict[str, Any] = {
-        "spec_dir": short_dir / "cdi",
-        "device_plugin_dir": short_dir / "dp",
-        "plugins_registry_dir": short_dir / "reg",
-        "kubelet_plugins_dir": short_dir / "plugins",
-        "state_dir": short_dir / "state",
-        "kubeconfig": api.kubeconfig(short_dir),
-        "node_name": NODE,
-        "metrics_address": "127.0.0.1:0",
-        "retry_max_seconds": 1.0,
-    }
+    settings = dra_settings(short_dir, api.kubeconfig(short_dir), NODE)
     agent = Agent(parse_config(CONFIG, "test.yaml"), Settings(**settings), source=source)
     task = asyncio.create_task(agent.run())
     try:

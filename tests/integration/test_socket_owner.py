@@ -35,7 +35,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.errors import RegistrationError, SocketInUseError
 from cdi_gen.kubelet.transport import UnixServer, file_id
-from tests.agentrun import running_agent
+from tests.agentrun import dra_settings, running_agent
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.fakes.kubelet import FakeKubelet
@@ -180,18 +180,7 @@ async def test_something_planted_at_the_locks_name_is_refused_and_kept(
 
 
 def _flat(short_dir: Path, api: FakeApiServer, pod_uid: str) -> dict[str, Any]:
-    return {
-        "spec_dir": short_dir / "cdi",
-        "device_plugin_dir": short_dir / "dp",
-        "plugins_registry_dir": short_dir / "reg",
-        "kubelet_plugins_dir": short_dir / "plugins",
-        "state_dir": short_dir / "state",
-        "kubeconfig": api.kubeconfig(short_dir),
-        "node_name": NODE,
-        "metrics_address": "127.0.0.1:0",
-        "retry_max_seconds": 1.0,
-        "pod_uid": pod_uid,
-    }
+    return dra_settings(short_dir, api.kubeconfig(short_dir), NODE, pod_uid=pod_uid)
 
 
 @asynccontextmanager
