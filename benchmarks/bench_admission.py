@@ -20,7 +20,7 @@ from pathlib import Path
 
 from _table import Row, print_table
 
-from cdi_gen.dra.driver.admissionserver import AdmissionLimits
+from cdi_gen.admission.https import AdmissionLimits
 from tests.admissionload import (
     MIB,
     admission_process,

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from ports import free_port
 
-from cdi_gen.dra.driver.admission import config_problem
-from cdi_gen.dra.driver.admissionserver import PATH
+from cdi_gen.admission.https import PATH
+from cdi_gen.admission.review import config_problem
 
 from .agent import DRIVER
 from .cluster import Cluster

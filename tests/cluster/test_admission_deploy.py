@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_private_key,
 )
 
-from cdi_gen.dra.driver.admissionserver import PATH
+from cdi_gen.admission.https import PATH
 from tests.cluster import test_helm_chart
 from tests.cluster.test_helm_chart import (
     CHART,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdi_gen.dra.driver.admissionserver import AdmissionLimits, AdmissionServer, serve_admission
-from cdi_gen.dra.driver.servingcert import tls_context
+from cdi_gen.admission.certificate import tls_context
+from cdi_gen.admission.https import AdmissionLimits, AdmissionServer, serve_admission
 from tests.admissionload import (
     DRIVER,
     MIB,

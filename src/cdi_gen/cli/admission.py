@@ -66,10 +66,10 @@ def admission(
     import logging
     import signal
 
+    from cdi_gen.admission.certificate import CertificateError, ServingCertificate
+    from cdi_gen.admission.https import PATH, AdmissionLimits, serve_admission
     from cdi_gen.cli.slices import _driver
     from cdi_gen.config.loader import load_config
-    from cdi_gen.dra.driver.admissionserver import PATH, AdmissionLimits, serve_admission
-    from cdi_gen.dra.driver.servingcert import CertificateError, ServingCertificate
     from cdi_gen.errors import ConfigError
     from cdi_gen.logs import setup_logging
 

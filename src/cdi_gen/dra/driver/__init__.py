@@ -17,8 +17,8 @@
   device metadata for the pod, built and written;
 * :mod:`~cdi_gen.dra.driver.claimstatus`: a prepared claim's devices in its status;
 * :mod:`~cdi_gen.dra.driver.claimreader`: claims read from the API server;
-* :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes;
-* :mod:`~cdi_gen.dra.driver.admission`, :mod:`~cdi_gen.dra.driver.admissionserver` and
-  :mod:`~cdi_gen.dra.driver.servingcert`: the admission webhook (``cdi-gen admission``): the
-  check, its HTTPS server and its renewable certificate.
+* :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes.
+
+The admission webhook that checks claims' configuration at ``kubectl apply`` is a package of
+its own, :mod:`cdi_gen.admission`.
 """

@@ -1,11 +1,11 @@
-"""The HTTPS server of the claim admission check (``cdi-gen admission``).
+"""The HTTPS server of the claims' admission webhook (``cdi-gen admission``).
 
 The API server calls a webhook only over TLS, with a certificate it trusts (the
 ValidatingWebhookConfiguration's ``caBundle``). :func:`serve_admission` serves, with the
 standard library's ``ssl`` on asyncio and the context of a
-:class:`~cdi_gen.dra.driver.servingcert.ServingCertificate` (which takes up renewed files),
+:class:`~cdi_gen.admission.certificate.ServingCertificate` (which takes up renewed files),
 ``POST`` :data:`PATH` (an ``AdmissionReview``, answered by
-:func:`~cdi_gen.dra.driver.admission.review`) and ``GET /healthz`` for the probes. One request
+:func:`~cdi_gen.admission.review.review`) and ``GET /healthz`` for the probes. One request
 per connection.
 
 Anything that can reach the Service can call it, so its memory is bounded whatever the
@@ -37,7 +37,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Final
 
-from cdi_gen.dra.driver.admission import ReviewError, review
+from cdi_gen.admission.review import ReviewError, review
 
 __all__ = ["PATH", "AdmissionLimits", "AdmissionServer", "serve_admission"]
 

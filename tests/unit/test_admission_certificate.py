@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.dra.driver.admissionserver import serve_admission
-from cdi_gen.dra.driver.servingcert import TLS_MAX_BYTES, ServingCertificate
+from cdi_gen.admission.certificate import TLS_MAX_BYTES, ServingCertificate
+from cdi_gen.admission.https import serve_admission
 from tests.pki import Authority, Pair, encrypted_key
 from tests.ports import free_port
 from tests.waiting import until, until_sync
