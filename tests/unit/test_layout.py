@@ -4,6 +4,7 @@ contracts of `make lint` state the rule; this shows it holds at run time)."""
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import subprocess
@@ -39,6 +40,47 @@ def test_module_map_lists_exactly_the_modules_that_exist() -> None:
     assert not modules - mapped, f"modules missing from CONTRIBUTING.md: {sorted(modules - mapped)}"
     assert not mapped - modules, (
         f"CONTRIBUTING.md maps modules that do not exist: {sorted(mapped - modules)}"
+    )
+
+
+def _grpc_contract() -> configparser.SectionProxy:
+    config = configparser.ConfigParser()
+    config.read(REPO / ".importlinter")
+    return config["importlinter:contract:grpc"]
+
+
+def test_the_grpc_contract_holds_every_module_but_the_generated_ones() -> None:
+    """The contract lists what it holds, so a module it does not name is free to import grpc:
+    every module is named (the package's own ``__init__``, which holds only the version,
+    cannot be without the generated code under it)."""
+    sources = _grpc_contract()["source_modules"].split()
+    modules = {
+        ".".join(("cdi_gen", *rel.removesuffix(".py").split("/"))).removesuffix(".__init__")
+        for rel in _modules()
+    } - {"cdi_gen"}
+    free = {m for m in modules if not any(m == s or m.startswith(f"{s}.") for s in sources)}
+    assert not free, f"the grpc contract of .importlinter does not hold {sorted(free)}"
+
+
+def test_contributing_names_exactly_the_modules_the_grpc_contract_lets_import_grpc() -> None:
+    """CONTRIBUTING.md's sentence "grpc ... only where a kubelet or CRI socket is spoken to
+    (...)" lists the modules the contract lets through, no more and no fewer."""
+    let_through = set()
+    for line in _grpc_contract().get("ignore_imports", "").split("\n"):
+        if line.strip():
+            importer = line.split("->")[0].strip().removeprefix("cdi_gen.")
+            package = importer.removesuffix(".*")
+            let_through.add(package if package != importer else importer.replace(".", "/") + ".py")
+    text = " ".join((REPO / "CONTRIBUTING.md").read_text().split("## Layout", 1)[1].split())
+    sentence = re.search(
+        r"grpc and the generated protos are imported only where a kubelet or CRI socket is "
+        r"spoken to \(([^)]*)\)",
+        text,
+    )
+    assert sentence, "CONTRIBUTING.md's Layout no longer says where grpc is imported"
+    named = set(re.findall(r"`([^`]+)`", sentence.group(1)))
+    assert named == let_through, (
+        f"CONTRIBUTING.md names {sorted(named)}; .importlinter lets through {sorted(let_through)}"
     )
 
 
