@@ -10,6 +10,8 @@ swapped in between) and reads at most a cap, so a read costs bounded time and me
 A symbolic link to a regular file is followed by default: the runtimes' CDI library follows
 links in spec folders, and packages install specs that way (``/etc/cdi/x.json`` pointing into
 ``/opt``). Callers that own the folder (the writer) pass ``follow_symlinks=False``.
+A caller that cannot do without the file (a certificate, a kubeconfig) reads it with
+:func:`read_required`, for which a missing file is one more refusal.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ OWNER_MAX_BYTES = 64 << 10
 
 
 class FileRefused(Exception):  # noqa: N818 - it is a refusal, not a programming error
-    """A file exists but is not read: not a regular file, too large, or unreadable.
+    """A file is not read: not a regular file, too large, or unreadable (or, from
+    :func:`read_required`, not there).
 
     ``str()`` is a one-line reason without the path (callers prefix it).
     """
@@ -113,3 +116,13 @@ def read_regular(  # noqa: C901
         raise FileRefused(f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def read_required(path: str | Path, limit: int) -> bytes:
+    """:func:`read_regular` of a file the caller cannot do without (a certificate, a
+    kubeconfig): a missing file is one more :class:`FileRefused` (``no such file``), so the
+    caller turns every reason into its own one-line error in one place."""
+    try:
+        return read_regular(path, limit)
+    except FileNotFoundError:
+        raise FileRefused("no such file") from None

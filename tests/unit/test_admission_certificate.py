@@ -21,7 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from cdi_gen.admission.certificate import TLS_MAX_BYTES, ServingCertificate
+from cdi_gen.admission.certificate import (
+    TLS_MAX_BYTES,
+    CertificateError,
+    ServingCertificate,
+    tls_context,
+)
 from cdi_gen.admission.https import serve_admission
 from tests.pki import Authority, Pair, encrypted_key
 from tests.ports import free_port
@@ -267,6 +272,18 @@ async def test_a_renewed_file_that_is_no_regular_file_is_refused_and_the_last_pa
     _place(second, certificate.cert_file, certificate.key_file)
     await until(lambda: certificate.reloads == 1, "the good pair after it taken up")
     assert await _connections(port, ca) == (_der(second), _der(second))
+
+
+@pytest.mark.parametrize("which", ["certificate", "key"])
+def test_a_missing_file_of_the_pair_is_one_line_naming_it(
+    tmp_path: Path, ca: Authority, which: str
+) -> None:
+    pair = _issue(ca, "first")
+    gone = tmp_path / "gone.pem"
+    cert, key = (gone, pair.key) if which == "certificate" else (pair.cert, gone)
+    with pytest.raises(CertificateError) as info:
+        tls_context(cert, key)
+    assert str(info.value) == f"{which} {gone}: no such file"
 
 
 def _files(certificate: ServingCertificate) -> tuple[Path, Path]:

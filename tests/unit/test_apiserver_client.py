@@ -188,6 +188,17 @@ async def test_a_fifo_kubeconfig_is_refused_without_blocking(tmp_path: Path) -> 
         await ApiClient.open(path)
 
 
+async def test_a_missing_file_the_kubeconfig_names_is_one_line_naming_it(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone.pem"
+    path = tmp_path / "kubeconfig"
+    path.write_text(_kubeconfig_text(api, **{"certificate-authority": str(gone)}))
+    with pytest.raises(KubeConfigError) as info:
+        await ApiClient.open(path)
+    assert str(info.value).endswith(f": {str(gone)!r}: no such file"), str(info.value)
+
+
 @pytest.mark.parametrize("key", ["certificate-authority"])
 async def test_a_file_the_kubeconfig_names_is_bounded_too(
     api: FakeApiServer, tmp_path: Path, key: str
@@ -219,13 +230,13 @@ async def test_the_kubeconfig_is_read_off_the_event_loop(
     import cdi_gen.apiserver.kubeconfig as module
 
     readers: list[int] = []
-    real = module.read_regular
+    real = module.read_required
 
     def spy(path: Any, limit: int, **kw: Any) -> bytes:
         readers.append(threading.get_ident())
         return real(path, limit, **kw)
 
-    monkeypatch.setattr(module, "read_regular", spy)
+    monkeypatch.setattr(module, "read_required", spy)
     client = await ApiClient.open(api.kubeconfig(tmp_path))
     await client.close()
     assert readers and threading.get_ident() not in readers

@@ -14,7 +14,7 @@ each new one gets the newest, through the served context's SNI callback (called 
 handshake, with or without a server name).
 
 The files are read as every file someone else may have put where we look
-(:func:`~cdi_gen.files.read_regular`: a regular file only, opened without blocking, at most
+(:func:`~cdi_gen.files.read_required`: a regular file only, opened without blocking, at most
 :data:`TLS_MAX_BYTES`), and OpenSSL is handed those bytes (an anonymous memory file), never the
 name: a FIFO or a link to a device swapped in as the renewed pair is refused with one line
 instead of wedging the event loop, and what is served is what was checked. A key that is
@@ -34,7 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Final
 
-from cdi_gen.files import FileRefused, read_regular
+from cdi_gen.files import FileRefused, read_required
 from cdi_gen.inotify import (
     IN_ATTRIB,
     IN_CLOSE_WRITE,
@@ -74,9 +74,7 @@ def _no_passphrase() -> bytes:
 
 def _read(path: Path, what: str) -> bytes:
     try:
-        return read_regular(path, TLS_MAX_BYTES)
-    except FileNotFoundError:
-        raise CertificateError(f"{what} {path}: no such file") from None
+        return read_required(path, TLS_MAX_BYTES)
     except FileRefused as exc:
         raise CertificateError(f"{what} {path}: {exc}") from None
 

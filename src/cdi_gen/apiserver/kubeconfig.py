@@ -21,7 +21,7 @@ from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 from cdi_gen.apiserver.errors import KubeConfigError, first_line
 from cdi_gen.cdi.codec import BOUND_ERROR, load_yaml
 from cdi_gen.errors import quote
-from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_regular
+from cdi_gen.files import CONFIG_MAX_BYTES, FileRefused, read_required
 
 __all__ = ["load_kubeconfig"]
 
@@ -61,9 +61,7 @@ def _check_file(path: str | Path, what: str) -> bytes:
     """A file the configuration needs, read within the config bound (lightkube and OpenSSL
     read it again by name; this refuses a FIFO, a device or a huge file first)."""
     try:
-        return read_regular(path, CONFIG_MAX_BYTES)
-    except FileNotFoundError:
-        raise KubeConfigError(f"{what}: {str(path)!r}: no such file") from None
+        return read_required(path, CONFIG_MAX_BYTES)
     except FileRefused as exc:
         raise KubeConfigError(f"{what}: {str(path)!r}: {exc}") from None
 
