@@ -106,7 +106,6 @@ async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.pool import DevicePool
     from cdi_gen.dra.plugin.server import DraPlugin
-    from cdi_gen.dra.plugin.service import MAX_READING_CALLS
     from cdi_gen.model import PoolDevice
 
     # The class's spec as the agent writes it: what a configured claim's spec starts from.
@@ -136,11 +135,9 @@ async def _serve_plugin(folder: Path) -> None:
     preparer = PoolPreparer(
         DRIVER,
         pool,
-        _Claims(),  # type: ignore[arg-type]
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=folder / "state",
-        max_reading_calls=MAX_READING_CALLS,
         claim_specs=ClaimSpecs(
             spec_dir,
             "example.com",
@@ -153,6 +150,7 @@ async def _serve_plugin(folder: Path) -> None:
         DRIVER,
         pool,
         preparer,
+        claims=_Claims(),  # type: ignore[arg-type]
         pool_name=POOL,
         registry_dir=folder / "registry",
         plugins_dir=folder / "plugins",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.dra.driver.claimreader import ApiClaimReader
+from cdi_gen.dra.plugin.claimreader import ApiClaimReader
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.publisher import SlicePublisher
 from cdi_gen.errors import ClaimError

@@ -14,7 +14,7 @@ import pytest
 
 from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.apiserver.resourceclaim import claim_view
-from cdi_gen.dra.driver.claimreader import ApiClaimReader
+from cdi_gen.dra.plugin.claimreader import ApiClaimReader
 from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry
 from tests.fakes.claimserver import ClaimServer, claim_body

@@ -26,7 +26,6 @@ from cdi_gen.dra.driver.checkpoint import checkpoint_path
 from cdi_gen.dra.driver.claimspecs import ClaimSpecs
 from cdi_gen.dra.driver.devicemetadata import metadata_stream
 from cdi_gen.dra.driver.preparer import PoolPreparer
-from cdi_gen.dra.plugin import service as draservice
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.errors import ClaimError
@@ -129,11 +128,9 @@ class Node:
         preparer = PoolPreparer(
             DRIVER,
             self.pool,
-            self.claims,
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
             state_dir=self.root / "state",
-            max_reading_calls=draservice.MAX_READING_CALLS,
             resolver=self.resolver,
             claim_specs=ClaimSpecs(
                 self.spec_dir,
@@ -147,6 +144,7 @@ class Node:
             DRIVER,
             self.pool,
             preparer,
+            claims=self.claims,
             pool_name=POOL,
             registry_dir=self.root / "registry",
             plugins_dir=self.root / "plugins",

@@ -23,9 +23,9 @@ from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.cdi.resolution import SpecResolver
 from cdi_gen.dra.driver.checkpoint import CHECKPOINT_KIND, CheckpointError, checkpoint_path
-from cdi_gen.dra.driver.claimreader import ApiClaimReader
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin import service as draservice
+from cdi_gen.dra.plugin.claimreader import ApiClaimReader
 from cdi_gen.dra.plugin.claims import ClaimReader as KubeletClaimReader
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
@@ -126,17 +126,16 @@ class Node:
         preparer = PoolPreparer(
             DRIVER,
             self.pool,
-            self.claims if reader is None else reader,
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
             state_dir=self.root / "state",
-            max_reading_calls=draservice.MAX_READING_CALLS,
             resolver=resolver,
         )
         return DraPlugin(
             DRIVER,
             self.pool,
             preparer,
+            claims=self.claims if reader is None else reader,
             pool_name=POOL,
             registry_dir=self.root / "registry",
             plugins_dir=self.root / "plugins",
@@ -570,7 +569,7 @@ async def test_a_stalled_claim_holds_up_only_itself_in_a_call_that_waits_for_it(
         first = asyncio.ensure_future(connection.prepare([slow], within=30))
         await until(lambda: node.claims.waiting == 1, "the slow claim's read stalled")
         second = asyncio.ensure_future(connection.prepare([slow, other], within=30))
-        await until(lambda: plugin.preparer.count == 1, "the other claim recorded meanwhile")
+        await until(lambda: plugin.calls.count == 1, "the other claim recorded meanwhile")
         assert not first.done() and not second.done()
         node.claims.release.set()
         answers = await asyncio.gather(first, second)

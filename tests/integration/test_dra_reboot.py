@@ -95,11 +95,9 @@ async def _serve(root: Path, mode: str, steps: Sequence[tuple[str, list[str]]]) 
     preparer = PoolPreparer(
         DRIVER,
         pool,
-        Claims(),
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=root / "state",
-        max_reading_calls=4,
         claim_specs=ClaimSpecs(
             spec_dir,
             "example.com",
@@ -112,6 +110,7 @@ async def _serve(root: Path, mode: str, steps: Sequence[tuple[str, list[str]]]) 
         DRIVER,
         pool,
         preparer,
+        claims=Claims(),
         pool_name=POOL,
         registry_dir=root / "registry",
         plugins_dir=root / "plugins",

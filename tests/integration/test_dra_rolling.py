@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from cdi_gen.dra.driver.preparer import PoolPreparer
-from cdi_gen.dra.plugin import service as draservice
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.server import DraPlugin
 from cdi_gen.model import PoolDevice
@@ -32,16 +31,15 @@ def instance(root: Path, pod_uid: str | None, claims: CountingClaims) -> DraPlug
     preparer = PoolPreparer(
         DRIVER,
         pool,
-        claims,
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=root / "state",
-        max_reading_calls=draservice.MAX_READING_CALLS,
     )
     return DraPlugin(
         DRIVER,
         pool,
         preparer,
+        claims=claims,
         pool_name=POOL,
         registry_dir=root / "registry",
         plugins_dir=root / "plugins",
@@ -102,7 +100,7 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
                 # The newer one goes on: the claim the old one prepared is its to unprepare.
                 assert (await to_new.prepare([c2])).claims["uid-2"].error == ""
                 assert (await to_new.unprepare([c2])).claims["uid-2"].error == ""
-                assert new.preparer.count == 0
+                assert new.calls.count == 0
         finally:
             await old.stop()
 

@@ -34,6 +34,7 @@ from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.claims import ClaimRef
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry, PoolDevice
+from tests.dracalls import claim_calls, driver_part_of
 from tests.mountns import reported, run_private
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,6 +49,7 @@ SCENARIO = textwrap.dedent(
     from cdi_gen.cdi.store import SpecStore
     from cdi_gen.dra.driver.claimspecs import ClaimSpecs
     from cdi_gen.dra.driver.preparer import PoolPreparer
+    from cdi_gen.dra.plugin.calls import ClaimCalls
     from cdi_gen.dra.plugin.claims import ClaimRef
     from cdi_gen.dra.plugin.pool import DevicePool
     from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry, PoolDevice
@@ -84,18 +86,16 @@ SCENARIO = textwrap.dedent(
         def read_claims(self, refs, timeout):
             return [claim for _ in refs]
 
-    preparer = PoolPreparer(
+    preparer = ClaimCalls(DRIVER, PoolPreparer(
         DRIVER,
         pool,
-        Claims(),
         pool_name=POOL,
         cdi_kinds=[f"example.com/{cls}" for cls in KINDS],
         state_dir=work / "state",
-        max_reading_calls=4,
         claim_specs=ClaimSpecs(
             spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=metadata_dir
         ),
-    )
+    ), Claims(), pool=pool, max_reading_calls=4)
     preparer.load()
     ref = ClaimRef("default", "c1", UID)
 
@@ -202,15 +202,17 @@ class _Node:
         self.specs = ClaimSpecs(
             self.spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=self.metadata_dir
         )
-        self.preparer = PoolPreparer(
-            DRIVER,
-            pool,
+        self.preparer = claim_calls(
+            PoolPreparer(
+                DRIVER,
+                pool,
+                pool_name=POOL,
+                cdi_kinds=[f"example.com/{cls}" for cls in KINDS],
+                state_dir=root / "state",
+                claim_specs=self.specs,
+            ),
             self,
-            pool_name=POOL,
-            cdi_kinds=[f"example.com/{cls}" for cls in KINDS],
-            state_dir=root / "state",
             max_reading_calls=4,
-            claim_specs=self.specs,
         )
         self.preparer.load()
         self.ref = ClaimRef("default", "c1", UID)
@@ -270,7 +272,7 @@ def test_an_unprepare_of_a_claim_not_prepared_here_removes_what_it_left(tmp_path
     fpga, gpu = (f"example.com-{cls}@{UID}.json" for cls in KINDS)
     # What a killed prepare leaves, by hand: the claim unknown, one spec whole, one record
     # alone (its metadata files go as orphans at the next start).
-    node.preparer.checkpoint.remove(UID)
+    driver_part_of(node.preparer).checkpoint.remove(UID)
     (node.spec_dir / gpu).unlink()
     assert node.preparer.unprepare([node.ref], 5.0) == [""]
     assert node.files()["specs"] == before["specs"]

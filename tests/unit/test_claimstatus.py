@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.dra.driver.claimstatus import MAX_DATA, ClaimStatus, device_entries, status_entry
 from cdi_gen.dra.plugin.claims import PreparedDevice
+from cdi_gen.dra.plugin.claimstatus import MAX_DATA, ClaimStatus, device_entries, status_entry
 from cdi_gen.model import PoolDevice
 from tests.fakes.apiserver import Answer, FakeApiServer
 

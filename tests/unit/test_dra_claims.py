@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cdi_gen.apiserver.resourceclaim import POD_CLAIM_NAME, claim_view
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
 from cdi_gen.dra.plugin.capacity import shared_once
 from cdi_gen.dra.plugin.claims import (
@@ -12,8 +13,11 @@ from cdi_gen.dra.plugin.claims import (
     ClaimRefused,
     PreparedDevice,
     Refusal,
+    check_read,
     check_reference,
+    claim_label,
 )
+from cdi_gen.errors import ClaimError
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 
 DRIVER, POOL = "cdi-gen.example.com", "node-a"
@@ -36,9 +40,12 @@ def claim(*results: AllocatedDevice, uid: str = "u1", allocated: bool = True) ->
 
 
 def prepare(view: ClaimView, uid: str = "u1") -> list[PreparedDevice]:
-    return prepare_claim(
-        ClaimRef("ns", "c", uid), view, driver=DRIVER, pool_name=POOL, devices=DEVICES
-    )
+    """What the real path does with a claim read for ``ns/c``: the generic part checks it is
+    the claim named, then the driver part decides."""
+    ref = ClaimRef("ns", "c", uid)
+    check_read(ref, view)
+    label = claim_label(ref.namespace, ref.name, ref.uid)
+    return prepare_claim(label, view, driver=DRIVER, pool_name=POOL, devices=DEVICES)
 
 
 def test_our_results_become_devices_in_order_and_others_are_ignored() -> None:
@@ -195,9 +202,8 @@ def test_a_share_id_the_api_stores_is_prepared_whatever_its_uuid_version() -> No
 
 def _refused(view: ClaimView, devices: dict[str, PoolDevice]) -> str:
     with pytest.raises(ClaimRefused) as refused:
-        prepare_claim(
-            ClaimRef("ns", "c", "u1"), view, driver=DRIVER, pool_name=POOL, devices=devices
-        )
+        label = claim_label("ns", "c", "u1")
+        prepare_claim(label, view, driver=DRIVER, pool_name=POOL, devices=devices)
     assert refused.value.reason is Refusal.UNKNOWN_DEVICE
     return str(refused.value)
 
@@ -344,9 +350,26 @@ def test_a_subrequest_result_is_a_request_name() -> None:
 
 @pytest.mark.parametrize("pod_claim", ["../..", "a/b", "x\ny", "UPPER", ""])
 def test_a_pod_claim_name_that_is_no_label_is_refused(pod_claim: str) -> None:
-    view = ClaimView(
-        "ns", "c", "u1", (AllocatedDevice("r", DRIVER, POOL, "fpga-0"),), (), pod_claim
-    )
-    with pytest.raises(ClaimRefused, match="pod-claim-name") as refused:
-        prepare(view)
-    assert refused.value.reason == Refusal.INVALID_NAME
+    """Checked once, where the API server's answer is decoded: such a claim never reaches
+    the driver part (its prepare answers the claim's read error)."""
+    obj = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "c",
+            "uid": "u1",
+            "annotations": {POD_CLAIM_NAME: pod_claim},
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": DRIVER, "pool": POOL, "device": "fpga-0"}
+                    ]
+                }
+            }
+        },
+    }
+    with pytest.raises(ClaimError, match="pod-claim-name") as refused:
+        claim_view(obj)
+    assert "is not a pod's claim name: want a DNS label" in str(refused.value)
+    assert "\n" not in str(refused.value)

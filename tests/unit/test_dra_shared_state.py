@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ import pytest
 from cdi_gen.dra.driver.checkpoint import CheckpointError
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.driver.statelock import StateLock, StateLockError, lock_path
+from cdi_gen.dra.plugin.calls import ClaimCalls
 from cdi_gen.dra.plugin.claims import ClaimRef, Refusal
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.model import PoolDevice
+from tests.dracalls import claim_calls, driver_part_of
 from tests.fakes.countingclaims import CountingClaims
 
 DRIVER, POOL = "cdi-gen.example.com", "node-a"
@@ -25,17 +28,14 @@ FIRST = ClaimRef("default", "c1", "uid-1")
 SECOND = ClaimRef("default", "c2", "uid-2")
 
 
-def _instance(state_dir: Path, reader: CountingClaims) -> PoolPreparer:
+def _instance(state_dir: Path, reader: CountingClaims) -> ClaimCalls:
     pool = DevicePool()
     pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
-    preparer = PoolPreparer(
-        DRIVER,
-        pool,
+    preparer = claim_calls(
+        PoolPreparer(
+            DRIVER, pool, pool_name=POOL, cdi_kinds=["example.com/fpga"], state_dir=state_dir
+        ),
         reader,
-        pool_name=POOL,
-        cdi_kinds=["example.com/fpga"],
-        state_dir=state_dir,
-        max_reading_calls=4,
     )
     preparer.load()
     return preparer
@@ -49,13 +49,13 @@ def readers() -> tuple[CountingClaims, CountingClaims]:
 @pytest.fixture
 def pair(
     tmp_path: Path, readers: tuple[CountingClaims, CountingClaims]
-) -> tuple[PoolPreparer, PoolPreparer]:
+) -> tuple[ClaimCalls, ClaimCalls]:
     old, new = readers
     return _instance(tmp_path, old), _instance(tmp_path, new)
 
 
 def test_a_claim_prepared_by_one_instance_is_answered_by_the_other_without_a_read(
-    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[CountingClaims, CountingClaims]
+    pair: tuple[ClaimCalls, ClaimCalls], readers: tuple[CountingClaims, CountingClaims]
 ) -> None:
     old, new = pair
     [prepared] = old.prepare([FIRST], 5)
@@ -66,7 +66,7 @@ def test_a_claim_prepared_by_one_instance_is_answered_by_the_other_without_a_rea
 
 
 def test_a_device_held_through_one_instance_is_refused_by_the_other(
-    pair: tuple[PoolPreparer, PoolPreparer],
+    pair: tuple[ClaimCalls, ClaimCalls],
 ) -> None:
     old, new = pair
     assert old.prepare([FIRST], 5)[0].error == ""
@@ -76,7 +76,7 @@ def test_a_device_held_through_one_instance_is_refused_by_the_other(
 
 
 def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
-    pair: tuple[PoolPreparer, PoolPreparer], readers: tuple[CountingClaims, CountingClaims]
+    pair: tuple[ClaimCalls, ClaimCalls], readers: tuple[CountingClaims, CountingClaims]
 ) -> None:
     old, new = pair
     assert old.prepare([FIRST], 5)[0].error == ""
@@ -85,7 +85,7 @@ def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
     # The old instance reads the change: the device is free, the claim read anew.
     [other] = old.prepare([SECOND], 5)
     assert other.error == ""
-    assert old.count == 1 and set(old.checkpoint.claims) == {"uid-2"}
+    assert old.count == 1 and set(driver_part_of(old).checkpoint.claims) == {"uid-2"}
     assert new.prepare([FIRST], 5)[0].reason == str(Refusal.IN_USE)
 
 
@@ -146,3 +146,29 @@ def test_a_lock_held_by_another_process_bounds_the_wait_and_is_then_taken(
     holder.wait()
     with lock.held(5) as stale:
         assert stale
+
+
+@pytest.mark.parametrize("call", ["prepare", "unprepare"])
+def test_a_call_waits_for_the_other_instance_no_longer_than_its_own_deadline(
+    tmp_path: Path,
+    readers: tuple[CountingClaims, CountingClaims],
+    holder: subprocess.Popen[str],
+    call: str,
+) -> None:
+    """Every wait on the prepare path is bounded by what is left of the call's deadline:
+    with the state lock held elsewhere, a call given 0.1 s answers an error to retry at
+    once, never after a wait of its own choosing (the load took the lock before)."""
+    calls = _instance(tmp_path / "own", readers[0])
+    calls.preparer.state.path = lock_path(tmp_path, DRIVER)  # type: ignore[attr-defined]
+    calls.preparer.state.close()  # type: ignore[attr-defined]
+    with ThreadPoolExecutor(1) as threads:
+        if call == "prepare":
+            answer = threads.submit(calls.prepare, [FIRST], 0.1)
+            [result] = answer.result(timeout=3)  # unbounded, this raises TimeoutError
+            # The look at what was prepared took the call's whole time: not read.
+            assert result.reason == "claim-read", result
+            assert "not read, the caller's deadline has passed" in result.error
+        else:
+            unprepared = threads.submit(calls.unprepare, [FIRST], 0.1)
+            [error] = unprepared.result(timeout=3)
+            assert "another instance of the driver held the DRA state lock" in error

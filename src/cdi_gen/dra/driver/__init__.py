@@ -2,9 +2,8 @@
 
 * :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher),
   the frontend and pool of every DRA class;
-* :mod:`~cdi_gen.dra.driver.preparer`: which claims are prepared, and the decisions;
-* :mod:`~cdi_gen.dra.driver.claimcalls`: how the server threads share a claim's prepare (read
-  before any lock) and its record;
+* :mod:`~cdi_gen.dra.driver.preparer`: the driver part behind the generic one's interface:
+  which claims are prepared, and the decisions;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
 * :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
 * :mod:`~cdi_gen.dra.driver.boot`: the boot they were prepared in (a reboot voids them);
@@ -15,8 +14,6 @@
   CDI specs, built and written;
 * :mod:`~cdi_gen.dra.driver.devicemetadata` and :mod:`~cdi_gen.dra.driver.metadatafiles`:
   device metadata for the pod, built and written;
-* :mod:`~cdi_gen.dra.driver.claimstatus`: a prepared claim's devices in its status;
-* :mod:`~cdi_gen.dra.driver.claimreader`: claims read from the API server;
 * :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes.
 
 The admission webhook that checks claims' configuration at ``kubectl apply`` is a package of

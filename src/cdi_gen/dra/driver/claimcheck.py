@@ -1,11 +1,11 @@
 """What NodePrepareResources answers for one claim: the checks and the devices (pure).
 
-The driver reads the claim the kubelet names through a
-:class:`~cdi_gen.dra.plugin.claims.ClaimReader` (the agent's, over the API server), and
-:func:`prepare_claim` decides, from that :class:`~cdi_gen.model.ClaimView` and a snapshot of
-the node's device pool, which devices the claim gets or why it cannot have them. Only this
-driver's allocation results count: a claim may hold devices of other drivers, which their
-own drivers prepare.
+The generic part reads the claim the kubelet names through a
+:class:`~cdi_gen.dra.plugin.claims.ClaimReader` (the agent's, over the API server) and checks
+that it is that claim; :func:`prepare_claim` decides, from that
+:class:`~cdi_gen.model.ClaimView` and a snapshot of the node's device pool, which devices
+the claim gets or why it cannot have them. Only this driver's allocation results count: a
+claim may hold devices of other drivers, which their own drivers prepare.
 
 A device published with consumable capacity (``shares`` > 1) is allocated in shares, each
 result with its own ``shareID``, several of them possibly in one claim; every share is
@@ -24,13 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cdi_gen.discovery.sharing import slot_device
-from cdi_gen.dra.plugin.claims import (
-    ClaimRef,
-    ClaimRefused,
-    PreparedDevice,
-    Refusal,
-    claim_label,
-)
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal
 from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from cdi_gen.names import K8S_UUID_RULE, is_dns_label, is_k8s_uuid
@@ -130,10 +124,10 @@ def is_request_name(request: str) -> bool:
     return is_dns_label(main) and (not slash or is_dns_label(sub))
 
 
-def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice]) -> None:
+def _check_names(label: str, results: Sequence[AllocatedDevice]) -> None:
     """Refuse names from the API server that paths and messages are built from: request
-    names, share IDs, and the pod's name for a claim made from a template (a folder inside
-    the container)."""
+    names and share IDs (the pod's claim name, a folder inside the container, is checked
+    where the claim is decoded: :mod:`~cdi_gen.apiserver.resourceclaim`)."""
     for result in results:
         if not is_request_name(result.request):
             raise ClaimRefused(
@@ -149,50 +143,27 @@ def _check_names(label: str, claim: ClaimView, results: Sequence[AllocatedDevice
                 f"{label}: device {quote(result.device)} of request {quote(result.request)}: "
                 f"shareID {quote(share, 60)} is not a share ID: want {K8S_UUID_RULE}",
             )
-    pod_claim = claim.pod_claim_name
-    if pod_claim is not None and not is_dns_label(pod_claim):
-        raise ClaimRefused(
-            Refusal.INVALID_NAME,
-            f"{label}: annotation resource.kubernetes.io/pod-claim-name {quote(pod_claim)} is "
-            "not a pod's claim name: want a DNS label",
-        )
 
 
 def prepare_claim(
-    ref: ClaimRef,
+    label: str,
     claim: ClaimView,
     *,
     driver: str,
     pool_name: str,
     devices: Mapping[str, PoolDevice],
 ) -> list[PreparedDevice]:
-    """The devices to answer for the claim the kubelet asked for as ``ref``.
+    """The devices to answer for ``claim``, named ``label`` in messages.
 
-    ``claim`` is what the API server answered for the kubelet's namespace/name, ``devices``
-    one snapshot of the pool (name -> device). Each of this driver's allocation results
-    becomes one device, in the allocation's order. Raises :class:`ClaimRefused` naming the
-    claim, the device and the rule when the claim is not the one asked for (namespace, name
-    and UID: the answer names files and paths), is not allocated, has more results than the
-    API allows, has no device of this driver, names a request that is not a request name,
-    names a device this node cannot give, or a share that does not fit the device (see the
-    module docstring).
+    ``claim`` is what the API server answered, checked by the generic part to be the claim
+    the kubelet named (:func:`~cdi_gen.dra.plugin.claims.check_read`); ``devices`` one
+    snapshot of the pool (name -> device). Each of this driver's allocation results becomes
+    one device, in the allocation's order. Raises :class:`ClaimRefused` naming the claim,
+    the device and the rule when the claim is not allocated, has more results than the API
+    allows, has no device of this driver, names a request that is not a request name, names
+    a device this node cannot give, or a share that does not fit the device (see the module
+    docstring).
     """
-    # ``ref`` has passed check_reference (DraService checks every reference before the
-    # preparer sees it), so its UID is never empty here.
-    uid = ref.uid
-    label = claim_label(ref.namespace, ref.name, uid)
-    if (claim.namespace, claim.name) != (ref.namespace, ref.name):
-        raise ClaimRefused(
-            Refusal.NAME_MISMATCH,
-            f"{label}: the API server answered claim {quote(claim.namespace)}/"
-            f"{quote(claim.name)}, not the one asked for",
-        )
-    if claim.uid != uid:
-        raise ClaimRefused(
-            Refusal.UID_MISMATCH,
-            f"{label}: the API server's claim of that name has uid {quote(claim.uid)} "
-            "(deleted and re-created?)",
-        )
     if claim.results is None:
         raise ClaimRefused(Refusal.NOT_ALLOCATED, f"{label}: not allocated")
     if len(claim.results) > MAX_ALLOCATION_RESULTS:
@@ -207,7 +178,7 @@ def prepare_claim(
             Refusal.NO_DEVICES,
             f"{label}: its allocation has no device of driver {quote(driver)}",
         )
-    _check_names(label, claim, ours)
+    _check_names(label, ours)
     checked = [(r, _check_device(label, r, pool_name, devices)) for r in ours]
     _check_shares(label, checked)
     prepared = []

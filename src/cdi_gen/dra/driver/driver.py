@@ -52,7 +52,7 @@ from cdi_gen.waits import first_of
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
     from cdi_gen.cdi.resolution import SpecResolver
-    from cdi_gen.dra.driver.claimstatus import ClaimStatus
+    from cdi_gen.dra.plugin.claimstatus import ClaimStatus
     from cdi_gen.dra.plugin.publisher import SlicePublisher
     from cdi_gen.dra.plugin.server import DraPlugin
 
@@ -296,13 +296,12 @@ class DraDriver:
                 self.offered.publish(config.name, devices if self.serving else ())
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.dra.driver.claimreader import ApiClaimReader
         from cdi_gen.dra.driver.claimspecs import ClaimSpecs
-        from cdi_gen.dra.driver.claimstatus import ClaimStatus
         from cdi_gen.dra.driver.preparer import PoolPreparer
+        from cdi_gen.dra.plugin.claimreader import ApiClaimReader
         from cdi_gen.dra.plugin.claims import Refusal
+        from cdi_gen.dra.plugin.claimstatus import ClaimStatus
         from cdi_gen.dra.plugin.server import DraPlugin
-        from cdi_gen.dra.plugin.service import MAX_READING_CALLS
 
         settings = self.settings
         registered = {
@@ -319,13 +318,11 @@ class DraDriver:
         preparer = PoolPreparer(
             self.name,
             self.pool,
-            ApiClaimReader(client, asyncio.get_running_loop()),
             pool_name=self.node,
             cdi_kinds=[
                 f"{self.config.vendor}/{c.name}" for c in self.config.classes if c.api == "dra"
             ],
             state_dir=settings.paths.state_dir,
-            max_reading_calls=MAX_READING_CALLS,
             resolver=self.resolver,
             # A claim's own specs sit beside its class's, written by the same instance.
             claim_specs=ClaimSpecs(
@@ -336,12 +333,13 @@ class DraDriver:
                 # Beside the plugin's socket: a host folder the DaemonSet already mounts.
                 metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
             ),
-            status=self.claim_status,
         )
         return DraPlugin(
             self.name,
             self.pool,
             preparer,
+            claims=ApiClaimReader(client, asyncio.get_running_loop()),
+            status=self.claim_status,
             pool_name=self.node,
             registry_dir=settings.kubelet.plugins_registry_dir,
             plugins_dir=settings.kubelet.plugins_dir,

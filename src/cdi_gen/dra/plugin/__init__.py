@@ -4,8 +4,12 @@
   plugin watcher, and the rolling-update handover;
 * :mod:`~cdi_gen.dra.plugin.service`: its node service (``dra.v1``/``v1beta1``) and health
   stream (``drahealth``), on the server's threads;
-* :mod:`~cdi_gen.dra.plugin.claims`: what the server asks of a driver (the
-  ``ClaimPreparer`` and ``ClaimReader`` protocols) and what it answers;
+* :mod:`~cdi_gen.dra.plugin.calls`: every prepare and unprepare around the driver part:
+  claims read (:mod:`~cdi_gen.dra.plugin.claimreader`), held by UID
+  (:mod:`~cdi_gen.dra.plugin.inflight`), handed to the driver part, and their status
+  written (:mod:`~cdi_gen.dra.plugin.claimstatus`);
+* :mod:`~cdi_gen.dra.plugin.claims`: what the generic part asks of a driver part (the
+  ``ClaimPreparer`` interface, the ``ClaimReader`` protocol) and what it answers;
 * :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources);
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
 * :mod:`~cdi_gen.dra.plugin.capacity`: a shared device published once with consumable

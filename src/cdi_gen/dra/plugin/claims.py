@@ -1,18 +1,22 @@
-"""What the DRA kubelet plugin and the driver behind it exchange about claims: the kubelet's
-claim reference and its checks, the :class:`ClaimPreparer` and :class:`ClaimReader`
-protocols, what a prepared claim answers, and why a claim is refused.
+"""What the DRA kubelet plugin (the generic part) and the driver part behind it exchange about
+claims: the kubelet's claim reference and its checks, the :class:`ClaimPreparer` (the driver
+part's interface) and :class:`ClaimReader` protocols, what a prepared claim answers, and why a
+claim is refused.
 
 The kubelet sends only a claim's namespace, name and UID. :func:`check_reference` refuses
 them unless they are Kubernetes names (and a UID of sane shape) before anything is read,
-since they become a path on the API server.
+since they become a path on the API server; :func:`check_read` refuses a claim read for a
+reference that is not the one named. Both run once, at the generic part's boundary
+(:mod:`~cdi_gen.dra.plugin.service` and :mod:`~cdi_gen.dra.plugin.calls`): the driver part
+gets only claims that passed them.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cdi_gen.errors import ClaimError, quote
@@ -28,6 +32,8 @@ __all__ = [
     "PrepareResult",
     "PreparedDevice",
     "Refusal",
+    "Unprepared",
+    "check_read",
     "check_reference",
     "claim_label",
 ]
@@ -67,23 +73,34 @@ class PrepareResult:
     """What preparing one claim gave: its devices, or ``error`` (one line naming the claim
     and the rule; ``""`` when prepared) and ``reason``, the ``on_prepare`` metrics reason
     (``""``, a :class:`Refusal` value, ``"claim-read"``, ``"checkpoint"`` or
-    ``"internal"``)."""
+    ``"internal"``). ``device_nodes``, for a claim prepared by this call, names the host
+    device nodes of each pool device (what its status shows); not part of the answer."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
     reason: str = ""
+    device_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Unprepared:
+    """What unpreparing one claim gave: ``error`` (``""`` when done) and whether a claim
+    prepared here was forgotten (``forgotten``: its status is cleared)."""
+
+    error: str = ""
+    forgotten: bool = False
 
 
 class ClaimPreparer(Protocol):
-    """The DRA driver's state behind its kubelet service: which claims are prepared, and
-    with which devices. The gRPC side (:mod:`~cdi_gen.dra.plugin.service`) checks the
-    requests' shape and answers; everything it answers comes from here.
+    """The driver part behind the generic one (:class:`~cdi_gen.dra.plugin.calls.ClaimCalls`):
+    which claims are prepared, and with which devices. It knows nothing of gRPC, threads or
+    the API server: the generic part reads the claims, checks that each is the one the
+    kubelet named, lets one call at a time work on a claim, and answers.
 
-    Called on the gRPC server's threads. ``claims`` have passed :func:`check_reference`.
-    ``timeout`` is what the caller's deadline leaves for the work (reading claims, waiting
-    for another call on the same claim); an implementation returns within it plus the time
-    to record, answering a claim it could not get to with an error the kubelet retries.
-    Neither method raises for one claim: every claim gets its own result.
+    Called on the gRPC server's threads, a claim by one call at a time. ``timeout`` is
+    what is left of the call's deadline: every wait (the state shared with another
+    instance) is bounded by it. No method raises for one claim: every claim gets its own
+    result, in the order given.
     """
 
     def load(self) -> None:
@@ -96,14 +113,18 @@ class ClaimPreparer(Protocol):
         """How many claims are prepared now."""
         ...
 
-    def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[PrepareResult]:
-        """Each claim's devices (the same answer again for a claim prepared earlier), or
-        why not, in the order of ``claims``."""
+    def known(self, refs: Sequence[ClaimRef], timeout: float) -> list[PrepareResult | None]:
+        """The answer for each claim prepared before (the same again: the kubelet may ask
+        twice, also after a restart), or None for a claim to be read and prepared."""
         ...
 
-    def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> list[str]:
-        """Forget each claim (one never prepared is already unprepared); per claim ``""``
-        or the error, in the order of ``claims``."""
+    def prepare(self, claims: Sequence[ClaimView], timeout: float) -> list[PrepareResult]:
+        """Prepare each claim as the API server has it (each the one the kubelet named);
+        its devices or why not."""
+        ...
+
+    def unprepare(self, refs: Sequence[ClaimRef], timeout: float) -> list[Unprepared]:
+        """Forget each claim (one never prepared is already unprepared)."""
         ...
 
 
@@ -187,4 +208,24 @@ def check_reference(namespace: str, name: str, uid: str) -> None:
             Refusal.INVALID_NAME,
             f"{label}: name {quote(name)} is not a ResourceClaim name: want a DNS subdomain "
             "(1-253 characters of a-z 0-9 - ., labels starting and ending alphanumeric)",
+        )
+
+
+def check_read(ref: ClaimRef, claim: ClaimView) -> None:
+    """Refuse (:class:`ClaimRefused`) a claim the API server answered for ``ref`` that is not
+    the one the kubelet named: another namespace or name (a broken or hostile answer), or
+    another UID (the claim was deleted and made again since the kubelet's view). The answer
+    names files and paths after the claim, so it must be the one asked for."""
+    label = claim_label(ref.namespace, ref.name, ref.uid)
+    if (claim.namespace, claim.name) != (ref.namespace, ref.name):
+        raise ClaimRefused(
+            Refusal.NAME_MISMATCH,
+            f"{label}: the API server answered claim {quote(claim.namespace)}/"
+            f"{quote(claim.name)}, not the one asked for",
+        )
+    if claim.uid != ref.uid:
+        raise ClaimRefused(
+            Refusal.UID_MISMATCH,
+            f"{label}: the API server's claim of that name has uid {quote(claim.uid)} "
+            "(deleted and re-created?)",
         )

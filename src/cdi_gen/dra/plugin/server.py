@@ -2,8 +2,9 @@
 
 One :class:`DraPlugin` per node agent serves, on ``<kubelet plugins>/<driver>/dra.sock``, the
 kubelet's DRA node service and the device health stream
-(:class:`~cdi_gen.dra.plugin.service.DraService`, the gRPC side: what it answers is the
-driver's state behind the :class:`~cdi_gen.dra.plugin.claims.ClaimPreparer` it is given,
+(:class:`~cdi_gen.dra.plugin.service.DraService`, the gRPC side, and
+:class:`~cdi_gen.dra.plugin.calls.ClaimCalls`, which reads the claims and calls the driver
+part it is given, a :class:`~cdi_gen.dra.plugin.claims.ClaimPreparer`: the node's is
 :class:`~cdi_gen.dra.driver.preparer.PoolPreparer`), and registers the driver through the
 plugin watcher (:mod:`~cdi_gen.kubelet.registration`). The
 :class:`~cdi_gen.kubelet.supervisor.Supervisor` keeps both sockets served and the driver
@@ -27,11 +28,11 @@ registered, bounded, before the stop removes only this instance's own sockets an
 (the agent skips the wait when its DaemonSet is being uninstalled: no successor comes).
 Its names are its own while it holds their locks
 (:class:`~cdi_gen.kubelet.transport.NameLock`): a second copy with the same pod UID is
-refused before it touches any of them. Either instance may get any call: the preparer
+refused before it touches any of them. Either instance may get any call: the driver part
 shares its state with the other through files, under a lock.
 
 Calls run on the gRPC server's threads (see :mod:`~cdi_gen.kubelet.transport`). A slow API
-server must not take them all: the preparer lets at most
+server must not take them all: the claim calls let at most
 :data:`~cdi_gen.dra.plugin.service.MAX_READING_CALLS` calls wait for it at once, so the
 claims answered from the checkpoint and the unprepare calls always find a thread.
 """
@@ -43,9 +44,11 @@ import logging
 from pathlib import Path
 
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
-from cdi_gen.dra.plugin.claims import ClaimPreparer
+from cdi_gen.dra.plugin.calls import ClaimCalls
+from cdi_gen.dra.plugin.claims import ClaimPreparer, ClaimReader
+from cdi_gen.dra.plugin.claimstatus import ClaimStatus
 from cdi_gen.dra.plugin.pool import DevicePool
-from cdi_gen.dra.plugin.service import DraService, PrepareHook
+from cdi_gen.dra.plugin.service import MAX_READING_CALLS, DraService, PrepareHook
 from cdi_gen.errors import InvalidNameError, RegistrationError
 from cdi_gen.kubelet.registration import (
     PluginWatcherRegistrar,
@@ -75,7 +78,9 @@ HANDOVER_SECONDS = 20.0
 class DraPlugin(SupervisedPlugin):
     """The DRA driver ``driver`` as the kubelet sees it, for the pool ``pool_name``.
 
-    ``preparer`` is the driver's state: every prepare and unprepare is its answer. ``pool``
+    ``preparer`` is the driver part: every prepare and unprepare is its answer, given the
+    claims read through ``claims`` (at most ``max_reading_calls`` calls wait for the API
+    server at once); with ``status``, a prepared claim's devices go into its status. ``pool``
     holds the node's DRA devices, whose health the health stream sends. The registration
     socket is ``<registry_dir>/<driver>-reg.sock`` and the service socket
     ``<plugins_dir>/<driver>/dra.sock``; with ``pod_uid``, names of this instance's own (see
@@ -95,12 +100,15 @@ class DraPlugin(SupervisedPlugin):
         pool: DevicePool,
         preparer: ClaimPreparer,
         *,
+        claims: ClaimReader,
         pool_name: str,
         registry_dir: Path,
         plugins_dir: Path,
         pod_uid: str | None = None,
         on_register: RegisterHook | None = None,
         on_prepare: PrepareHook | None = None,
+        status: ClaimStatus | None = None,
+        max_reading_calls: int = MAX_READING_CALLS,
         watch_interval: float = WATCH_INTERVAL,
         max_backoff: float = 2.0,
         register_timeout: float = 10.0,
@@ -109,7 +117,15 @@ class DraPlugin(SupervisedPlugin):
             raise InvalidNameError("DRA driver name", driver, "must be a DNS subdomain")
         self.driver = driver
         self.pool = pool
-        self.preparer = preparer
+        #: The generic part of every prepare and unprepare, around the driver part.
+        self.calls = ClaimCalls(
+            driver,
+            preparer,
+            claims,
+            pool=pool,
+            max_reading_calls=max_reading_calls,
+            status=status,
+        )
         self.pool_name = pool_name
         self.pod_uid = pod_uid
         self.socket_path = endpoint_socket(Path(plugins_dir) / driver, pod_uid)
@@ -124,7 +140,7 @@ class DraPlugin(SupervisedPlugin):
         #: Where this instance says it writes no ResourceSlice any more (it handed over).
         self.yielded_file = self.socket_path.parent / f"{self.registration_socket.name}.yielded"
         self._service = DraService(
-            driver, pool, preparer, pool_name=pool_name, on_prepare=on_prepare
+            driver, pool, self.calls, pool_name=pool_name, on_prepare=on_prepare
         )
         instance = pod_uid or ""
         self.server = UnixServer(
@@ -149,10 +165,10 @@ class DraPlugin(SupervisedPlugin):
         )
 
     async def start(self) -> None:
-        """Take both sockets' names, load the preparer's state, serve both sockets, then
+        """Take both sockets' names, load the driver part's state, serve both sockets, then
         register in the background.
 
-        Raises what the preparer's ``load`` raises (a
+        Raises what the driver part's ``load`` raises (a
         :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError` when the checkpoint cannot be
         read as ours; it is left as it is) and :class:`~cdi_gen.errors.RegistrationError`
         when a socket cannot be served (:class:`~cdi_gen.errors.SocketInUseError` when
@@ -169,7 +185,7 @@ class DraPlugin(SupervisedPlugin):
         # nothing of this one: registered and yielded anew.
         self.server.lock.acquire()
         self.registration_server.lock.acquire()
-        self.preparer.load()
+        self.calls.load()
         if self.pod_uid is not None:
             self.registered_file.unlink(missing_ok=True)
             self.yielded_file.unlink(missing_ok=True)
@@ -179,7 +195,7 @@ class DraPlugin(SupervisedPlugin):
             self.driver,
             self.socket_path,
             self.registration_socket,
-            self.preparer.count,
+            self.calls.count,
         )
 
     def health_response(self) -> health_pb.NodeWatchResourcesResponse:

@@ -6,15 +6,14 @@ adds ``share_id``) and streams device health (``v1.DRAResourceHealth`` from Kube
 ``v1alpha1`` before; the same messages). :class:`~cdi_gen.dra.plugin.server.DraPlugin` serves
 it on the driver's socket.
 
-This is the gRPC side only (the generic part of the driver, a split modelled on Kubernetes'
-helper library for DRA drivers): it checks each request's shape, computes what the caller's
-deadline leaves (:func:`work_timeout`), and answers; which claims are prepared, and with which
-devices, is the driver's state behind the
-:class:`~cdi_gen.dra.plugin.claims.ClaimPreparer` it is given. A claim's namespace, name and
-UID are checked first (:func:`~cdi_gen.dra.plugin.claims.check_reference`: they become an API
-path); every claim of a request gets an entry; a claim that cannot be prepared gets its
-error, never the whole call. No handler lets an exception out. The health stream answers
-from the :class:`~cdi_gen.dra.plugin.pool.DevicePool`.
+This is the gRPC side of the generic part (the split of Kubernetes' helper library for DRA
+drivers): it checks each request's shape and each claim reference, once
+(:func:`~cdi_gen.dra.plugin.claims.check_reference`: they become an API path), computes what
+the caller's deadline leaves (:func:`work_timeout`), hands the references to
+:class:`~cdi_gen.dra.plugin.calls.ClaimCalls` and answers. Every claim of a request gets an
+entry; a claim that cannot be prepared gets its error, never the whole call. No handler
+lets an exception out. The health stream answers from the
+:class:`~cdi_gen.dra.plugin.pool.DevicePool`.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from cdi_gen._proto.dra.v1 import api_pb2 as dra_v1
 from cdi_gen._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
+from cdi_gen.dra.plugin.calls import ClaimCalls
 from cdi_gen.dra.plugin.claims import (
-    ClaimPreparer,
     ClaimRef,
     ClaimRefused,
     PrepareResult,
@@ -75,7 +74,7 @@ MAX_HEALTH_STREAMS = 4
 HEALTH_RESEND_SECONDS = 10.0
 #: Sent as each device's health_check_timeout_seconds: three resends may be missed.
 HEALTH_TIMEOUT_SECONDS = 30
-#: NodePrepareResources calls that may wait for the API server at once (the preparer is
+#: NodePrepareResources calls that may wait for the API server at once (the claim calls are
 #: built with this bound). Each holds a server thread while it waits; the health streams hold
 #: at most MAX_HEALTH_STREAMS more, so at least 4 threads always remain for answers from the
 #: checkpoint and for unprepare calls.
@@ -107,7 +106,7 @@ def work_timeout(left: float | None) -> float:
 
 class DraService:
     """The DRA and health services of driver ``driver``, for the pool ``pool_name``:
-    handlers for the server's threads. Every prepare and unprepare is ``preparer``'s answer;
+    handlers for the server's threads. Every prepare and unprepare is ``calls``'s answer;
     the health stream sends the health of ``pool``'s devices. ``on_prepare`` is called per
     claim (see :data:`PrepareHook`); its exceptions are logged and ignored.
 
@@ -118,14 +117,14 @@ class DraService:
         self,
         driver: str,
         pool: DevicePool,
-        preparer: ClaimPreparer,
+        calls: ClaimCalls,
         *,
         pool_name: str,
         on_prepare: PrepareHook | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
-        self.preparer = preparer
+        self.calls = calls
         self.pool_name = pool_name
         self._on_prepare = on_prepare
         self.streams = StreamGate(MAX_HEALTH_STREAMS)
@@ -193,9 +192,9 @@ class DraService:
                 return response
             driver = self.driver
             try:
-                results = self.preparer.prepare(refs, work_timeout(context.time_remaining()))
+                results = self.calls.prepare(refs, work_timeout(context.time_remaining()))
                 if len(results) != len(refs):
-                    raise RuntimeError(f"the preparer answered {len(results)} of {len(refs)}")
+                    raise RuntimeError(f"the claim calls answered {len(results)} of {len(refs)}")
             except Exception as exc:
                 log.exception("preparing %d claims of driver %s failed", len(refs), driver)
                 results = [
@@ -217,7 +216,7 @@ class DraService:
         if result.error:
             self._call_prepare_hook("error", result.reason or "internal")
             # A claim's own failure (refused, not read) is logged here, clipped as it is
-            # answered; the preparer logs its own (the checkpoint, a bug) with their cause.
+            # answered; the driver part logs its own (the checkpoint, a bug) with their cause.
             if result.reason in _REFUSALS:
                 log.info("prepare refused: %s", clip(result.error))
             elif result.reason == "claim-read":
@@ -250,9 +249,9 @@ class DraService:
             if not refs:
                 return response
             try:
-                errors = self.preparer.unprepare(refs, work_timeout(context.time_remaining()))
+                errors = self.calls.unprepare(refs, work_timeout(context.time_remaining()))
                 if len(errors) != len(refs):
-                    raise RuntimeError(f"the preparer answered {len(errors)} of {len(refs)}")
+                    raise RuntimeError(f"the claim calls answered {len(errors)} of {len(refs)}")
             except Exception as exc:
                 log.exception("unpreparing %d claims failed", len(refs))
                 errors = [f"{claim_label(r.namespace, r.name, r.uid)}: {exc}" for r in refs]
