@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from cdi_gen.cdi.codec import format_of, load_spec
 from cdi_gen.cdi.folderwatch import FolderWatch
 from cdi_gen.errors import SpecError
-from cdi_gen.files import SPEC_MAX_BYTES, FileRefused, read_regular
+from cdi_gen.files import SPEC_MAX_BYTES, FileId, FileRefused, read_regular
 from cdi_gen.paths import RUNTIME_SPEC_DIRS
 
 if TYPE_CHECKING:
@@ -197,8 +197,7 @@ def load_registry(
     return build_registry(dirs, files, dir_errors)
 
 
-_StatKey = tuple[int, int, int, int]
-_Listing = tuple[tuple[Path, _StatKey], ...]
+_Listing = tuple[tuple[Path, FileId], ...]
 
 
 def _unresolved(reg: Registry, qualified_names: Iterable[str]) -> list[str]:
@@ -211,7 +210,7 @@ def _relevant(name: str) -> bool:
     return format_of(name) is not None
 
 
-def _changed_since(listing: dict[Path, _StatKey], paths: Iterable[str]) -> bool:
+def _changed_since(listing: dict[Path, FileId], paths: Iterable[str]) -> bool:
     """Whether any of ``paths`` (followed) no longer has the stat recorded in ``listing``."""
     for raw in paths:
         path = Path(raw)
@@ -221,7 +220,7 @@ def _changed_since(listing: dict[Path, _StatKey], paths: Iterable[str]) -> bool:
             if path in listing:
                 return True
             continue
-        if listing.get(path) != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+        if listing.get(path) != FileId.of(st):
             return True
     return False
 
@@ -240,7 +239,7 @@ class SpecCache:
         self.spec_dirs = unique_dirs(spec_dirs)
         # Checks come from the device plugins' server threads and the scan worker.
         self._lock = threading.Lock()
-        self._files: dict[Path, tuple[_StatKey, SpecFile]] = {}
+        self._files: dict[Path, tuple[FileId, SpecFile]] = {}
         self._listing: _Listing | None = None
         self._registry = Registry(dirs=self.spec_dirs)
         self._watch: FolderWatch | None = None
@@ -305,7 +304,7 @@ class SpecCache:
         # Called with the lock held, after _current() drained the event queue: a change
         # made during the scan stays queued and makes the next check scan again.
         self.scans += 1
-        listing: list[tuple[Path, _StatKey]] = []
+        listing: list[tuple[Path, FileId]] = []
         links: list[str] = []
         dir_errors: dict[Path, str] = {}
         for directory in self.spec_dirs:
@@ -319,10 +318,7 @@ class SpecCache:
                     st = e.stat()
                 except FileNotFoundError:
                     continue
-                # ctime catches same-size rewrites within one mtime tick.
-                listing.append(
-                    (Path(e.path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-                )
+                listing.append((Path(e.path), FileId.of(st)))
         watch = self._watch
         # A folder that could not be read is read again next time, whatever inotify says.
         self._stale = watch is None or not watch.available or bool(dir_errors)
@@ -337,7 +333,7 @@ class SpecCache:
             return self._registry
         priorities = {d: i for i, d in enumerate(self.spec_dirs)}
         files: list[SpecFile] = []
-        fresh: dict[Path, tuple[_StatKey, SpecFile]] = {}
+        fresh: dict[Path, tuple[FileId, SpecFile]] = {}
         for path, st_key in key:
             cached = self._files.get(path)
             if cached is not None and cached[0] == st_key:

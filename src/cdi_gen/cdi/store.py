@@ -28,20 +28,18 @@ import orjson
 from cdi_gen.cdi.specnames import spec_filename
 from cdi_gen.cdi.writer import SyncOutcome, sync_spec
 from cdi_gen.errors import SpecWriteError
+from cdi_gen.files import FileId
 
 __all__ = ["SpecStore", "WrittenSpec"]
 
-#: What tells one file at a name from another: a replacement by rename is a new inode, an
-#: edit in place a new time or size.
-FileId = tuple[int, int, int, int, int]
-
 
 def _file_id(path: Path) -> FileId | None:
+    """The identity of the file at ``path`` (not followed), None when missing; other errors
+    are raised, for a message that says why the file cannot be looked at."""
     try:
-        st = os.lstat(path)
+        return FileId.of(os.lstat(path))
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 class WrittenSpec:
