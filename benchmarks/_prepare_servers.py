@@ -10,7 +10,8 @@
   of ``POOL_DEVICES`` devices, an in-memory claim reader (claim ``c-N`` has uid ``u-N`` and
   one device, ``fpga-0`` for ``c-0`` alone; claim ``k-N`` the same with uid ``k-uid-N`` and a
   configuration of the driver, so it gets a spec of its own) and its checkpoint in
-  ``FOLDER/state``; the class's spec, and the claims' own, in ``FOLDER/cdi``.
+  ``FOLDER/state``; the class's spec, and the claims' own, in ``FOLDER/cdi``, every claim's
+  CDI names checked against that folder as the agent checks them (a ``SpecCache``).
 
 Both use the same thread pool size. Each prints ``ready`` once it serves and stops on
 ``quit`` or at the end of its input.
@@ -101,6 +102,7 @@ class _Claims:
 async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document
+    from cdi_gen.cdi.registry import SpecCache
     from cdi_gen.cdi.store import SpecStore
     from cdi_gen.dra.driver.claimspecs import ClaimSpecs
     from cdi_gen.dra.driver.preparer import PoolPreparer
@@ -119,7 +121,9 @@ async def _serve_plugin(folder: Path) -> None:
         for i in range(POOL_DEVICES)
     ]
     spec_dir = folder / "cdi"
-    specs = SpecStore()  # the agent's runners write through it
+    resolver = SpecCache([spec_dir])  # the runtime's view, as the agent checks names
+    specs = SpecStore(resolver)  # the agent's runners write through it; the view learns
+
     data = dump_document(assemble("example.com/fpga", entries))
     specs.sync(spec_dir, "example.com", "fpga", data, instance=None)
 
@@ -138,6 +142,7 @@ async def _serve_plugin(folder: Path) -> None:
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=folder / "state",
+        resolver=resolver,
         claim_specs=ClaimSpecs(
             spec_dir,
             "example.com",

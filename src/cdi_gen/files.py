@@ -12,6 +12,9 @@ links in spec folders, and packages install specs that way (``/etc/cdi/x.json`` 
 ``/opt``). Callers that own the folder (the writer) pass ``follow_symlinks=False``.
 A caller that cannot do without the file (a certificate, a kubeconfig) reads it with
 :func:`read_required`, for which a missing file is one more refusal.
+
+:class:`FileId` is the one identity of a file at a name, by which cdi-gen tells whether the
+file it wrote, read or created (a spec, a socket, the DRA checkpoint) is still the one there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 #: Largest spec file read: room for ~16,000 devices as cdi-gen writes them (about 500 bytes a
 #: device, 20,000 devices make 9.6 MiB), far more than a node has; parsing costs about 1 s per
@@ -32,6 +36,51 @@ RECORDS_MAX_BYTES = 64 << 20
 RUNTIME_CONFIG_MAX_BYTES = 1 << 20
 #: Largest owner record: two hashes and a name take ~250 bytes.
 OWNER_MAX_BYTES = 64 << 10
+
+
+class FileId(NamedTuple):
+    """Which file is at a name, and whether it changed since it was seen: two looks compare
+    equal when they saw the same inode, unchanged in between (as far as the kernel records).
+
+    ``dev`` and ``ino`` name the inode: a file replaced by a rename, or removed and made
+    again, is another one. ``ctime_ns`` moves with everything done to the inode (a write, a
+    truncation, a chmod, a rename of it, a new link) and is set by the kernel, never by a
+    caller: it catches an edit in place and an inode number reused by a new file. ``mtime``
+    is left out: whatever sets it (a write, ``utimes``) moves ctime too. ``size`` catches a
+    write that changes the length within one tick of the clock the file system stamps
+    ctime from, which ctime alone can miss. A write of the same length within one tick can
+    go unseen: every user here accepts that (a reader that must be exact reads the bytes).
+
+    Comparing an open descriptor with the name at one moment (is the file at the path still
+    the one I hold?) asks only for the inode: :meth:`same_inode`, since a change made
+    between the two looks is no answer to that question.
+    """
+
+    dev: int
+    ino: int
+    ctime_ns: int
+    size: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileId:
+        """The identity ``st`` (from ``stat``, ``lstat`` or ``fstat``) gives."""
+        return cls(st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size)
+
+    def same_inode(self, other: FileId | None) -> bool:
+        """Whether ``other`` is the same inode, changed or not."""
+        return other is not None and (self.dev, self.ino) == (other.dev, other.ino)
+
+
+def file_id(path: str | Path, *, follow: bool = False, dir_fd: int | None = None) -> FileId | None:
+    """The identity of the file at ``path`` (the link itself unless ``follow``); None when
+    nothing can be looked at there (missing, or the path cannot be followed): for "is it still
+    the file I saw?" either is a no. A caller that must tell them apart stats itself and
+    takes :meth:`FileId.of`."""
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    except OSError:
+        return None
+    return FileId.of(st)
 
 
 class FileRefused(Exception):  # noqa: N818 - it is a refusal, not a programming error

@@ -95,7 +95,9 @@ class Node:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.spec_dir = root / "cdi"
-        self.specs = SpecStore()  # the agent's: what its runners wrote
+        self.resolver = SpecCache([self.spec_dir])
+        # The agent's: what its runners wrote; the resolver learns each write, as the agent's.
+        self.specs = SpecStore(self.resolver)
         self.write_class_spec()
         self.pool = DevicePool()
         self.pool.publish(
@@ -112,7 +114,6 @@ class Node:
             ],
         )
         self.claims = Claims()
-        self.resolver = SpecCache([self.spec_dir])
         self.metadata_dir = root / "plugins" / DRIVER / "dra-device-metadata"
 
     def spec_bytes(self) -> bytes:
@@ -169,6 +170,38 @@ async def node(short_dir: Path) -> AsyncIterator[Node]:
         yield node
     finally:
         node.resolver.close()
+
+
+async def test_a_prepare_checks_the_names_of_its_own_spec_without_a_scan(node: Node) -> None:
+    """Each prepare writes the claim's own specs, then checks their names as the runtime
+    resolves them: from what the agent wrote, with no scan of the folder (no hop to the
+    scan worker); a spec someone else drops in the folder is still scanned and seen."""
+    config = [entry(0, params(deviceNodes=NON_ROOT))]
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        first = node.claims.add("c0", "uid-0", result("fpga-1"), config=config)
+        assert (await connection.prepare([first])).claims["uid-0"].error == ""
+        scans = node.resolver.scans
+        for n in range(1, 6):
+            claim = node.claims.add(f"c{n}", f"uid-{n}", result("fpga-0"), config=config)
+            answer = (await connection.prepare([claim])).claims[f"uid-{n}"]
+            assert answer.error == ""
+            assert (await connection.unprepare([claim])).claims[f"uid-{n}"].error == ""
+        assert node.resolver.scans == scans
+        # A foreign spec defining a claim's device: the runtime would not resolve it.
+        (node.spec_dir / "other.json").write_bytes(
+            orjson.dumps(
+                {
+                    "cdiVersion": "0.3.0",
+                    "kind": "example.com/fpga",
+                    "devices": [{"name": "claim-uid-9-0", "containerEdits": {"env": ["A=1"]}}],
+                }
+            )
+        )
+        claim = node.claims.add("c9", "uid-9", result("fpga-0"), config=config)
+        answer = (await connection.prepare([claim])).claims["uid-9"]
+        assert "is defined in more than one spec file" in answer.error
+        assert node.resolver.scans > scans
 
 
 async def test_a_configured_claim_gets_its_own_spec_until_unprepared(node: Node) -> None:

@@ -34,7 +34,8 @@ from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.errors import RegistrationError, SocketInUseError
-from cdi_gen.kubelet.transport import UnixServer, file_id
+from cdi_gen.files import file_id
+from cdi_gen.kubelet.transport import UnixServer
 from tests.agentrun import dra_settings, running_agent
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet

@@ -14,9 +14,10 @@ import grpc
 import pytest
 
 from cdi_gen.errors import RegistrationError
+from cdi_gen.files import FileId, file_id
 from cdi_gen.kubelet.registration import PluginWatcherRegistrar, RegistrationService
 from cdi_gen.kubelet.supervisor import Supervisor
-from cdi_gen.kubelet.transport import FileId, UnixServer, file_id
+from cdi_gen.kubelet.transport import UnixServer
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.waiting import until
 

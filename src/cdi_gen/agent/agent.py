@@ -116,7 +116,9 @@ class Agent:
         self.discovery = Discovery(config)
         self.spec_cache = SpecCache(settings.paths.for_runtime())
         #: The class specs as written: a DRA claim's own spec is built from them in memory.
-        self.specs = SpecStore()
+        #: The spec cache learns every write the agent makes, so the check of Allocate and
+        #: NodePrepareResources after one scans nothing; without a kubelet nothing checks.
+        self.specs = SpecStore(self.spec_cache if settings.kubelet.enabled else None)
         self._background = _Background()
         #: What the runners and frontends are lent: nothing that holds the agent itself.
         self.tools = Tools(

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cdi_gen.errors import SpecWriteError
+from cdi_gen.files import FileId, file_id
 from cdi_gen.modes import make_folder
 
 __all__ = [
@@ -72,10 +73,15 @@ def atomic_replace(
     *,
     durable: bool = True,
     hook: StepHook | None = None,
-) -> None:
+) -> FileId:
     """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
     file gets ``mode``. Without ``durable``, no fsync: readers still see the old or the new
-    file, but a power loss may leave either (or an empty one)."""
+    file, but a power loss may leave either (or an empty one).
+
+    Returns the identity of the file put in place, as a look at the name finds it after
+    the rename (which moves ctime); when the name no longer holds that file (replaced at
+    once), an identity no look at the name will find.
+    """
     tmp = f".{filename}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: never write through a link or file planted at the temporary name.
     fd = os.open(
@@ -96,7 +102,9 @@ def atomic_replace(
             os.fchmod(fd, mode)  # explicit: the umask must not make specs unreadable
             if durable:
                 os.fsync(fd)
+            ours = FileId.of(os.fstat(fd))
         finally:
+            # Closed before the rename: the close of a file written is an event of its name.
             os.close(fd)
         if hook:
             hook("temp-synced")
@@ -106,10 +114,13 @@ def atomic_replace(
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+    found = file_id(filename, dir_fd=dir_fd)
     if hook:
         hook("renamed")
     if durable:
         os.fsync(dir_fd)
+    # The name holds another file already: ours, kept, is found at it by no look.
+    return found if found is not None and ours.same_inode(found) else ours
 
 
 def remove_stale_temps_in(dir_fd: int) -> int:

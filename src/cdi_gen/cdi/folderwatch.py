@@ -15,6 +15,14 @@ a runtime opens the folder by its path: so each call also stats every spec folde
 (a link on the path swapped, a parent renamed and made again, something mounted over it) the
 watch moves to the folder the path leads to now, and the call says "changed".
 
+:meth:`FolderWatch.changes` names the spec files that changed when every event since the last
+call is one the agent's own writer makes: a file renamed onto a spec file's name, renamed
+away, or removed. The cache then asks whether each is a change the agent made itself and
+knows already (a rename by someone else leaves another file there). Anything else names no
+file, so only a scan is exact: an edit in place, a new file, a change of mode (the writer
+never does these to a spec file, so however close in time to its write, they are someone
+else's), a folder moved or made again, a change on a linked file's way, lost events.
+
 Whatever cannot be watched says "changed" on every call instead, so the cache falls back to
 scanning: a missing folder (until it appears: each call tries to watch it again), a folder
 that cannot be watched, a full event queue (``IN_Q_OVERFLOW``), or no inotify at all
@@ -68,6 +76,10 @@ _MASK = (
     | IN_MOVE_SELF
     | IN_ONLYDIR
 )
+#: The events the one spec writer makes on a spec file's name: its temporary file renamed
+#: over it, or its removal (what happens to the replaced inode is reported on that inode
+#: alone, which is not watched).
+_RENAMES_AND_REMOVALS = IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
 #: Links followed in one path before giving up, as the kernel's ELOOP limit.
 MAX_LINKS = 40
 #: Where a descriptor can be named by path (absent without a mounted /proc).
@@ -171,11 +183,18 @@ class FolderWatch:
         Constant time when nothing happened: one ``poll`` of the event queue, one ``stat``
         of each folder's path, and one attempt to watch each folder not watched yet.
         """
+        return self.changes() != set()
+
+    def changes(self) -> set[str] | None:
+        """What changed since the last call: an empty set for nothing, the paths (spec
+        folder joined with the name) of the spec files the events named when they name
+        every change, or None when anything may have changed (at first, too). Costs what
+        :meth:`changed` costs."""
         if not self.available:
-            return True
-        dirty = bool(self._fionread(self._fd, termios.FIONREAD, self._queued_ref))
-        if dirty or self._queued.value:
-            dirty = self._drain()
+            return None
+        named: set[str] | None = set()
+        if self._fionread(self._fd, termios.FIONREAD, self._queued_ref) or self._queued.value:
+            named = self._drain()
         # After the drain: a folder the kernel dropped (removed, moved) is no longer armed.
         moved = [f for f, (_wd, dev, ino) in self._armed.items() if not _leads_to(f, dev, ino)]
         if moved:
@@ -183,10 +202,10 @@ class FolderWatch:
             for folder in moved:
                 self._disarm(folder)
             self._watch_missing()
-            return True
-        if self._unwatched:
-            dirty = self._watch_missing() or dirty
-        return dirty
+            return None
+        if self._unwatched and self._watch_missing():
+            return None
+        return named
 
     def _watch_missing(self) -> bool:
         dirty = False
@@ -272,26 +291,30 @@ class FolderWatch:
             self._release(wd)
         return changed
 
-    def _drain(self) -> bool:
-        dirty = False
+    def _drain(self) -> set[str] | None:
+        """Read every queued event: the spec files they name, None when they do not name
+        every change."""
+        named: set[str] | None = set()
         while True:
             try:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
-                return dirty
+                return named
             except OSError as exc:
                 log.warning("reading inotify events failed, scanning instead: %s", exc)
-                return True
+                return None
             if not data:
-                return dirty
-            if self._apply(data):
-                dirty = True
+                return named
+            more = self._apply(data)
+            named = None if more is None or named is None else named | more
 
-    def _apply(self, data: bytes) -> bool:
-        dirty = False
+    def _apply(self, data: bytes) -> set[str] | None:
+        """The spec files ``data``'s events name; None when one names no file."""
+        named: set[str] = set()
+        unnamed = False
         for wd, mask, raw in events(data):
             if mask & IN_Q_OVERFLOW:
-                dirty = True  # events were lost: only a full scan is exact
+                unnamed = True  # events were lost: only a full scan is exact
                 continue
             folders = self._folder_wds.get(wd)
             links = self._link_wds.get(wd)
@@ -301,18 +324,25 @@ class FolderWatch:
                 continue
             name = os.fsdecode(raw)
             if mask & SELF_EVENTS and not name:
-                if folders is not None:
-                    # The folder itself went away (or moved): watch its path again later.
-                    del self._folder_wds[wd]
-                    for folder in folders:
-                        self._armed.pop(folder, None)
-                    self._unwatched.update(folders)
-                self._link_wds.pop(wd, None)
-                if not mask & IN_IGNORED:
-                    inotify().remove(self._fd, wd)
-                dirty = True
-                continue
-            # A spec file of a folder, or an entry a linked spec file resolves through.
-            if (folders is not None and self._relevant(name)) or (links and name in links):
-                dirty = True
-        return dirty
+                self._gone(wd, mask, folders)
+                unnamed = True
+            elif links and name in links:
+                unnamed = True  # on a linked spec file's way: which files it changes is not known
+            elif folders is not None and self._relevant(name):
+                if mask & _RENAMES_AND_REMOVALS:
+                    named.update(os.path.join(folder, name) for folder in folders)
+                else:
+                    unnamed = True
+        return None if unnamed else named
+
+    def _gone(self, wd: int, mask: int, folders: set[str] | None) -> None:
+        """The watched folder ``wd`` itself went away (or moved)."""
+        if folders is not None:
+            # Watch its path again later.
+            del self._folder_wds[wd]
+            for folder in folders:
+                self._armed.pop(folder, None)
+            self._unwatched.update(folders)
+        self._link_wds.pop(wd, None)
+        if not mask & IN_IGNORED:
+            inotify().remove(self._fd, wd)

@@ -4,9 +4,11 @@ kubelet only names the runtime can find in its spec folders (priority, conflicts
 spec shadowing ours).
 
 The answer comes from :class:`cdi_gen.cdi.registry.SpecCache` behind the
-:class:`SpecResolver` protocol: from its cache when no folder changed, else from one scan on a
-worker shared by every plugin and bounded by :data:`SPEC_CHECK_SECONDS`, so a hung or hostile
-folder holds that one worker and later checks time out, never the gRPC server's threads.
+:class:`SpecResolver` protocol: from its cache, on the calling thread, when no folder changed
+but by the agent's own writes (which the writer told it of: a DRA claim's own spec written
+just before its names are checked costs no scan), else from one scan on a worker shared by
+every plugin and bounded by :data:`SPEC_CHECK_SECONDS`, so a hung or hostile folder holds
+that one worker and later checks time out, never the gRPC server's threads.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class SpecResolver(Protocol):
     """What the plugins need from :class:`cdi_gen.cdi.registry.SpecCache`.
 
     A resolver may also offer ``unresolved_if_fresh(names) -> list[str] | None``: the same
-    answer without reading any folder, or None when the folders must be read first.
+    answer without reading any folder (what the agent itself wrote it knows), or None when
+    the folders must be read first.
     """
 
     def unresolved(self, qualified_names: Iterable[str]) -> list[str]:

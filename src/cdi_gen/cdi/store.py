@@ -10,7 +10,12 @@ claim never gets edits from a spec someone else put in its place (nor from memor
 runtime would see another file).
 
 Allocate's and NodePrepareResources' name check does not ask this store: it must see the
-folders as the runtime does, foreign specs included (:mod:`cdi_gen.cdi.registry`).
+folders as the runtime does, foreign specs included (:mod:`cdi_gen.cdi.registry`). It learns
+from the store instead: given ``own_writes`` (the agent's
+:class:`~cdi_gen.cdi.registry.SpecCache`), the store tells it each class spec written or
+removed, with the bytes and the identity of the file the write left, and hands it on to
+whoever else writes into the folder for the agent (a DRA claim's own specs), so that the
+check after the agent's own write needs no scan of the folder.
 
 The writes run in a worker thread and the reads on the kubelet's gRPC threads: an entry is
 replaced whole (one dict assignment), and its document, parsed on first use, is never
@@ -26,22 +31,20 @@ from typing import Any
 import orjson
 
 from cdi_gen.cdi.specnames import spec_filename
-from cdi_gen.cdi.writer import SyncOutcome, sync_spec
+from cdi_gen.cdi.writer import OwnWrites, SyncOutcome, sync_spec
 from cdi_gen.errors import SpecWriteError
+from cdi_gen.files import FileId
 
 __all__ = ["SpecStore", "WrittenSpec"]
 
-#: What tells one file at a name from another: a replacement by rename is a new inode, an
-#: edit in place a new time or size.
-FileId = tuple[int, int, int, int, int]
-
 
 def _file_id(path: Path) -> FileId | None:
+    """The identity of the file at ``path`` (not followed), None when missing; other errors
+    are raised, for a message that says why the file cannot be looked at."""
     try:
-        st = os.lstat(path)
+        return FileId.of(os.lstat(path))
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 class WrittenSpec:
@@ -68,11 +71,34 @@ class WrittenSpec:
         return doc
 
 
-class SpecStore:
-    """The class specs written through :meth:`sync`, by folder, vendor and class."""
+class _Seen:
+    """Notes of one write passed on to ``then``, the identity it left kept."""
 
-    def __init__(self) -> None:
+    __slots__ = ("file_id", "then")
+
+    def __init__(self, then: OwnWrites | None) -> None:
+        self.then = then
+        self.file_id: FileId | None = None
+
+    def wrote(self, path: Path, data: bytes, file_id: FileId) -> None:
+        self.file_id = file_id
+        if self.then is not None:
+            self.then.wrote(path, data, file_id)
+
+    def removed(self, path: Path) -> None:
+        if self.then is not None:
+            self.then.removed(path)
+
+
+class SpecStore:
+    """The class specs written through :meth:`sync`, by folder, vendor and class;
+    ``own_writes`` learns every change the agent makes to its spec files."""
+
+    def __init__(self, own_writes: OwnWrites | None = None) -> None:
         self._written: dict[Path, WrittenSpec] = {}
+        #: Who learns each spec file the agent writes or removes: passed to the writer by
+        #: :meth:`sync`, and by whoever else writes specs for the agent.
+        self.own_writes = own_writes
 
     def sync(
         self, spec_dir: Path, vendor: str, cls: str, data: bytes | None, *, instance: str | None
@@ -81,12 +107,16 @@ class SpecStore:
         its file, or nothing once removed. A failed write keeps the note of the last one,
         whose file is still there (or, replaced since, is then refused by :meth:`current`).
         """
-        outcome = sync_spec(spec_dir, vendor, cls, data, instance=instance)
+        seen = _Seen(self.own_writes)
+        outcome = sync_spec(spec_dir, vendor, cls, data, instance=instance, notes=seen)
         path = Path(spec_dir) / spec_filename(vendor, cls)
         if data is None:
             self._written.pop(path, None)
         else:
-            self._written[path] = WrittenSpec(path, data, _file_id(path))
+            # The identity of the file written, not of whatever is at the name by now; a
+            # write left out (the file held these bytes already) leaves the file found there.
+            found = seen.file_id if seen.file_id is not None else _file_id(path)
+            self._written[path] = WrittenSpec(path, data, found)
         return outcome
 
     def current(self, spec_dir: Path, vendor: str, cls: str) -> WrittenSpec:

@@ -17,6 +17,11 @@ A transient spec (a DRA claim's) is written and removed like a class's spec, but
 unconfigured classes never counts it: whoever made it (the DRA driver, through its checkpoint)
 removes it. :func:`migrate_transient_names` renames the transient specs an older agent wrote
 under the CDI library's ``_`` names.
+
+A caller may pass ``notes`` (:class:`OwnWrites`): told of each spec file written (its bytes
+and the identity of the file the rename put in place) and each removed, so that the runtime's
+view of the folder (:class:`~cdi_gen.cdi.registry.SpecCache`) learns the agent's own changes
+without reading the folder again.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import logging
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import orjson
 
@@ -49,9 +54,10 @@ from cdi_gen.cdi.ownerrecords import (
 )
 from cdi_gen.cdi.specnames import checked_filename, legacy_transient_filename, transient_filename
 from cdi_gen.errors import InvalidNameError, SpecWriteError, quote
-from cdi_gen.files import SPEC_MAX_BYTES
+from cdi_gen.files import SPEC_MAX_BYTES, FileId
 
 __all__ = [
+    "OwnWrites",
     "SyncOutcome",
     "migrate_transient_names",
     "remove_spec",
@@ -61,6 +67,17 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class OwnWrites(Protocol):
+    """Who learns the spec files this agent changes, as each change is made (called on the
+    writing thread; must not wait on anything slow)."""
+
+    def wrote(self, path: Path, data: bytes, file_id: FileId) -> None:
+        """``path`` now holds ``data``, in the file ``file_id`` (as the rename left it)."""
+
+    def removed(self, path: Path) -> None:
+        """The spec file at ``path`` was removed."""
 
 
 def write_bytes(
@@ -73,6 +90,7 @@ def write_bytes(
     transient: str | None = None,
     payload: Mapping[str, object] | None = None,
     step_hook: StepHook | None = None,
+    notes: OwnWrites | None = None,
 ) -> bool:
     """Atomically make ``spec_dir/<vendor>-<class>.json`` hold ``data``; True if it changed.
     With ``transient``, the transient spec ``<vendor>-<class>@<transient>.json``; with
@@ -82,7 +100,8 @@ def write_bytes(
     Creates the folder if missing. Raises :class:`SpecWriteError` if the target exists but is
     not ours (foreign file, link, content we never wrote, or a spec another ``instance`` wrote;
     default: the vendor), the vendor or class is not a valid name, the owner record would be
-    larger than a reader accepts, or the folder cannot be written.
+    larger than a reader accepts, or the folder cannot be written. ``notes`` learns a write
+    that changed the file.
     """
     filename = checked_filename(vendor, cls, transient)
     instance = instance or vendor
@@ -125,7 +144,7 @@ def write_bytes(
             owner_hook = (lambda step: step_hook(f"owner-{step}")) if step_hook else None
             try:
                 atomic_replace(dir_fd, owner_name(filename), encoded, hook=owner_hook)
-                atomic_replace(dir_fd, filename, data, hook=step_hook)
+                written = atomic_replace(dir_fd, filename, data, hook=step_hook)
             except BaseException:
                 _take_back(dir_fd, filename, new_hash, None if current is None else previous)
                 raise
@@ -133,6 +152,8 @@ def write_bytes(
         raise
     except OSError as exc:
         raise SpecWriteError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
+    if notes is not None:
+        notes.wrote(target, data, written)
     return True
 
 
@@ -160,9 +181,10 @@ def remove_spec(
     *,
     instance: str | None = None,
     transient: str | None = None,
+    notes: OwnWrites | None = None,
 ) -> bool:
     """Delete our spec file of ``vendor/cls`` (its ``transient`` spec, when given); True if
-    one was removed.
+    one was removed (and ``notes`` told).
 
     A foreign file at that name, or one another ``instance`` (default: the vendor) wrote, is
     left alone (False). Raises :class:`SpecWriteError` if the vendor or class is not a valid
@@ -178,6 +200,8 @@ def remove_spec(
                 remove_record_of_gone_spec(dir_fd, filename)  # ours, of a file already gone
                 return False
             os.unlink(filename, dir_fd=dir_fd)
+            if notes is not None:
+                notes.removed(spec_dir / filename)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(owner, dir_fd=dir_fd)
             os.fsync(dir_fd)
@@ -258,7 +282,13 @@ SyncOutcome = Literal["written", "unchanged", "removed", "absent"]
 
 
 def sync_spec(
-    spec_dir: Path, vendor: str, cls: str, data: bytes | None, *, instance: str | None = None
+    spec_dir: Path,
+    vendor: str,
+    cls: str,
+    data: bytes | None,
+    *,
+    instance: str | None = None,
+    notes: OwnWrites | None = None,
 ) -> SyncOutcome:
     """Bring the spec of ``vendor/cls`` to ``data``, or remove ours when ``data`` is None.
 
@@ -266,14 +296,18 @@ def sync_spec(
     Raises :class:`SpecWriteError` (see :func:`write_bytes` and :func:`remove_spec`).
     """
     if data is None:
-        removed = remove_spec(spec_dir, vendor, cls, instance=instance)
+        removed = remove_spec(spec_dir, vendor, cls, instance=instance, notes=notes)
         return "removed" if removed else "absent"
-    written = write_bytes(spec_dir, vendor, cls, data, instance=instance)
+    written = write_bytes(spec_dir, vendor, cls, data, instance=instance, notes=notes)
     return "written" if written else "unchanged"
 
 
 def remove_unconfigured(
-    spec_dir: Path, configured: Collection[tuple[str, str]], *, instance: str
+    spec_dir: Path,
+    configured: Collection[tuple[str, str]],
+    *,
+    instance: str,
+    notes: OwnWrites | None = None,
 ) -> list[tuple[str, str, SpecWriteError | None]]:
     """Remove the specs ``instance`` wrote of classes not in ``configured`` (``(vendor,
     class)`` pairs): another instance's specs are never touched. Returns ``(vendor, class,
@@ -284,7 +318,7 @@ def remove_unconfigured(
         if (owned_vendor, owned_cls) in configured:
             continue
         try:
-            if remove_spec(spec_dir, owned_vendor, owned_cls, instance=instance):
+            if remove_spec(spec_dir, owned_vendor, owned_cls, instance=instance, notes=notes):
                 done.append((owned_vendor, owned_cls, None))
         except SpecWriteError as exc:
             done.append((owned_vendor, owned_cls, exc))

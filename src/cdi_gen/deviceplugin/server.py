@@ -42,9 +42,10 @@ from cdi_gen.deviceplugin.allocation import (
     preferred_allocation,
 )
 from cdi_gen.deviceplugin.board import DeviceBoard
+from cdi_gen.files import FileId, file_id
 from cdi_gen.kubelet.streams import StreamGate, abort, clip, follow
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
-from cdi_gen.kubelet.transport import FileId, UnixServer, check_socket_path, file_id
+from cdi_gen.kubelet.transport import UnixServer, check_socket_path
 from cdi_gen.logs import call_hook
 from cdi_gen.model import AdvertisedDevice
 from cdi_gen.names import validate_cdi_kind_as_resource

@@ -4,7 +4,7 @@ A kubelet plugin serves on a socket file in a folder the kubelet owns and wipes 
 starts. :class:`UnixServer` creates the file (mode 0600 whatever the umask, replacing only a
 stale socket, never another kind of file), serves a fresh ``grpc.server`` on it each time it
 is started and removes the file on stop unless something newer took the name. Its identity
-(:func:`file_id`) tells the supervisor whether the file is still the one it created.
+(:class:`~cdi_gen.files.FileId`) tells the supervisor whether the file is still the one it created.
 
 A name is served by one process at a time: :class:`NameLock`, an ``flock`` on
 ``.<socket name>.lock`` beside the socket (a dot file: the plugin watcher ignores it), held
@@ -37,17 +37,16 @@ from typing import Any
 import grpc
 
 from cdi_gen.errors import ConfigError, RegistrationError, SocketInUseError, quote
+from cdi_gen.files import FileId, file_id
 from cdi_gen.kubelet.boundary import wait_for_thread
 from cdi_gen.modes import SOCKET_MODE, umask
 
 __all__ = [
     "MAX_SOCKET_PATH",
     "WORKERS",
-    "FileId",
     "NameLock",
     "UnixServer",
     "check_socket_path",
-    "file_id",
     "listening",
 ]
 
@@ -59,18 +58,8 @@ MAX_SOCKET_PATH = 107
 #: their streams well below this and unary calls always find a thread.
 WORKERS = 16
 
-FileId = tuple[int, int, int]
 #: The most of a lock file read for its holder's instance (a pod UID is at most 128).
 _HOLDER_BYTES = 256
-
-
-def file_id(path: Path) -> FileId | None:
-    """Identity of the file at ``path``; a re-created file differs even if its inode is reused."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def listening(path: Path) -> bool:
@@ -112,10 +101,11 @@ class NameLock:
         if self._fd is None:
             return False
         try:
-            ours, there = os.fstat(self._fd), os.lstat(self.path)
+            ours = FileId.of(os.fstat(self._fd))
         except OSError:
             return False
-        return (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino)
+        # The inode alone: we write into the lock, and its name is the question, not its bytes.
+        return ours.same_inode(file_id(self.path))
 
     def acquire(self) -> None:
         """Hold the lock (kept if held). Raises :class:`~cdi_gen.errors.SocketInUseError`
@@ -133,8 +123,7 @@ class NameLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise self._taken(os.pread(fd, _HOLDER_BYTES, 0)) from None
-                st, there = os.fstat(fd), _lstat(self.path)
-                if there is not None and (st.st_dev, st.st_ino) == there:
+                if FileId.of(os.fstat(fd)).same_inode(file_id(self.path)):
                     # Written before cut to length: a reader never sees it empty.
                     data = self.instance.encode()
                     os.pwrite(fd, data, 0)
@@ -155,8 +144,7 @@ class NameLock:
         if fd is None:
             return
         try:
-            st, there = os.fstat(fd), _lstat(self.path)
-            if there == (st.st_dev, st.st_ino):
+            if FileId.of(os.fstat(fd)).same_inode(file_id(self.path)):
                 self.path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("cannot remove the lock %s: %s", self.path, exc)
@@ -204,14 +192,6 @@ class NameLock:
                 "to lock it"
             )
         return fd
-
-
-def _lstat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 class UnixServer:

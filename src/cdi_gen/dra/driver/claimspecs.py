@@ -252,6 +252,7 @@ class ClaimSpecs:
                     instance=self.instance,
                     transient=spec.transient,
                     payload=record,
+                    notes=self.store.own_writes,
                 )
         # Undone whole: the spec being written too, which a failure after its rename (a
         # folder fsync) leaves in place, and any record a killed try left at its names.
@@ -393,7 +394,12 @@ class ClaimSpecs:
         for spec in specs:
             vendor, _, cls = spec.kind.partition("/")
             if remove_spec(
-                self.spec_dir, vendor, cls, instance=self.instance, transient=spec.transient
+                self.spec_dir,
+                vendor,
+                cls,
+                instance=self.instance,
+                transient=spec.transient,
+                notes=self.store.own_writes,
             ):
                 log.info(
                     "%s: removed its spec %s",
