@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
-from cdi_gen.dra.plugin.capacity import shared_once
+from cdi_gen.dra.driver.poolentries import shared_once
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,

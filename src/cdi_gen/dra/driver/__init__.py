@@ -2,6 +2,8 @@
 
 * :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it (pool, plugin, publisher),
   the frontend and pool of every DRA class;
+* :mod:`~cdi_gen.dra.driver.poolentries`: the pool's entries, from the class config and
+  udev;
 * :mod:`~cdi_gen.dra.driver.preparer`: which claims are prepared, and the decisions;
 * :mod:`~cdi_gen.dra.driver.claimcalls`: how the server threads share a claim's prepare (read
   before any lock) and its record;

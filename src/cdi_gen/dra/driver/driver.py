@@ -6,7 +6,7 @@ the one wrapper the agent runs for all of them: every DRA class's runner has it 
 attempt retried on the agent's group; stopped once) and as its
 :class:`~cdi_gen.agent.frontend.ClassPool`: the runner publishes the class's devices into one
 :class:`~cdi_gen.dra.plugin.pool.DevicePool` at the points where a device plugin's class
-publishes its board; the
+publishes its board (the entries built by :mod:`~cdi_gen.dra.driver.poolentries`); the
 :class:`~cdi_gen.dra.plugin.publisher.SlicePublisher` keeps the node's ResourceSlices equal to
 the pool, and the :class:`~cdi_gen.dra.plugin.server.DraPlugin` answers the kubelet's
 NodePrepareResources from it through the driver's state, a
@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
-from cdi_gen.dra.plugin.capacity import consumable_capacity, shared_once
-from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices
+from cdi_gen.dra.driver.poolentries import PoolCache, pool_devices, shared_once
+from cdi_gen.dra.plugin.capacity import consumable_capacity
+from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import SocketInUseError
 from cdi_gen.logs import fields
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
