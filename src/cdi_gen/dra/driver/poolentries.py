@@ -32,7 +32,7 @@ from cdi_gen.dra.plugin.slices import MAX_INT_ATTRIBUTE, MAX_STRING_ATTRIBUTE
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import hashed_label, is_kept_label, qualified_name
 
-__all__ = ["PoolCache", "device_name", "pool_devices", "shared_once"]
+__all__ = ["PoolCache", "PoolEntries", "device_name", "pool_devices", "shared_once"]
 
 #: udev properties for the descriptive attributes, best first: the hardware database's
 #: names are the readable ones; the ID_* of the device itself are what USB/SCSI report.
@@ -220,3 +220,35 @@ def shared_once(devices: Iterable[PoolDevice], *, classes: Collection[str]) -> l
             )
         )
     return out
+
+
+class PoolEntries:
+    """The pool entries of every class of a config with ``vendor`` and ``classes`` (every
+    class name, see :func:`device_name`), each class's kept from one call to the next and
+    built again only where a device changed."""
+
+    def __init__(self, vendor: str, classes: Collection[str]) -> None:
+        self.vendor = vendor
+        self.classes = tuple(classes)
+        #: Per class: the pool entries last built, reused while their device is unchanged.
+        self._cache: dict[str, PoolCache] = {}
+        #: Shared devices as one entry each with consumable capacity (the API server serves
+        #: it), else as their slots.
+        self.by_capacity = False
+
+    def build(
+        self,
+        config: ClassConfig,
+        advertised: Iterable[AdvertisedDevice],
+        discovered: Mapping[str, DiscoveredDevice],
+    ) -> tuple[PoolDevice, ...]:
+        """``config``'s class as pool entries (see :func:`pool_devices`)."""
+        cache = self._cache.setdefault(config.name, {})
+        devices = pool_devices(
+            self.vendor, config, advertised, discovered, cache, classes=self.classes
+        )
+        return tuple(self.shared(devices))
+
+    def shared(self, devices: Iterable[PoolDevice]) -> Iterable[PoolDevice]:
+        """One class's entries as shared devices are published: by capacity or as slots."""
+        return shared_once(devices, classes=self.classes) if self.by_capacity else devices

@@ -8,6 +8,9 @@
   ``ClaimPreparer`` and ``ClaimReader`` protocols) and what it answers;
 * :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources; the
   driver builds the entries);
+* :mod:`~cdi_gen.dra.plugin.offering`: the pool offered in the slices only while the plugin
+  serves, the publisher started (and over), the rolling update's yield and take-back, the
+  ordered close;
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
 * :mod:`~cdi_gen.dra.plugin.capacity`: whether the API server serves consumable capacity
   (a shared device published once);
