@@ -3,7 +3,7 @@
 Per node, what the agent runs for its DRA classes, fed recorded devices instead of udev: a
 :class:`~cdi_gen.discovery.inventory.Discovery` of the catalogue's ``gpu`` class, eight GPUs
 (the card and render node of an amdgpu card in ``tests/data/udev/hardware.json``, cloned at
-eight PCI addresses), their pool entries (:func:`~cdi_gen.dra.plugin.pool.pool_devices`) in a
+eight PCI addresses), their pool entries (:func:`~cdi_gen.dra.driver.poolentries.pool_devices`) in a
 :class:`~cdi_gen.dra.plugin.pool.DevicePool`, and a
 :class:`~cdi_gen.dra.plugin.publisher.SlicePublisher` with its own
 :class:`~cdi_gen.apiserver.client.ApiClient` (its own connections, as each node's agent has).
@@ -42,7 +42,8 @@ from cdi_gen.apiserver.client import ApiClient  # noqa: E402
 from cdi_gen.config.loader import parse_config  # noqa: E402
 from cdi_gen.config.models import AgentConfig, ClassConfig  # noqa: E402
 from cdi_gen.discovery.inventory import Discovery  # noqa: E402
-from cdi_gen.dra.plugin.pool import DevicePool, PoolCache, pool_devices  # noqa: E402
+from cdi_gen.dra.driver.poolentries import PoolCache, pool_devices  # noqa: E402
+from cdi_gen.dra.plugin.pool import DevicePool  # noqa: E402
 from cdi_gen.dra.plugin.publisher import SlicePublisher  # noqa: E402
 from cdi_gen.dra.plugin.slices import Slice, build_slices  # noqa: E402
 from cdi_gen.model import DeviceRecord  # noqa: E402

@@ -161,12 +161,12 @@ class PoolDevice:
     """One device as a DRA driver publishes it in the node's ResourceSlices.
 
     ``name`` is the device's name in the pool, a DNS label unique on the node (class and CDI
-    name, see :func:`cdi_gen.dra.plugin.pool.device_name`); ``cdi_name`` the fully-qualified CDI
-    name NodePrepareResources answers with. ``attributes`` are unqualified (the driver's domain
-    is implied), except those of another domain, which are fully qualified
-    (``resource.kubernetes.io/pcieRoot``). A slot of a shared device has ``slots`` > 1 and
-    shares ``physical`` with the device's other slots; a shared device published once with
-    consumable capacity has ``shares`` > 1 instead (and ``slots`` 1).
+    name, see :func:`cdi_gen.dra.driver.poolentries.device_name`); ``cdi_name`` the
+    fully-qualified CDI name NodePrepareResources answers with. ``attributes`` are unqualified
+    (the driver's domain is implied), except those of another domain, which are fully
+    qualified (``resource.kubernetes.io/pcieRoot``). A slot of a shared device has ``slots``
+    > 1 and shares ``physical`` with the device's other slots; a shared device published once
+    with consumable capacity has ``shares`` > 1 instead (and ``slots`` 1).
     """
 
     name: str

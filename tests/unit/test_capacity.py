@@ -12,8 +12,8 @@ from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.apiserver.errors import ApiServerError
 from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.sharing import slot_device, slot_names
-from cdi_gen.dra.plugin.capacity import consumable_capacity, probe_slice, shared_once
-from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.driver.poolentries import pool_devices, shared_once
+from cdi_gen.dra.plugin.capacity import consumable_capacity, probe_slice
 from cdi_gen.dra.plugin.slicerecord import GATES, dropped_fields
 from cdi_gen.dra.plugin.slices import build_slices
 from cdi_gen.model import AdvertisedDevice

@@ -13,13 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen import names
+from cdi_gen.config.deviceattributes import MAX_CLASS_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES, OWN
 from cdi_gen.config.loader import catalogue_text, config_json_schema, load_config, parse_config
-from cdi_gen.config.models import (
-    BUILTIN_DRA_ATTRIBUTES,
-    DEFAULT_VENDOR,
-    MAX_CLASS_ATTRIBUTES,
-    MAX_DEVICE_ATTRIBUTES,
-)
+from cdi_gen.config.models import DEFAULT_VENDOR
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
     EDIT_FIELDS,
@@ -373,7 +369,7 @@ def test_too_many_attributes_are_refused_naming_class_and_count(
     path.write_text(yaml.safe_dump({"vendor": "example.com", "classes": classes}))
     assert _check_config(capsys, path)[0] == 0
     # The bound leaves room for every attribute the pool sets itself.
-    assert MAX_CLASS_ATTRIBUTES + len(BUILTIN_DRA_ATTRIBUTES) == MAX_DEVICE_ATTRIBUTES == 32
+    assert MAX_CLASS_ATTRIBUTES + len(OWN) == MAX_DEVICE_ATTRIBUTES == 32
 
 
 SHADOW = (

@@ -7,7 +7,7 @@ import pytest
 
 from cdi_gen.apiserver.resourceclaim import POD_CLAIM_NAME, claim_view
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
-from cdi_gen.dra.plugin.capacity import shared_once
+from cdi_gen.dra.driver.poolentries import shared_once
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,

@@ -1,4 +1,7 @@
-"""The DRA driver's wiring: the pool it publishes, what /readyz says, a publisher that fails."""
+"""The DRA driver's wiring: the pool it publishes, what /readyz says, the publisher's bound.
+
+The generic lifecycle it composes (what the slices offer, the publisher started over) is
+tested in tests/unit/test_dra_offering.py."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import pytest
 from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
-from cdi_gen.dra.driver import driver as driver_module
 from cdi_gen.dra.driver.driver import DraDriver
 from cdi_gen.errors import ConfigError
 from cdi_gen.metrics import Metrics
@@ -42,34 +44,13 @@ def _driver(**settings: object) -> DraDriver:
 def test_publish_puts_the_class_into_the_pool() -> None:
     driver = _driver()
     cls = CONFIG.classes[0]
-    driver._serving_changed(True, "")
+    driver.offering._serving_changed(True, "")
     assert driver.publish(cls, [AdvertisedDevice("fpga0", physical="/sys/x")], {})
     (device,) = driver.pool.devices.values()
     assert (device.name, device.cdi_name) == ("fpga-fpga0", "example.com/fpga=fpga0")
-    assert driver.offered.devices == driver.pool.devices
+    assert driver.offering.offered.devices == driver.pool.devices
     assert not driver.publish(cls, [AdvertisedDevice("fpga0", physical="/sys/x")], {})
     assert (driver.name, driver.node) == ("example.com", "node-1")
-
-
-def test_the_slices_offer_the_pool_only_while_the_plugin_serves() -> None:
-    """The pool always holds the devices (NodePrepareResources answers from it); what the
-    publisher follows is empty until the plugin serves and whenever it stops serving."""
-    driver = _driver()
-    cls = CONFIG.classes[0]
-    driver.publish(cls, [AdvertisedDevice("fpga0")], {})
-    assert list(driver.pool.devices) == ["fpga-fpga0"]
-    assert not driver.offered.devices
-    assert not driver.publish(cls, [AdvertisedDevice("fpga0")], {})  # nothing to withdraw
-
-    driver._serving_changed(True, "")
-    assert list(driver.offered.devices) == ["fpga-fpga0"]
-    driver._serving_changed(False, "cannot serve on 'x': gone")
-    assert not driver.offered.devices
-    assert list(driver.pool.devices) == ["fpga-fpga0"]
-
-    driver.offered.close()  # stopping: the slices stay as they are
-    driver._serving_changed(True, "")
-    assert not driver.offered.devices
 
 
 def test_waiting_names_what_is_missing() -> None:
@@ -109,48 +90,6 @@ def test_a_start_that_fails_without_a_message_still_names_its_cause(
     ]
 
 
-class _Flaky:
-    """A publisher whose first run fails the way a bug would."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-
-    async def run(self) -> None:
-        self.runs += 1
-        if self.runs == 1:
-            raise RuntimeError("a bug")
-
-
-def test_a_failing_publisher_is_started_over_not_fatal(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(driver_module, "RESTART_SECONDS", 0.0)
-    driver = _driver()
-    flaky = _Flaky()
-    asyncio.run(driver._publish(flaky, asyncio.Event()))  # type: ignore[arg-type]
-    assert flaky.runs == 2
-    assert driver.metrics.failures.labels("example.com", "internal")._value.get() == 1
-    # A wait of 0 is raised to the floor of every backoff.
-    assert "publishing ResourceSlices failed (attempt 1); starting over in 0.1s" in caplog.text
-
-
-class _Published:
-    generation = 7
-    published_version = 0
-
-
-def test_pool_metrics_are_read_from_the_publisher_at_scrape_time() -> None:
-    driver = _driver()
-    publisher = _Published()
-    driver._export(publisher)  # type: ignore[arg-type]
-    text = driver.metrics.exposition().decode()
-    assert 'cdi_gen_dra_pool_generation{driver="example.com"} 7.0' in text
-    assert 'cdi_gen_dra_pool_published{driver="example.com"} 1.0' in text
-    driver.publish(CONFIG.classes[0], [AdvertisedDevice("fpga0")], {})  # pool version 1
-    text = driver.metrics.exposition().decode()
-    assert 'cdi_gen_dra_pool_published{driver="example.com"} 0.0' in text
-
-
 async def test_the_publisher_is_bounded_by_the_retry_setting(
     api: FakeApiServer,
     client: ApiClient,
@@ -179,14 +118,14 @@ async def test_the_publisher_is_bounded_by_the_retry_setting(
     driver = DraDriver(CONFIG, loaded, Tools(Metrics(), loaded.retry.max_seconds, spawn))
     monkeypatch.setattr(driver, "_make_plugin", no_plugin)
     assert not await driver.attempt()  # the plugin failed; the publisher runs all the same
-    publisher = driver.publisher
+    publisher = driver.offering.publisher
     assert publisher is not None and publisher.retry_max == 0.1
-    driver._serving_changed(True, "")
+    driver.offering._serving_changed(True, "")
     driver.publish(CONFIG.classes[0], [AdvertisedDevice("fpga0")], {})
     try:
-        assert await publisher.published(driver.offered.version, 10)
+        assert await publisher.published(driver.offering.offered.version, 10)
     finally:
-        driver.offered.close()
+        driver.offering.offered.close()
         await asyncio.gather(*tasks)
     lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(lines) == 2, lines

@@ -19,12 +19,13 @@ import pytest
 import yaml
 
 from cdi_gen.cli.main import main
+from cdi_gen.config.deviceattributes import BUILT_IN
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import MAX_CLASS_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.discovery.topology import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, standard_numa_node
-from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.driver.poolentries import pool_devices
 from cdi_gen.model import DeviceRecord, ParentRecord
 from cdi_gen.sources.records import load_recording, record_to_json
 from cdi_gen.sources.udev import record_from_device
@@ -255,3 +256,21 @@ def test_the_standard_node_counts_against_the_limit(
         assert len(attributes) <= MAX_DEVICE_ATTRIBUTES
         assert set(own) <= set(attributes) and attributes["numaNode"] == 1
         assert [k for k in attributes if k.startswith("resource.kubernetes.io/")] == standard
+
+
+def test_the_pool_sets_exactly_the_attributes_of_the_table() -> None:
+    """The attributes the pool sets itself are those of one table
+    (``config/deviceattributes.py``), which the config's check of a class's own reads too:
+    for devices with every source present (a PCI parent on a NUMA node, a driver, a vendor,
+    model and serial, a slot of a shared device) the names not from the class config are
+    exactly the table's. One the pool starts to set without the table fails here; so does
+    one the table names but the pool never sets (it would cost every class a slot)."""
+    record = record_from_device(_as_udev(_recorded()["nvme0n1"]))
+    udev = {"ID_VENDOR": "v", "ID_MODEL": "m", "ID_SERIAL": "s"}
+    record = dataclasses.replace(record, properties={**record.properties, **udev})
+    own = {"firmware": "{kernel}"}
+    cls = {**_CLASSES[1], "attributes": own, "sharing": {"replicas": 2}}
+    devices = _attributes(cls, record)
+    assert len(devices) == 2
+    for attributes in devices:
+        assert set(attributes) - set(own) == set(BUILT_IN)

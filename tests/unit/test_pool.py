@@ -11,12 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdi_gen import names
+from cdi_gen.config.deviceattributes import BUILT_IN, OWN
 from cdi_gen.config.loader import load_config, parse_config
-from cdi_gen.config.models import BUILTIN_DRA_ATTRIBUTES, AgentConfig
+from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.discovery.topology import NUMA_NODE
-from cdi_gen.dra.plugin.pool import DevicePool, device_name, pool_devices
+from cdi_gen.dra.driver.poolentries import device_name, pool_devices
+from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord, ParentRecord, PoolDevice
 
@@ -129,7 +131,7 @@ def test_the_reserved_attribute_names_are_exactly_those_the_pool_sets_itself() -
     )
     for device in _pool(config, [record]):
         own = {k for k in device.attributes if "/" not in k}
-        assert own == BUILTIN_DRA_ATTRIBUTES
+        assert own == OWN
 
 
 def test_when_gone_taint_keeps_the_device_marked_gone() -> None:
@@ -191,6 +193,15 @@ def test_bad_attributes_are_config_errors(attributes: dict[str, str], message: s
         _config({**LOOP, "attributes": attributes})
     assert message in str(info.value)
     assert "classes[0].attributes" in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_a_class_may_not_use_a_name_the_pool_sets_itself(name: str) -> None:
+    # The config reads the same table the pool builder does (see test_numa.py's
+    # test_the_pool_sets_exactly_the_attributes_of_the_table).
+    with pytest.raises(ConfigError) as info:
+        _config({**LOOP, "attributes": {name: "{kernel}"}})
+    assert ("is one cdi-gen sets itself" if name in OWN else "has a domain") in str(info.value)
 
 
 def test_api_must_be_known() -> None:

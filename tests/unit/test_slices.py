@@ -18,7 +18,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.dra.driver.deviceclasses import device_class, device_class_name
-from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.driver.poolentries import pool_devices
 from cdi_gen.dra.plugin.slices import (
     MAX_COUNTER_SETS,
     MAX_DEVICES,

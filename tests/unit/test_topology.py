@@ -26,7 +26,7 @@ from cdi_gen.discovery.topology import (
     pcie_root,
     record_topology,
 )
-from cdi_gen.dra.plugin.pool import pool_devices
+from cdi_gen.dra.driver.poolentries import pool_devices
 from cdi_gen.model import DeviceRecord, ParentRecord
 from cdi_gen.sources.records import record_from_json, records_from_export_db
 from tests.slicerules import pool_problems

@@ -66,8 +66,7 @@ def slices(
     import yaml
 
     from cdi_gen.discovery.sharing import expand_advertised, expand_devices
-    from cdi_gen.dra.plugin.capacity import shared_once
-    from cdi_gen.dra.plugin.pool import pool_devices
+    from cdi_gen.dra.driver.poolentries import pool_devices, shared_once
     from cdi_gen.dra.plugin.slices import build_slices
     from cdi_gen.errors import SpecError
 

@@ -27,6 +27,13 @@ from pydantic import (
 from cdi_gen import names
 from cdi_gen.cdi.version import KNOWN_VERSIONS, normalize
 from cdi_gen.config.configmodel import ConfigModel
+from cdi_gen.config.deviceattributes import (
+    MAX_CLASS_ATTRIBUTES,
+    MAX_DEVICE_ATTRIBUTES,
+    OWN,
+    STANDARD,
+    STANDARD_DOMAIN,
+)
 from cdi_gen.config.edits import ContainerEditsConfig, NodeOptions
 from cdi_gen.config.rules import GroupConfig, HealthConfig, MatchRule
 from cdi_gen.config.templates import (
@@ -41,7 +48,6 @@ from cdi_gen.errors import ConfigError, InvalidNameError, quote
 from cdi_gen.strictmodel import FieldError, Loc
 
 __all__ = [
-    "BUILTIN_DRA_ATTRIBUTES",
     "DEFAULT_VENDOR",
     "MAX_CLASS_ATTRIBUTES",
     "MAX_DEVICE_ATTRIBUTES",
@@ -69,29 +75,6 @@ RUNTIME_PIN = "runtime"
 
 #: A DRA attribute name without a domain (the driver's is implied): a C identifier.
 _DRA_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-#: The attributes the pool sets itself (cdi_gen.dra.plugin.pool; tests/unit/test_pool.py holds
-#: the two equal); a class's own ``attributes`` may not reuse them, so a device's ``class``
-#: always is its class.
-BUILTIN_DRA_ATTRIBUTES: frozenset[str] = frozenset(
-    {
-        "class",
-        "cdiName",
-        "subsystem",
-        "driver",
-        "kernelName",
-        "numaNode",
-        "vendor",
-        "model",
-        "serial",
-        "slot",
-    }
-)
-#: Most attributes and capacities one device of a ResourceSlice may carry
-#: (ResourceSliceMaxAttributesAndCapacitiesPerDevice); one more and the slice is refused.
-MAX_DEVICE_ATTRIBUTES = 32
-#: Most attributes of a class's own: what is left once every built-in one is counted (the
-#: pool sets at most those), so that no device can go over the limit.
-MAX_CLASS_ATTRIBUTES = MAX_DEVICE_ATTRIBUTES - len(BUILTIN_DRA_ATTRIBUTES)
 
 
 def _as_rule_list(value: Any) -> Any:
@@ -176,7 +159,7 @@ class ClassConfig(ConfigModel):
             raise ValueError(
                 f"{who} has {len(value)} attributes, at most {MAX_CLASS_ATTRIBUTES}: a "
                 f"ResourceSlice device carries at most {MAX_DEVICE_ATTRIBUTES} and cdi-gen "
-                f"reserves {len(BUILTIN_DRA_ATTRIBUTES)} for its built-in ones"
+                f"reserves {len(OWN)} for its built-in ones"
             )
         for key in value:
             # Checked first, for the message: a qualified name is a C identifier's mistake
@@ -184,18 +167,18 @@ class ClassConfig(ConfigModel):
             if "/" in key:
                 raise ValueError(
                     f"attribute name {quote(key)} has a domain: a class's attributes are in "
-                    "the driver's own; cdi-gen sets the resource.kubernetes.io ones itself "
-                    "(pcieRoot, numaNode, pciBusID)"
+                    f"the driver's own; cdi-gen sets the {STANDARD_DOMAIN} ones itself "
+                    f"({', '.join(n.partition('/')[2] for n in STANDARD)})"
                 )
             if not _DRA_ATTRIBUTE_RE.fullmatch(key):
                 raise ValueError(
                     f"attribute name {quote(key)} is not a C identifier of at most 32 "
                     "characters (what a ResourceSlice accepts)"
                 )
-            if key in BUILTIN_DRA_ATTRIBUTES:
+            if key in OWN:
                 raise ValueError(
                     f"attribute name {quote(key)} is one cdi-gen sets itself (built in: "
-                    f"{', '.join(sorted(BUILTIN_DRA_ATTRIBUTES))})"
+                    f"{', '.join(sorted(OWN))})"
                 )
         return value
 

@@ -2,7 +2,9 @@
 standardised so that devices of different drivers can be aligned (``matchAttribute``).
 
 The names are those of Kubernetes' ``deviceattribute`` package (KEP-4381), in the reserved
-``resource.kubernetes.io`` domain; the values are derived as its Linux helpers derive them:
+``resource.kubernetes.io`` domain (named in :mod:`cdi_gen.config.deviceattributes`, the
+table of every attribute the pool sets itself); the values are derived as its Linux helpers
+derive them:
 
 - ``pciBusID``: the extended BDF of the nearest PCI device at or above the record
   (``dddd:bb:dd.f``, lower-case hex: anything else is no BDF);
@@ -24,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from cdi_gen.config.deviceattributes import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, STANDARD_DOMAIN
 from cdi_gen.model import DeviceRecord
 
 __all__ = [
@@ -38,11 +41,6 @@ __all__ = [
     "standard_numa_node",
 ]
 
-#: The domain Kubernetes reserves for the attributes it defines.
-STANDARD_DOMAIN = "resource.kubernetes.io"
-PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
-PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
-NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 #: Linux has at most 1024 NUMA nodes (NODES_SHIFT ≤ 10); Kubernetes' helper refuses more.
 MAX_NUMA_NODES = 1024
 

@@ -10,10 +10,14 @@
   written (:mod:`~cdi_gen.dra.plugin.claimstatus`);
 * :mod:`~cdi_gen.dra.plugin.claims`: what the generic part asks of a driver part (the
   ``ClaimPreparer`` interface, the ``ClaimReader`` protocol) and what it answers;
-* :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources);
+* :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources; the
+  driver builds the entries);
+* :mod:`~cdi_gen.dra.plugin.offering`: the pool offered in the slices only while the plugin
+  serves, the publisher started (and over), the rolling update's yield and take-back, the
+  ordered close;
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
-* :mod:`~cdi_gen.dra.plugin.capacity`: a shared device published once with consumable
-  capacity, and whether the API server serves it;
+* :mod:`~cdi_gen.dra.plugin.capacity`: whether the API server serves consumable capacity
+  (a shared device published once);
 * :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool,
   with :mod:`~cdi_gen.dra.plugin.slicerecord`, what it keeps of each slice;
 * :mod:`~cdi_gen.dra.plugin.uninstall`: whether an exit is an uninstall, and the slices then

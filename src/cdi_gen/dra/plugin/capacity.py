@@ -17,6 +17,7 @@ from 1 to N::
 The scheduler gives each allocation of the device its own ``shareID`` and stops when the
 shares are used up; NodePrepareResources answers each allocation with its share ID, and every
 share gets the same CDI device (the first slot's entry: the slots' edits are the device's).
+The driver builds those entries (:func:`cdi_gen.dra.driver.poolentries.shared_once`).
 
 Where the API server does not serve it (``DRAConsumableCapacity`` off, the default of 1.35),
 it drops ``allowMultipleAllocations`` and the request policy without an error, and the device
@@ -26,50 +27,18 @@ server-side dry run of a slice create, whether the field is kept; the slots stay
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Collection, Iterable
+from collections.abc import Awaitable
 from typing import Protocol
 
-from cdi_gen.discovery.sharing import slot_device
-from cdi_gen.dra.plugin.pool import device_name
 from cdi_gen.dra.plugin.slices import API_VERSION, Slice, device_capacity
-from cdi_gen.model import PoolDevice
 
-__all__ = ["SliceCreator", "consumable_capacity", "probe_slice", "shared_once"]
+__all__ = ["SliceCreator", "consumable_capacity", "probe_slice"]
 
 
 class SliceCreator(Protocol):
     """The one API server call the question needs (:class:`~cdi_gen.apiserver.client.ApiClient`)."""
 
     def create_slice(self, obj: Slice, *, dry_run: bool = False) -> Awaitable[Slice]: ...
-
-
-def shared_once(devices: Iterable[PoolDevice], *, classes: Collection[str]) -> list[PoolDevice]:
-    """One class's pool entries with each shared device's slots replaced by the device
-    itself, once, named as its pool name would be unshared (``classes`` as for
-    :func:`~cdi_gen.dra.plugin.pool.device_name`), its shares the number of slots; the
-    first slot's CDI name and attributes, without ``slot``. Unshared devices pass as they
-    are."""
-    out: list[PoolDevice] = []
-    seen: set[str] = set()
-    for device in devices:
-        if device.slots <= 1:
-            out.append(device)
-            continue
-        if device.physical in seen:
-            continue
-        seen.add(device.physical)
-        name = slot_device(device.cdi_name.partition("=")[2])
-        out.append(
-            dataclasses.replace(
-                device,
-                name=device_name(device.class_name, name, classes),
-                attributes={k: v for k, v in device.attributes.items() if k != "slot"},
-                shares=device.slots,
-                slots=1,
-            )
-        )
-    return out
 
 
 def probe_slice(driver: str, node: str) -> Slice:

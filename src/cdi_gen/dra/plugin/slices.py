@@ -46,6 +46,8 @@ __all__ = [
     "MAX_COUNTER_SETS",
     "MAX_DEVICES",
     "MAX_DEVICES_RESTRICTED",
+    "MAX_INT_ATTRIBUTE",
+    "MAX_STRING_ATTRIBUTE",
     "SHARES_CAPACITY",
     "Slice",
     "build_slices",
@@ -62,6 +64,11 @@ MAX_DEVICES = 128
 MAX_DEVICES_RESTRICTED = 64
 #: Counter sets in one slice (ResourceSliceMaxCounterSets).
 MAX_COUNTER_SETS = 8
+#: Longest string (or version) attribute value a ResourceSlice accepts, in bytes of UTF-8
+#: (DeviceAttributeMaxValueLength, checked with Go's len(), which counts bytes).
+MAX_STRING_ATTRIBUTE = 64
+#: Largest int attribute (int64); a larger number makes the whole slice undecodable.
+MAX_INT_ATTRIBUTE = 2**63 - 1
 #: Longest object name (a DNS subdomain).
 _MAX_NAME = 253
 #: The counter every shared device's set holds, and each slot consumes one of.
