@@ -81,6 +81,33 @@ def validate_device_name(name: str) -> None:
         raise InvalidNameError("device name", name, f"longer than {MAX_SEGMENT_LEN} characters")
 
 
+#: Characters a device name may hold anywhere but at its ends (which are letters or digits).
+_NOT_DEVICE_NAME_RE = re.compile(r"[^A-Za-z0-9_.:-]+")
+#: Base32 characters of SHA-256 ending a device name that :func:`as_device_name` had to cut.
+DEVICE_NAME_HASH_CHARS = 10
+
+
+def as_device_name(text: str) -> str:
+    """``text`` made a valid device name, the template filter ``|name``.
+
+    Every run of characters outside the grammar (``A-Z a-z 0-9 _ . : -``) becomes one ``-``,
+    and ``_ . : -`` are trimmed from both ends (a name starts and ends with a letter or digit);
+    case is kept, as the grammar allows both. A result over :data:`MAX_SEGMENT_LEN` is cut and
+    ends in ``-`` and a hash of the whole ``text``, so two long values that differ only after
+    the cut still get two names. A valid name is returned as it is, so the filter is
+    idempotent. Raise :class:`InvalidNameError` when ``text`` holds no letter or digit.
+    """
+    name = _NOT_DEVICE_NAME_RE.sub("-", text).strip("_.:-")
+    if not name:
+        raise InvalidNameError("device name", text, "has no letter or digit A-Z a-z 0-9 to keep")
+    if len(name) <= MAX_SEGMENT_LEN:
+        return name
+    digest = base64.b32encode(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+    suffix = digest.decode("ascii").lower()[:DEVICE_NAME_HASH_CHARS]
+    head = name[: MAX_SEGMENT_LEN - DEVICE_NAME_HASH_CHARS - 1].rstrip("_.:-")
+    return f"{head}-{suffix}"
+
+
 def parse_kind(kind: str) -> tuple[str, str]:
     """Split ``vendor/class`` and validate both parts; raise :class:`InvalidNameError`."""
     vendor, sep, cls = kind.partition("/")

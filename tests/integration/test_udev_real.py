@@ -287,3 +287,37 @@ def test_every_device_has_the_numa_node_of_its_nearest_pci_device() -> None:
         assert record.numa_node == (None if node < 0 else node), (record.sys_path, node)
         checked += 1
     assert checked, "this machine has no device node below a PCI device"
+
+
+def test_a_loop_device_named_after_its_backing_file(
+    loops: LoopDevices, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 55: a path-valued field made a name with |basename; the name follows the file.
+    images = tmp_path / "images"
+    images.mkdir()
+    backing = images / "scratch-disk.img"
+    backing.write_bytes(b"\0" * (1 << 20))
+    dev = loops.add()
+    loops.attach(dev, backing)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "vendor: example.com\nclasses:\n"
+        "  - name: image\n"
+        f"    match: {{subsystem: block, kernel: {dev.name}, "
+        'attributes: {loop/backing_file: "?*"}}\n'
+        '    deviceName: "{attribute[loop/backing_file]|basename}"\n'
+        '    containerEdits: {env: ["IMAGE={attribute[loop/backing_file]}"]}\n'
+    )
+    spec_dir = tmp_path / "cdi"
+    code, _, err = _cli(capsys, "write", "--config", str(config), "--spec-dir", str(spec_dir))
+    assert (code, err) == (0, ""), err
+    written = orjson.loads((spec_dir / "example.com-image.json").read_bytes())
+    (device,) = written["devices"]
+    assert device["name"] == "scratch-disk.img"
+    assert device["containerEdits"]["env"] == [f"IMAGE={backing}"]
+    assert device["containerEdits"]["deviceNodes"][0]["path"] == str(dev.path)
+    # Detached, the device has no backing file: it leaves the class, and the spec goes.
+    loops.detach(dev)
+    code, _, err = _cli(capsys, "write", "--config", str(config), "--spec-dir", str(spec_dir))
+    assert code == 0, err
+    assert not (spec_dir / "example.com-image.json").exists()

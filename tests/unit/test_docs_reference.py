@@ -23,7 +23,7 @@ import yaml
 
 from cdi_gen.cli.run import run as run_command
 from cdi_gen.config.settings import ENV_PREFIX, NAMES
-from cdi_gen.config.templates import DEVICE_NAME_FIELDS, EDIT_FIELDS
+from cdi_gen.config.templates import DEVICE_NAME_FIELDS, EDIT_FIELDS, FILTERS
 from tests.conftest import REPO
 
 CONFIGURATION = REPO / "docs" / "configuration.md"
@@ -160,6 +160,12 @@ def test_every_template_field_is_documented_and_every_documented_one_exists() ->
             problems.append(
                 f"docs/configuration.md: {{{name}}} in deviceName says {said!r}, the code {meant!r}"
             )
+    assert not problems, "\n".join(problems)
+
+
+def test_every_template_filter_is_documented_and_every_documented_one_exists() -> None:
+    documented = {row[0] for row in _rows(_sections(CONFIGURATION.read_text(), "Template filters"))}
+    problems = _compare(documented, set(FILTERS), "docs/configuration.md", "template filter")
     assert not problems, "\n".join(problems)
 
 

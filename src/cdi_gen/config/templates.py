@@ -17,6 +17,7 @@ from cdi_gen.errors import quote
 __all__ = [
     "DEVICE_NAME_FIELDS",
     "EDIT_FIELDS",
+    "FILTERS",
     "KEYED_FIELDS",
     "PER_NODE_FIELDS",
     "EditTemplate",
@@ -54,7 +55,8 @@ DEVICE_NAME_FIELDS: frozenset[str] = frozenset(
 #: Container edits may also use the rendered device name and the kind, and ``devlink``: the
 #: udev link the rule's ``devnode`` pattern matched, else the device's by-id link, else its
 #: by-path link (``node: {path: "{devlink}"}`` puts the node at that stable path in the
-#: container). A path is never a valid device name, so names get only ``devlink_name``.
+#: container). A path is never a valid device name, so names get ``devlink_name``, or a
+#: path-valued field through a filter (:data:`FILTERS`), never ``{devlink}`` itself.
 EDIT_FIELDS: frozenset[str] = DEVICE_NAME_FIELDS | {"name", "vendor", "class", "numa", "devlink"}
 #: Fields whose value is one device node's: in a grouped class a device has several nodes, and
 #: a container edit rendered once per device would carry the first node's value alone (the
@@ -64,20 +66,27 @@ PER_NODE_FIELDS: frozenset[str] = frozenset(
 )
 #: Fields that take a ``[key]``.
 KEYED_FIELDS: frozenset[str] = frozenset({"property", "attribute", "parent_attribute"})
+#: Filters a field's value can pass through, ``{field|filter}``, several applied left to right
+#: (rendered in :mod:`cdi_gen.discovery.render`): ``basename`` keeps the last element of a path
+#: (a loop device's ``{attribute[loop/backing_file]}`` is one), ``name`` makes any text a valid
+#: device name (:func:`cdi_gen.names.as_device_name`). A path-valued field is otherwise no name.
+FILTERS: frozenset[str] = frozenset({"basename", "name"})
 
-_FIELD_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\[\]{}]+)\])?\}")
+_FIELD_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\[\]{}]+)\])?((?:\|[^{}|\[\]]*)*)\}")
 _ATTRIBUTE_KEY_RE = re.compile(r"[A-Za-z0-9_.:+-]+(/[A-Za-z0-9_.:+-]+)*")
 
 
 @dataclass(frozen=True, slots=True)
 class Field_:  # noqa: N801 - "Field" is pydantic's; the trailing underscore keeps both readable
-    """A ``{name}`` or ``{name[key]}`` placeholder of a template."""
+    """A ``{name}`` or ``{name[key]}`` placeholder of a template, with its ``|filter``s."""
 
     name: str
     key: str | None = None
+    filters: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return f"{{{self.name}[{self.key}]}}" if self.key is not None else f"{{{self.name}}}"
+        key = f"[{self.key}]" if self.key is not None else ""
+        return f"{{{self.name}{key}{''.join('|' + f for f in self.filters)}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +107,7 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
     """Parse ``text``; raise ValueError quoting the template and the offending position.
 
     Only fields in ``allowed`` are accepted; ``property``/``attribute``/``parent_attribute``
-    need a key, the others take none.
+    need a key, the others take none. Each ``|filter`` must be one of :data:`FILTERS`.
     """
     parts: list[str | Field_] = []
     literal: list[str] = []
@@ -120,8 +129,8 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
         m = _FIELD_RE.match(text, i)
         if m is None:
             raise ValueError(
-                f"template {quote(text)}: malformed field at position {i}, expected {{name}} or "
-                "{name[key]} (write '{{' for a literal brace)"
+                f"template {quote(text)}: malformed field at position {i}, expected {{name}}, "
+                "{name[key]} or {name|filter} (write '{{' for a literal brace)"
             )
         name, key = m.group(1), m.group(2)
         if name not in allowed:
@@ -141,10 +150,16 @@ def parse_template(text: str, allowed: frozenset[str] = EDIT_FIELDS) -> Template
             and (not _ATTRIBUTE_KEY_RE.fullmatch(key) or ".." in key.split("/"))
         ):
             raise ValueError(f"template {quote(text)}: invalid sysfs attribute name {quote(key)}")
+        filters = tuple(m.group(3).split("|")[1:])
+        if (unknown := next((f for f in filters if f not in FILTERS), None)) is not None:
+            raise ValueError(
+                f"template {quote(text)}: unknown filter {quote('|' + unknown)} of {{{name}}}, "
+                "known: " + ", ".join(f"|{f}" for f in sorted(FILTERS))
+            )
         if literal:
             parts.append("".join(literal))
             literal = []
-        parts.append(Field_(name, key))
+        parts.append(Field_(name, key, filters))
         i = m.end()
     if literal:
         parts.append("".join(literal))

@@ -3,7 +3,8 @@
 udev values are not trusted: anyone who can name a USB serial number or a loop device's
 backing file chooses them. A value substituted into a template must be at most
 :data:`MAX_VALUE_BYTES` long and hold no control character; otherwise :class:`TemplateError`
-names the field and quotes the value, truncated.
+names the field and quotes the value, truncated. The checks hold for the value as udev gives
+it, before any ``|filter`` of the field (:data:`FILTERS`) turns it into a name.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdi_gen import names
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.config.templates import Field_, Template
 from cdi_gen.discovery.links import chosen_link
 from cdi_gen.discovery.match import sysfs_value
-from cdi_gen.errors import quote
+from cdi_gen.errors import InvalidNameError, quote
 from cdi_gen.model import (
     DeviceRecord,
 )
@@ -131,6 +133,35 @@ _WHY_MISSING = {
 }
 
 
+def _basename(value: str) -> str:
+    """The last element of a path (``/srv/img/disk.img`` → ``disk.img``), trailing ``/``
+    ignored; ValueError when there is none (``/``, an empty value)."""
+    last = value.rstrip("/").rsplit("/", 1)[-1]
+    if not last:
+        raise ValueError(f"|basename: value {quote(value)} has no last path element")
+    return last
+
+
+def _name(value: str) -> str:
+    try:
+        return names.as_device_name(value)
+    except InvalidNameError as exc:
+        raise ValueError(f"|name: {exc}") from None
+
+
+#: What each ``|filter`` of a field does to its value; ValueError says why it cannot.
+FILTERS: dict[str, Callable[[str], str]] = {"basename": _basename, "name": _name}
+
+
+def _filtered(part: Field_, value: str) -> str:
+    for name in part.filters:
+        try:
+            value = FILTERS[name](value)
+        except ValueError as exc:
+            raise TemplateError(part, str(exc)) from None
+    return value
+
+
 def render_template(template: Template, ctx: RenderContext) -> str:
     """Substitute every field; raise TemplateError naming the first field without a value."""
     out: list[str] = []
@@ -150,7 +181,7 @@ def render_template(template: Template, ctx: RenderContext) -> str:
             raise TemplateError(part, reason)
         if (why := _unsafe(value)) is not None:
             raise TemplateError(part, why)
-        out.append(value)
+        out.append(_filtered(part, value) if part.filters else value)
     return "".join(out)
 
 
