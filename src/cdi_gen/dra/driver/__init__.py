@@ -6,7 +6,8 @@
 * :mod:`~cdi_gen.dra.driver.claimcalls`: how the server threads share a claim's prepare (read
   before any lock) and its record;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
-* :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
+* :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk, the one store;
+* :mod:`~cdi_gen.dra.driver.preparedclaim`: a prepared claim and its JSON form;
 * :mod:`~cdi_gen.dra.driver.boot`: the boot they were prepared in (a reboot voids them);
 * :mod:`~cdi_gen.dra.driver.statelock`: the lock two instances (a rolling update) share that
   state under;

@@ -16,11 +16,11 @@ nothing), its CDI names checked by the same resolver as Allocate's
 CDI names: the spec entries the agent keeps on disk for every pool device. A claim with
 configuration for this driver (:mod:`~cdi_gen.dra.driver.claimspecs`) gets its configured
 devices from a spec of its own, and with device metadata every claim gets a spec of its own
-for the metadata mounts; its owner record carries the claim's record: such a claim
-costs no write of the checkpoint file, lives as long as its spec and is read back at start;
-the spec is removed at unprepare (of a claim not prepared here, whatever of ours sits at its
-specs' names). A record of another boot is void (:mod:`~cdi_gen.dra.driver.boot`): after a
-node reboot every claim is prepared anew, with specs written after the boot.
+for the metadata mounts; the checkpoint, the one store, records every claim with the specs
+written for it; the specs are removed at unprepare (of a claim not prepared here, whatever of
+ours sits at their names). A record of another boot is void
+(:mod:`~cdi_gen.dra.driver.boot`): after a node reboot every claim is prepared anew, with
+specs written after the boot.
 
 A call reads its unprepared claims from the API server first, under no lock, as Kubernetes'
 helper library does; :mod:`~cdi_gen.dra.driver.claimcalls` keeps two calls on one claim from
@@ -31,9 +31,9 @@ held then gets an error the kubelet retries.
 Two instances of the driver (a rolling update) share this state through its files: every
 step that reads or changes it (the answer from the checkpoint, the record, the unprepare,
 the load) holds the :class:`~cdi_gen.dra.driver.statelock.StateLock`, innermost of all the
-locks, and reads the checkpoint and the claims' owner records again first when the other
-instance changed them. The claim's read from the API server is outside every lock: a slow
-API server holds up the calls of the claims it reads, never a lock. What it leaves open: an
+locks, and reads the checkpoint again first when the other instance changed it. The claim's
+read from the API server is outside every lock: a slow API server holds up the calls of the
+claims it reads, never a lock. What it leaves open: an
 unprepare sent to the other instance while this one reads the claim finds nothing to remove
 (the kubelet sends a claim's calls to the newest instance, so this needs the new instance to
 register during that read).
@@ -128,7 +128,11 @@ class PoolPreparer:
         self.resolver = resolver
         self.max_reading_calls = max_reading_calls
         self.checkpoint = Checkpoint(
-            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
+            checkpoint_path(state_dir, driver),
+            driver,
+            pool=pool_name,
+            kinds=cdi_kinds,
+            adopt_from=None if claim_specs is None else claim_specs.recorded,
         )
         self.locks = ClaimLocks()
         self.pending = PendingPrepares()
@@ -143,8 +147,8 @@ class PoolPreparer:
         self._reading = threading.BoundedSemaphore(max_reading_calls)
 
     def load(self) -> None:
-        """Read the checkpoint and the claims recorded with their own specs, then bring the
-        claims' specs in line with them: a claim recorded in another boot is void, one whose
+        """Read the checkpoint (adopting what an older cdi-gen recorded), then bring the
+        claims' specs in line with it: a claim recorded in another boot is void, one whose
         spec or device metadata is gone or unreadable (a power loss may empty a file written
         without fsync) forgotten, to be read and prepared anew; a claim spec or metadata file
         no claim names is removed. Raises
@@ -160,9 +164,6 @@ class PoolPreparer:
         specs = self.claim_specs
         if specs is None:
             return
-        specs.boot = self.checkpoint.boot
-        for uid, claim in specs.recorded().items():
-            self.checkpoint.adopt(uid, claim)
         for uid, claim in list(self.checkpoint.claims.items()):
             if claim.specs and not specs.intact(uid, claim):
                 log.warning(
@@ -183,8 +184,7 @@ class PoolPreparer:
         instance changed it. Raises :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError`."""
         with self.state.held(timeout) as stale:
             if stale:
-                specs = self.claim_specs
-                self.checkpoint.load(None if specs is None else specs.recorded())
+                self.checkpoint.load()
             yield
 
     # -- prepare ----------------------------------------------------------------------------
