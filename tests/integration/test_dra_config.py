@@ -8,6 +8,7 @@ prepared anew), also when an older cdi-gen recorded them in their specs' owner r
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -373,13 +374,14 @@ async def test_a_claim_specs_owner_record_carries_no_claim_record(node: Node) ->
         assert sorted(checkpoint_claims(node)) == sorted([UID, "uid-2"])
 
 
-def as_before_format_5(node: Node) -> None:
+def as_before_format_5(node: Node, boot: str | None = None) -> None:
     """Turn the driver's state into what a cdi-gen before checkpoint format 5 left, in this
-    boot: each claim with specs of its own recorded in their owner records (its entry with
-    ``uid`` and ``bootId``, written by the one writer as that cdi-gen did), the others in a
-    format-4 checkpoint, and no checkpoint when there are none."""
+    boot (or ``boot``): each claim with specs of its own recorded in their owner records (its
+    entry with ``uid`` and ``bootId``, written by the one writer as that cdi-gen did), the
+    others in a format-4 checkpoint, and no checkpoint when there are none."""
     path = checkpoint_path(node.root / "state", DRIVER)
     doc = orjson.loads(path.read_bytes())
+    doc["bootId"] = boot or doc["bootId"]
     plain = {}
     for uid, claim in doc["claims"].items():
         if "specs" not in claim:
@@ -432,6 +434,28 @@ async def test_an_upgraded_agent_adopts_the_claims_an_older_one_recorded(
         assert [unprepared[u].error for u in (UID, "uid-2")] == ["", ""]
         assert node.spec_files() == ["example.com-fpga.json"]
         assert checkpoint_claims(node) == []
+
+
+async def test_an_older_agents_claim_records_of_another_boot_are_void(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A spec folder that outlived a reboot, with an older cdi-gen's claim records in it.
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        first = (await connection.prepare([claim])).claims[UID]
+        assert first.error == ""
+    other = "0b0b0b0b-5555-4666-8777-888888888888"
+    as_before_format_5(node, boot=other)
+    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.claimspecs"):
+        async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+            connection = await kubelet.next_registration()
+            assert node.spec_files() == ["example.com-fpga.json"]  # no prepared claim's
+            assert checkpoint_claims(node) == []
+            assert (await connection.prepare([claim])).claims[UID] == first  # read anew
+    [line] = [r.getMessage() for r in caplog.records if "void" in r.getMessage()]
+    assert f"1 claims recorded with their specs in boot {other}, not this boot" in line
+    assert f"claim default/c1 (uid '{UID}')" in line
 
 
 async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: Node) -> None:
