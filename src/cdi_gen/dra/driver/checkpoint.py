@@ -21,10 +21,11 @@ The file says what it is (``kind``), which format (``version``) and whose it is
 (``driver``). Format 5 holds every prepared claim and names the boot it was written in
 (``bootId``). Older formats are read: 1 (cdi-gen before per-claim specs: no specs, no admin
 access), 2 (per device ``adminAccess``, per claim its ``specs``: kind and transient ID), 3
-(without the claims recorded with their specs) and 4 (``bootId``). A cdi-gen before format 5
-recorded a claim with specs of its own in those specs' owner records instead: the first load
-(at start) adopts such records of this boot that the file does not hold (``adopt_from``),
-and writes the file once in format 5 when it adopted one or read an older format. A newer
+(without the claims that have specs of their own) and 4 (``bootId``). A cdi-gen before format
+5 recorded a claim with specs of its own in those specs' owner records instead: the first
+load (at start) adopts such records of this boot that the file does not hold (``adopt_from``;
+owner records are read for this alone, which can go once no such cdi-gen remains), and
+writes the file once in format 5 when it adopted one or read an older format. A newer
 format is refused, naming both, so an older cdi-gen never forgets claims it cannot read.
 A file that is not that (corrupt, foreign, another driver's, a newer format), or that someone
 else could have written (not owned by our effective user, or writable by group or others), is
