@@ -326,9 +326,9 @@ def test_agent_restart_honours_prepared_claims(node: Node) -> None:
 
 
 def _recorded(state: Path, specs: Path, uid: str) -> bool:
-    """Whether a record of the claim survives the agent: the checkpoint in ``state``, or (a
-    claim with specs of its own: every claim has its device-metadata spec) the owner record
-    beside its spec in ``specs``, whose name carries the claim's UID."""
+    """Whether a record of the claim survives the agent: the checkpoint in ``state`` (the one
+    store of prepared claims), or a spec of its own in ``specs`` (every claim has its
+    device-metadata spec, whose name carries the claim's UID), which goes with the record."""
     in_state = any(uid in f.read_text(errors="replace") for f in state.rglob("*") if f.is_file())
     return in_state or any(uid in f.name for f in specs.iterdir())
 

@@ -322,8 +322,7 @@ def _claim_records(node: Node) -> str:
     """What the node's agent keeps of its prepared claims, as it sees it inside the node's
     mount namespace (the DaemonSet's hostPaths), reached through its holder process: the DRA
     checkpoint in /var/lib/cdi-gen, and the names of the claim specs in /var/run/cdi (every
-    prepared claim has one for its device metadata, its record beside it; the name carries
-    the claim's UID)."""
+    prepared claim has one for its device metadata; the name carries the claim's UID)."""
     assert node.namespace is not None and node.namespace.holder is not None
     root = Path(f"/proc/{node.namespace.holder.pid}/root")
     state = root / "var/lib/cdi-gen"

@@ -2,11 +2,13 @@
 over real gRPC: a configured claim gets a spec of its own (the class's edits with its owner,
 mode and env) that resolves as the runtime resolves it, removed at unprepare; a bad config is
 that claim's error naming the entry and the field, with nothing written; devices are held
-exclusively unless given with admin access; and the claims' specs follow the checkpoint
-across restarts (orphans removed, a claim whose spec vanished prepared anew)."""
+exclusively unless given with admin access; and the claims' specs follow the checkpoint, the
+one store of prepared claims, across restarts (orphans removed, a claim whose spec vanished
+prepared anew), also when an older cdi-gen recorded them in their specs' owner records."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -20,6 +22,7 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.ownerrecords import OWNER_SUFFIX
 from cdi_gen.cdi.registry import SpecCache
+from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.cdi.writer import write_bytes
 from cdi_gen.dra.driver.checkpoint import checkpoint_path
@@ -328,12 +331,17 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
         connection = await kubelet.next_registration()
         first = (await connection.prepare([claim])).claims[UID]
         assert first.error == ""
-    # Its record rides in its spec's owner record, not in the checkpoint file.
-    assert checkpoint_claims(node) == []
+    # Recorded in the checkpoint with the spec written for it; its spec's owner record says
+    # whose the spec is, and carries no claim record (the checkpoint is the one store).
+    assert checkpoint_claims(node) == [UID]
+    state = orjson.loads(checkpoint_path(node.root / "state", DRIVER).read_bytes())
+    assert state["version"] == 5
+    assert state["claims"][UID]["specs"] == [{"kind": "example.com/fpga", "transient": UID}]
     record = orjson.loads((node.spec_dir / f".{CLAIM_SPEC}{OWNER_SUFFIX}").read_bytes())
-    assert (record["payload"]["uid"], record["payload"]["name"]) == (UID, "c1")
-    # A spec of ours with no claim record (an agent before records rode with specs, killed
-    # between the spec and its checkpoint): no prepared claim names it.
+    assert (record["instance"], record["transient"]) == ("example.com", UID)
+    assert "payload" not in record
+    # A spec of ours no prepared claim names (an agent killed between the spec and its
+    # record): removed.
     write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-orphan")
     # Its metadata (this driver's format, under the name it gives) goes with it; a file the
     # driver did not write stays, whatever its name.
@@ -351,7 +359,7 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
     # An agent killed between a claim's record and its spec: the record alone.
     write_bytes(node.spec_dir, "example.com", "fpga", node.spec_bytes(), transient="uid-lone")
     (node.spec_dir / "example.com-fpga@uid-lone.json").unlink()
-    del node.claims.claims["c1"]  # gone from the API server: answered from the record alone
+    del node.claims.claims["c1"]  # gone from the API server: answered from the checkpoint
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
@@ -363,7 +371,7 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
         assert (await connection.prepare([claim])).claims[UID] == first
         assert (await connection.unprepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json"]
-    # A node restart empties /var/run/cdi, the claim's record with its spec: prepared anew.
+    # The claim's spec and owner record gone (/var/run/cdi emptied): forgotten, prepared anew.
     node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params(env={"A": "1"}))])
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
@@ -376,6 +384,109 @@ async def test_a_configured_claim_is_recorded_with_its_spec_across_restarts(node
         assert [p.name for p in node.metadata_dir.iterdir()] == ["default_x_fpga.json"]
         assert (await connection.prepare([claim])).claims[UID].error == ""
         assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+
+
+async def test_a_claim_specs_owner_record_carries_no_claim_record(node: Node) -> None:
+    # Every prepared claim is in the checkpoint: the owner records of its specs (a configured
+    # claim's spec, a plain claim's metadata spec) say whose the spec is, and nothing more.
+    configured = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    plain = node.claims.add("c2", "uid-2", result("fpga-1"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        answers = (await connection.prepare([configured, plain])).claims
+        assert [answers[u].error for u in (UID, "uid-2")] == ["", ""]
+        owners = sorted(node.spec_dir.glob(f".*@*{OWNER_SUFFIX}"))
+        assert [o.name for o in owners] == [
+            f".{CLAIM_SPEC}{OWNER_SUFFIX}",
+            f".example.com-fpga@uid-2.metadata.json{OWNER_SUFFIX}",
+        ]
+        for owner in owners:
+            assert "payload" not in orjson.loads(owner.read_bytes()), owner.name
+        assert sorted(checkpoint_claims(node)) == sorted([UID, "uid-2"])
+
+
+def as_before_format_5(node: Node, boot: str | None = None) -> None:
+    """Turn the driver's state into what a cdi-gen before checkpoint format 5 left, in this
+    boot (or ``boot``): each claim with specs of its own recorded in their owner records (its
+    entry with ``uid`` and ``bootId``, written by the one writer as that cdi-gen did), the
+    others in a format-4 checkpoint, and no checkpoint when there are none."""
+    path = checkpoint_path(node.root / "state", DRIVER)
+    doc = orjson.loads(path.read_bytes())
+    doc["bootId"] = boot or doc["bootId"]
+    plain = {}
+    for uid, claim in doc["claims"].items():
+        if "specs" not in claim:
+            plain[uid] = claim
+        for spec in claim.get("specs", ()):
+            vendor, _, cls = spec["kind"].partition("/")
+            data = (node.spec_dir / transient_filename(vendor, cls, spec["transient"])).read_bytes()
+            record = {"uid": uid, **claim, "bootId": doc["bootId"]}
+            kw = {"instance": "example.com", "transient": spec["transient"], "payload": record}
+            assert write_bytes(node.spec_dir, vendor, cls, data, **kw)
+    if plain:
+        path.write_bytes(orjson.dumps({**doc, "version": 4, "claims": plain}))
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize("metadata", [True, False])
+async def test_an_upgraded_agent_adopts_the_claims_an_older_one_recorded(
+    node: Node, metadata: bool
+) -> None:
+    """An agent before checkpoint format 5 recorded a claim with specs of its own in their
+    owner records and the others in a format-4 checkpoint (with device metadata every claim
+    has a spec, so there was no checkpoint). The upgraded agent answers every claim from
+    them, writes the checkpoint in format 5 with all of them at start, and then needs the
+    owner records' claim records no more."""
+    configured = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    plain = node.claims.add("c2", "uid-2", result("fpga-1"))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=metadata):
+        connection = await kubelet.next_registration()
+        first = dict((await connection.prepare([configured, plain])).claims)
+        assert [first[u].error for u in (UID, "uid-2")] == ["", ""]
+    as_before_format_5(node)
+    path = checkpoint_path(node.root / "state", DRIVER)
+    assert path.exists() is not metadata
+    node.claims.claims.clear()  # gone from the API server: answered from the records alone
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=metadata):
+        connection = await kubelet.next_registration()
+        state = orjson.loads(path.read_bytes())  # written at start
+        assert (state["version"], sorted(state["claims"])) == (5, sorted([UID, "uid-2"]))
+        assert dict((await connection.prepare([configured, plain])).claims) == first
+    # The claim records in the owner records are needed no more: without them, the same.
+    for owner in node.spec_dir.glob(f".*{OWNER_SUFFIX}"):
+        record = orjson.loads(owner.read_bytes())
+        record.pop("payload", None)
+        owner.write_bytes(orjson.dumps(record))
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=metadata):
+        connection = await kubelet.next_registration()
+        assert dict((await connection.prepare([configured, plain])).claims) == first
+        unprepared = (await connection.unprepare([configured, plain])).claims
+        assert [unprepared[u].error for u in (UID, "uid-2")] == ["", ""]
+        assert node.spec_files() == ["example.com-fpga.json"]
+        assert checkpoint_claims(node) == []
+
+
+async def test_an_older_agents_claim_records_of_another_boot_are_void(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A spec folder that outlived a reboot, with an older cdi-gen's claim records in it.
+    claim = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
+    async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+        connection = await kubelet.next_registration()
+        first = (await connection.prepare([claim])).claims[UID]
+        assert first.error == ""
+    other = "0b0b0b0b-5555-4666-8777-888888888888"
+    as_before_format_5(node, boot=other)
+    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.claimspecs"):
+        async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
+            connection = await kubelet.next_registration()
+            assert node.spec_files() == ["example.com-fpga.json"]  # no prepared claim's
+            assert checkpoint_claims(node) == []
+            assert (await connection.prepare([claim])).claims[UID] == first  # read anew
+    [line] = [r.getMessage() for r in caplog.records if "void" in r.getMessage()]
+    assert f"1 claims recorded with their specs in boot {other}, not this boot" in line
+    assert f"claim default/c1 (uid '{UID}')" in line
 
 
 async def test_a_configured_claim_mounts_the_device_metadata_of_kep_5304(node: Node) -> None:
@@ -463,7 +574,7 @@ async def test_a_plain_claim_gets_its_metadata_through_a_metadata_spec(node: Nod
         assert "containerEdits" not in spec
         beta, _ = (orjson.loads(line) for line in host.read_bytes().splitlines())
         assert [d["name"] for d in beta["requests"][0]["devices"]] == ["fpga-0", "fpga-1"]
-    # Read back at start from its spec's owner record, answered without the API server.
+    # Read back at start from the checkpoint, answered without the API server.
     del node.claims.claims["c1"]
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
         connection = await kubelet.next_registration()
@@ -506,7 +617,9 @@ async def test_a_changed_class_spec_is_what_the_next_claim_starts_from(node: Nod
         assert device["containerEdits"]["deviceNodes"] == [{"path": "/dev/zero"}]
 
 
-async def test_a_configured_claim_needs_no_write_of_the_checkpoint(node: Node) -> None:
+async def test_a_claim_the_checkpoint_cannot_record_leaves_no_spec_behind(node: Node) -> None:
+    # Every claim, with specs of its own or not, is recorded in the checkpoint: when it
+    # cannot be written, each is refused naming it, and the configured one's spec goes.
     configured = node.claims.add("c1", UID, result("fpga-0"), config=[entry(0, params())])
     plain = node.claims.add("c2", "uid-2", result("fpga-1"))
     async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin(metadata=False):
@@ -517,9 +630,9 @@ async def test_a_configured_claim_needs_no_write_of_the_checkpoint(node: Node) -
             shutil.rmtree(state)  # holds the state lock's file too, open already
         state.write_bytes(b"")
         answers = (await connection.prepare([configured, plain])).claims
-        assert answers[UID].error == ""
-        assert "cannot write the DRA checkpoint" in answers["uid-2"].error
-        assert node.spec_files() == ["example.com-fpga.json", CLAIM_SPEC]
+        for uid in (UID, "uid-2"):
+            assert "cannot write the DRA checkpoint" in answers[uid].error, answers[uid]
+        assert node.spec_files() == ["example.com-fpga.json"]
 
 
 async def test_a_claim_whose_spec_fails_leaves_no_record_behind(node: Node) -> None:

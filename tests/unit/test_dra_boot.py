@@ -1,6 +1,7 @@
 """The boot a DRA record names: read from the kernel, bounded; a checkpoint of another boot
 is void (never answered, kept aside whole, one line); a file from before records named their
-boot is of this boot only if written after it started; a claim's owner record names its boot."""
+boot, or one torn (not JSON: it is written without fsync), is of this boot only if written
+after it started; a claim record an older cdi-gen left in an owner record names its boot."""
 
 from __future__ import annotations
 
@@ -156,11 +157,60 @@ def test_a_file_from_before_boots_written_before_this_boot_is_void(
     assert f"before this boot {B} started at {int(STARTED)}" in line
 
 
+def _torn(cp: Checkpoint, content: bytes, mtime: float) -> None:
+    cp.path.parent.mkdir(exist_ok=True)
+    cp.path.write_bytes(content)
+    cp.path.chmod(0o600)
+    os.utime(cp.path, (mtime, mtime))
+
+
+#: What a power loss may leave of a file written without fsync: nothing, a part, zeros.
+TORN = [b"", b'{"claims": {"u1": {"devices": [{"cdiDev', b"\0" * 4096]
+
+
+@pytest.mark.parametrize("content", TORN)
+def test_a_torn_checkpoint_written_before_this_boot_is_void_and_kept_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes
+) -> None:
+    cp = checkpoint(tmp_path, B)
+    _torn(cp, content, STARTED - 60)
+    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.boot"):
+        cp.load()
+    assert cp.claims == {}
+    aside = cp.path.with_name(f"{cp.path.name}.void-before-{int(STARTED - 60)}")
+    assert aside.read_bytes() == content
+    assert not cp.path.exists()
+    [line] = caplog.messages
+    assert f"before this boot {B} started at {int(STARTED)}" in line, line
+    assert "not JSON (torn by the power loss that ended that boot)" in line, line
+    assert f"kept aside as {aside}" in line and "\n" not in line
+    # The claims prepared anew in this boot go to a file of this boot.
+    cp.add("u1", CLAIM)
+    assert orjson.loads(cp.path.read_bytes())["bootId"] == B
+
+
+@pytest.mark.parametrize("content", TORN)
+def test_a_checkpoint_of_this_boot_that_is_not_json_is_refused_and_kept(
+    tmp_path: Path, content: bytes
+) -> None:
+    # Written after the boot started, it was not torn by a power loss: not ours to set aside.
+    cp = checkpoint(tmp_path, B)
+    _torn(cp, content, STARTED + 60)
+    with pytest.raises(CheckpointError, match=r"json: not JSON \(.*left as it is"):
+        cp.load()
+    assert cp.path.read_bytes() == content
+    assert [p.name for p in cp.path.parent.iterdir()] == [cp.path.name]
+
+
+@pytest.mark.parametrize("version", [4, 5])
 @pytest.mark.parametrize("value", ["", "A", 3, A.upper()])
-def test_a_checkpoint_naming_no_boot_id_is_refused_and_kept(tmp_path: Path, value: object) -> None:
+def test_a_checkpoint_naming_no_boot_id_is_refused_and_kept(
+    tmp_path: Path, value: object, version: int
+) -> None:
     cp = checkpoint(tmp_path, A)
     cp.path.parent.mkdir()
-    doc = {"kind": CHECKPOINT_KIND, "version": 4, "driver": DRIVER, "bootId": value, "claims": {}}
+    doc = {"kind": CHECKPOINT_KIND, "version": version, "driver": DRIVER, "bootId": value,
+           "claims": {}}  # fmt: skip
     cp.path.write_bytes(orjson.dumps(doc))
     cp.path.chmod(0o600)
     with pytest.raises(CheckpointError, match=r"json: bootId: want a lowercase UUID.*left as it"):

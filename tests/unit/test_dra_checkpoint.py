@@ -1,6 +1,7 @@
-"""The DRA checkpoint: round trips, refusals of files that are not ours or that someone else
-could have written (left untouched), recorded claims that are not our devices (dropped),
-what is written can be read back, and atomic replacement."""
+"""The DRA checkpoint, the one store of prepared claims: round trips, refusals of files that
+are not ours or that someone else could have written (left untouched), recorded claims that
+are not our devices (dropped), what is written can be read back, atomic replacement without
+fsync, older formats and the claim records of owner records adopted at the first load."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdi_gen.dra.driver.boot import Boot
 from cdi_gen.dra.driver.checkpoint import (
     CHECKPOINT_KIND,
     CHECKPOINT_MAX_BYTES,
@@ -23,10 +25,9 @@ from cdi_gen.dra.driver.checkpoint import (
     ClaimSpec,
     PreparedClaim,
     checkpoint_path,
-    claim_record,
-    read_claim_record,
 )
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
+from cdi_gen.dra.driver.preparedclaim import claim_doc, read_claim_record
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from tests.conftest import examples
 
@@ -82,7 +83,7 @@ def test_round_trip_and_removal(tmp_path: Path) -> None:
     cp.add("u1", CLAIM)
     assert cp.path.stat().st_mode & 0o777 == 0o600
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 4, DRIVER)
+    assert (doc["kind"], doc["version"], doc["driver"]) == (CHECKPOINT_KIND, 5, DRIVER)
     again = fresh(tmp_path)
     again.load()
     assert again.claims == {"u1": CLAIM}
@@ -122,8 +123,7 @@ def test_any_claims_survive_the_file(
         cp.add(uid, claim)
     again = Checkpoint(cp.path, DRIVER, pool=POOL, kinds=KINDS)
     again.load()
-    # A claim with specs of its own is recorded with them, not in the file.
-    assert dict(again.claims) == {u: c for u, c in data.items() if not c.specs}
+    assert dict(again.claims) == data
     assert dict(cp.claims) == data
 
 
@@ -131,19 +131,24 @@ def test_any_claims_survive_the_file(
     ("content", "message"),
     [
         (b"{not json", "not JSON"),
+        (b"", "not JSON"),  # of this boot: not torn by a power loss, so not ours
         (b"[]", "not a cdi-gen DRA checkpoint"),
         (b'{"kind": "other"}', "not a cdi-gen DRA checkpoint (kind 'other'"),
         (
-            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 5, "driver": DRIVER, "claims": {}}),
-            "checkpoint format 5 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 4",
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 6, "driver": DRIVER, "claims": {}}),
+            "checkpoint format 6 (written by a newer cdi-gen); this cdi-gen reads formats 1 to 5",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": "2", "driver": DRIVER}),
-            "checkpoint format '2'; this cdi-gen reads formats 1 to 4",
+            "checkpoint format '2'; this cdi-gen reads formats 1 to 5",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": True, "driver": DRIVER}),
-            "checkpoint format True; this cdi-gen reads formats 1 to 4",
+            "checkpoint format True; this cdi-gen reads formats 1 to 5",
+        ),
+        (
+            orjson.dumps({"kind": CHECKPOINT_KIND, "version": 5.0, "driver": DRIVER}),
+            "checkpoint format 5.0; this cdi-gen reads formats 1 to 5",
         ),
         (
             orjson.dumps({"kind": CHECKPOINT_KIND, "version": 1, "driver": "x.io", "claims": {}}),
@@ -335,15 +340,15 @@ def load_stored(
     cp.path.chmod(0o600)
     with caplog.at_level(logging.INFO, "cdi_gen.dra.driver.checkpoint"):
         cp.load()
-    assert f"checkpoint format {version} read as format 4" in caplog.text
+    assert f"checkpoint format {version} read as format 5 (written so now)" in caplog.text
     return cp, stored
 
 
-def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_4(
+def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_5(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The file the agent wrote before per-claim specs (format 1), stored as it was written:
-    # an upgraded agent answers its claims as before, then records them in format 4.
+    # an upgraded agent answers its claims as before, recorded in format 5 at start.
     cp, stored = load_stored(tmp_path, 1, caplog)
     first = cp.claims["0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b"]
     assert first == PreparedClaim(
@@ -353,19 +358,20 @@ def test_a_stored_format_1_checkpoint_is_read_and_written_anew_as_format_4(
     )
     shared = cp.claims["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"].devices[0]
     assert (shared.share_id, shared.admin_access) == ("3d0f6a52-8c1e-4b7a-9f25-6e4c1b8d2a70", False)
-    assert cp.path.read_bytes() == stored  # not rewritten until something changes
+    doc = orjson.loads(cp.path.read_bytes())
+    assert (doc["version"], doc["claims"]) == (5, orjson.loads(stored)["claims"])
     cp.remove("0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b")
     doc = orjson.loads(cp.path.read_bytes())
-    assert doc["version"] == 4
+    assert doc["version"] == 5
     assert list(doc["claims"]) == ["7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"]
 
 
-def test_a_stored_format_2_checkpoint_is_read_and_keeps_its_configured_claim_until_unprepared(
+def test_a_stored_format_2_checkpoint_is_read_with_its_configured_claim(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The file the agent wrote before claim records rode with their specs (format 2), stored
     # as it was written: a plain claim, one with admin access and one with a spec of its own.
-    # That spec's owner record holds no claim, so the file stays the configured claim's record.
+    # That spec's owner record holds no claim, so the file is the configured claim's record.
     cp, stored = load_stored(tmp_path, 2, caplog)
     plain, admin, configured = (
         "0b5e7c9a-3f41-4d2e-9c7b-5a1f2e3d4c5b",
@@ -377,12 +383,24 @@ def test_a_stored_format_2_checkpoint_is_read_and_keeps_its_configured_claim_unt
     assert cp.claims[configured].devices[0].cdi_device_ids == (
         f"example.com/fpga=claim-{configured}-0",
     )
-    assert cp.path.read_bytes() == stored  # not rewritten until something changes
+    doc = orjson.loads(cp.path.read_bytes())
+    assert (doc["version"], doc["claims"]) == (5, orjson.loads(stored)["claims"])
     cp.remove(plain)
     doc = orjson.loads(cp.path.read_bytes())
-    assert (doc["version"], sorted(doc["claims"])) == (4, [admin, configured])
+    assert (doc["version"], sorted(doc["claims"])) == (5, [admin, configured])
     cp.remove(configured)
     assert sorted(orjson.loads(cp.path.read_bytes())["claims"]) == [admin]
+
+
+def test_a_checkpoint_of_this_format_is_not_written_at_load(tmp_path: Path) -> None:
+    cp = fresh(tmp_path)
+    cp.load()
+    cp.add("u1", CLAIM)
+    before = cp.path.stat().st_ino
+    again = fresh(tmp_path)
+    again.load()
+    assert again.claims == {"u1": CLAIM}
+    assert cp.path.stat().st_ino == before  # not replaced
 
 
 def test_admin_access_survives_the_file(tmp_path: Path) -> None:
@@ -405,40 +423,103 @@ SPEC_HELD = PreparedClaim(
 )
 
 
-def test_a_claim_with_its_own_specs_never_writes_the_file(tmp_path: Path) -> None:
-    # Its record rides in its specs' owner records; the file is neither made nor changed.
+def test_a_claim_with_its_own_specs_is_in_the_file_with_them(tmp_path: Path) -> None:
+    # The one store: a claim with specs of its own is recorded, with them, like any other.
     cp = fresh(tmp_path)
     cp.load()
     cp.add("u1", SPEC_HELD)
-    assert cp.claims == {"u1": SPEC_HELD}
-    assert not cp.path.exists()
     cp.add("u2", CLAIM)
-    before = cp.path.read_bytes()
-    assert set(orjson.loads(before)["claims"]) == {"u2"}
-    assert cp.remove("u1") is True
-    assert cp.path.read_bytes() == before
-    assert cp.claims == {"u2": CLAIM}
+    doc = orjson.loads(cp.path.read_bytes())
+    assert doc["claims"]["u1"]["specs"] == [{"kind": "example.com/fpga", "transient": "u1"}]
+    again = fresh(tmp_path)
+    again.load()
+    assert again.claims == {"u1": SPEC_HELD, "u2": CLAIM}
+    assert again.remove("u1") is True
+    assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u2"}
 
 
-def test_adopt_takes_in_our_claims_recorded_with_their_specs(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_the_file_is_replaced_without_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A change must outlive the agent, not a power loss (a reboot voids every record).
     cp = fresh(tmp_path)
     cp.load()
-    assert cp.adopt("u1", SPEC_HELD) is True
-    assert cp.adopt("u1", SPEC_HELD) is False  # recorded already
-    assert cp.adopt("u2", CLAIM) is False  # no specs: such a claim lives in the file
+
+    def fsync(fd: int) -> None:
+        raise AssertionError("the checkpoint is fsynced")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cp.add("u1", CLAIM)
+    assert cp.remove("u1") is True
+    assert orjson.loads(cp.path.read_bytes())["claims"] == {}
+
+
+A = "0a0a0a0a-1111-4222-8333-444444444444"
+
+
+def adopting(
+    tmp_path: Path, recorded: dict[str, PreparedClaim], seen: list[Boot] | None = None
+) -> Checkpoint:
+    """A checkpoint of boot A that adopts ``recorded`` (what a cdi-gen before format 5 left in
+    owner records), counting the reads in ``seen``."""
+
+    def adopt_from(boot: Boot) -> dict[str, PreparedClaim]:
+        if seen is not None:
+            seen.append(boot)
+        return recorded
+
+    path = checkpoint_path(tmp_path / "state", DRIVER)
+    return Checkpoint(
+        path, DRIVER, pool=POOL, kinds=KINDS, boot=Boot(A, 0.0), adopt_from=adopt_from
+    )
+
+
+def test_the_first_load_adopts_our_claims_recorded_with_their_specs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     foreign = dataclasses.replace(SPEC_HELD, specs=(ClaimSpec("other.com/x", "u3"),))
-    assert cp.adopt("u3", foreign) is False
+    older = dataclasses.replace(SPEC_HELD, name="older")
+    recorded = {"u1": SPEC_HELD, "u2": CLAIM, "u3": foreign, "u4": older}
+    seen: list[Boot] = []
+    cp = adopting(tmp_path, recorded, seen)
+    cp.path.parent.mkdir()
+    # A format-4 file of this boot holds u4 already: its record stands.
+    held = orjson.loads(orjson.dumps(claim_doc(SPEC_HELD)))
+    doc = {"kind": CHECKPOINT_KIND, "version": 4, "driver": DRIVER, "bootId": A,
+           "claims": {"u4": held}}  # fmt: skip
+    cp.path.write_bytes(orjson.dumps(doc))
+    cp.path.chmod(0o600)
+    with caplog.at_level(logging.INFO, "cdi_gen.dra.driver.checkpoint"):
+        cp.load()
+    # u2 names no spec (such a claim was never recorded with specs), u3 is not ours.
+    assert cp.claims == {"u1": SPEC_HELD, "u4": SPEC_HELD}
     assert "spec 'other.com/x' is not of this" in caplog.text
-    assert cp.claims == {"u1": SPEC_HELD}
+    assert "1 prepared claims adopted from their specs' owner records" in caplog.text
+    written = orjson.loads(cp.path.read_bytes())
+    assert (written["version"], written["bootId"], sorted(written["claims"])) == (
+        5,
+        A,
+        ["u1", "u4"],
+    )
+    # Read again (the other instance changed the file): no adoption, no write (a write
+    # replaces the file).
+    cp.remove("u1")
+    before = cp.path.stat().st_ino
+    cp.load()
+    assert cp.claims == {"u4": SPEC_HELD}
+    assert seen == [Boot(A, 0.0)]
+    assert cp.path.stat().st_ino == before
+
+
+def test_nothing_to_adopt_or_convert_writes_nothing(tmp_path: Path) -> None:
+    cp = adopting(tmp_path, {})
+    cp.load()
+    assert cp.claims == {}
     assert not cp.path.exists()
 
 
-def test_a_format_2_file_keeps_its_claims_with_specs_until_they_are_unprepared(
-    tmp_path: Path,
-) -> None:
-    # Their owner records (written before format 3) carry no claim: the file stays their record.
+def test_a_format_2_file_keeps_its_claims_with_specs(tmp_path: Path) -> None:
+    # Their owner records (written before format 3) carry no claim: the file is their record.
     cp = fresh(tmp_path)
     cp.path.parent.mkdir()
     held = {
@@ -451,28 +532,30 @@ def test_a_format_2_file_keeps_its_claims_with_specs_until_they_are_unprepared(
     cp.load()
     cp.add("u2", CLAIM)
     written = orjson.loads(cp.path.read_bytes())
-    assert (written["version"], set(written["claims"])) == (4, {"u1", "u2"})
+    assert (written["version"], set(written["claims"])) == (5, {"u1", "u2"})
     cp.remove("u1")
     assert set(orjson.loads(cp.path.read_bytes())["claims"]) == {"u2"}
+
+
+def record(uid: str, claim: PreparedClaim) -> dict[str, object]:
+    """A claim record as a cdi-gen before format 5 wrote it into its specs' owner records."""
+    return {"uid": uid, **claim_doc(claim)}
 
 
 @pytest.mark.parametrize(
     "claim", [SPEC_HELD, dataclasses.replace(SPEC_HELD, devices=(), namespace="")]
 )
 def test_a_claim_record_reads_back(claim: PreparedClaim) -> None:
-    assert read_claim_record(orjson.loads(orjson.dumps(claim_record("u1", claim)))) == (
-        "u1",
-        claim,
-    )
+    assert read_claim_record(orjson.loads(orjson.dumps(record("u1", claim)))) == ("u1", claim)
 
 
 @pytest.mark.parametrize(
     ("doc", "why"),
     [
         ([], "want an object"),
-        ({**claim_record("u1", SPEC_HELD), "uid": 3}, "record.uid: want a string, got 3"),
-        (claim_record("u1", CLAIM), "record.specs: a claim recorded with its specs names them"),
-        ({**claim_record("u1", SPEC_HELD), "devices": {}}, "record.devices: want a list"),
+        ({**record("u1", SPEC_HELD), "uid": 3}, "record.uid: want a string, got 3"),
+        (record("u1", CLAIM), "record.specs: a claim recorded with its specs names them"),
+        ({**record("u1", SPEC_HELD), "devices": {}}, "record.devices: want a list"),
     ],
 )
 def test_an_unreadable_claim_record_is_refused_naming_the_field(doc: object, why: str) -> None:

@@ -1,6 +1,7 @@
 """Two instances of one DRA driver on a node (a rolling update) share their state through
 files: either may get any call, so a claim prepared by one is answered, unprepared and held
-by the other; the lock between them is a real flock, held across processes."""
+by the other (also one with specs of its own: the checkpoint names them); the lock between
+them is a real flock, held across processes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from cdi_gen.cdi.builder import assemble, build_entry
+from cdi_gen.cdi.codec import dump_document
+from cdi_gen.cdi.store import SpecStore
 from cdi_gen.dra.driver.checkpoint import CheckpointError
+from cdi_gen.dra.driver.claimspecs import ClaimSpecs
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.driver.statelock import StateLock, StateLockError, lock_path
 from cdi_gen.dra.plugin.calls import ClaimCalls
@@ -28,12 +33,19 @@ FIRST = ClaimRef("default", "c1", "uid-1")
 SECOND = ClaimRef("default", "c2", "uid-2")
 
 
-def _instance(state_dir: Path, reader: CountingClaims) -> ClaimCalls:
+def _instance(
+    state_dir: Path, reader: CountingClaims, specs: ClaimSpecs | None = None
+) -> ClaimCalls:
     pool = DevicePool()
     pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
     preparer = claim_calls(
         PoolPreparer(
-            DRIVER, pool, pool_name=POOL, cdi_kinds=["example.com/fpga"], state_dir=state_dir
+            DRIVER,
+            pool,
+            pool_name=POOL,
+            cdi_kinds=["example.com/fpga"],
+            state_dir=state_dir,
+            claim_specs=specs,
         ),
         reader,
     )
@@ -87,6 +99,36 @@ def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
     assert other.error == ""
     assert old.count == 1 and set(driver_part_of(old).checkpoint.claims) == {"uid-2"}
     assert new.prepare([FIRST], 5)[0].reason == str(Refusal.IN_USE)
+
+
+def test_a_claim_with_specs_of_its_own_is_shared_through_the_checkpoint(
+    tmp_path: Path, readers: tuple[CountingClaims, CountingClaims]
+) -> None:
+    # With device metadata every claim gets a spec of its own, recorded with the claim.
+    spec_dir, metadata = tmp_path / "cdi", tmp_path / "metadata"
+    store = SpecStore()
+    doc = assemble("example.com/fpga", [build_entry("0", {"deviceNodes": [{"path": "/dev/null"}]})])
+    store.sync(spec_dir, "example.com", "fpga", dump_document(doc), instance=None)
+
+    def specs() -> ClaimSpecs:
+        return ClaimSpecs(
+            spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=metadata
+        )
+
+    old = _instance(tmp_path / "state", readers[0], specs())
+    new = _instance(tmp_path / "state", readers[1], specs())
+    [prepared] = old.prepare([FIRST], 5)
+    assert prepared.error == ""
+    assert (spec_dir / "example.com-fpga@uid-1.metadata.json").is_file()
+    assert new.prepare([FIRST], 5) == [prepared]
+    assert readers[1].reads == 0  # from the shared checkpoint, not the API server
+    assert new.unprepare([FIRST], 5) == [""]
+    assert sorted(p.name for p in spec_dir.iterdir()) == [
+        ".example.com-fpga.json.cdi-gen-owner",
+        "example.com-fpga.json",
+    ]
+    assert list(metadata.iterdir()) == []
+    assert old.prepare([SECOND], 5)[0].error == ""  # the device is free for the old one too
 
 
 def test_the_lock_is_the_same_whatever_instance_made_it(tmp_path: Path) -> None:

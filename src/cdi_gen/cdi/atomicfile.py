@@ -6,8 +6,8 @@ written, so :func:`atomic_replace` writes to a temporary name they ignore (hidde
 ``.cdi-gen-tmp``), created with ``O_EXCL|O_NOFOLLOW`` so nothing planted there is written
 through, fsyncs it, renames it over the target and fsyncs the folder. What a killed writer
 left at a temporary name is swept by :func:`remove_stale_temps`. Spec files and their owner
-records (:mod:`cdi_gen.cdi.writer`), the DRA checkpoint and a claim's device metadata, and
-``render --output`` are all written this way.
+records (:mod:`cdi_gen.cdi.writer`), the DRA checkpoint and a claim's device metadata (these
+two without the fsyncs), and ``render --output`` are all written this way.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def replace_file(path: Path, data: bytes, mode: int = SPEC_MODE, *, durable: boo
     fsync, rename, folder fsync, missing folders created; raises OSError. The one way every
     file cdi-gen owns outside its specs is written (``render --output``, the DRA checkpoint,
     a claim's device metadata). Without ``durable``, the fsyncs are left out: for a file
-    made again whenever it is found missing or unreadable.
+    that need not outlive a power loss (made again whenever it is found missing or
+    unreadable, or the DRA checkpoint, which a reboot voids).
     """
     with folder(path.parent, create=True) as dir_fd:
         atomic_replace(dir_fd, path.name, data, mode, durable=durable)

@@ -7,7 +7,8 @@
 * :mod:`~cdi_gen.dra.driver.preparer`: the driver part behind the generic one's interface:
   which claims are prepared, and the decisions;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
-* :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk;
+* :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk, the one store;
+* :mod:`~cdi_gen.dra.driver.preparedclaim`: a prepared claim and its JSON form;
 * :mod:`~cdi_gen.dra.driver.boot`: the boot they were prepared in (a reboot voids them);
 * :mod:`~cdi_gen.dra.driver.statelock`: the lock two instances (a rolling update) share that
   state under;

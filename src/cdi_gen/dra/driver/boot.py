@@ -3,21 +3,23 @@
 A node reboot voids what the DRA driver prepared before it: device nodes are made anew, the
 spec folder (``/var/run/cdi``, a tmpfs) is empty while the state folder is not, and the
 kubelet prepares its running pods' claims again, each of which must get specs that exist and
-were written after the boot. So every record of a prepared claim names the boot it was
-written in, the kernel's boot ID (``/proc/sys/kernel/random/boot_id``, a random UUID made at
-each boot, read bounded): the checkpoint file from format 4 on (``bootId``), and a claim's
-record in its specs' owner records (``bootId``, a field older cdi-gens ignore). At start, a
-record of another boot is void: never answered, so the kubelet's prepare reads the claim
-anew and writes fresh specs. A checkpoint of another boot is kept aside whole, renamed to
-``dra-<driver>.json.void-<boot ID>`` beside it (:func:`set_aside`), with one line; a claim
-recorded with its specs in another boot (a spec folder that outlives reboots) is logged
-once, and its specs and metadata go as no prepared claim's.
+were written after the boot. So the record of the prepared claims, the checkpoint file
+(:mod:`~cdi_gen.dra.driver.checkpoint`), names the boot it was written in (``bootId``, from
+format 4 on), the kernel's boot ID (``/proc/sys/kernel/random/boot_id``, a random UUID made
+at each boot, read bounded). At start, a record of another boot is void: never answered, so
+the kubelet's prepare reads the claim anew and writes fresh specs. A checkpoint of another
+boot is kept aside whole, renamed to ``dra-<driver>.json.void-<boot ID>`` beside it
+(:func:`set_aside`), with one line; the specs and metadata of its claims go as no prepared
+claim's.
 
 A record from before records named their boot: a checkpoint file of format 1 to 3 is of this
 boot if it was last written after the boot started (a reboot stops every writer first), and
-void if before, so a node rebooted with the older cdi-gen's file is not answered from it; an
-owner record without ``bootId`` is of this boot, as its spec sits beside it: a reboot
-empties the spec folder the agent is deployed with.
+void if before, so a node rebooted with the older cdi-gen's file is not answered from it. So
+is a checkpoint that is not JSON (empty or torn: it is written without fsync, and only a
+power loss, which is a reboot, can leave it so) and was last written before the boot
+started. A claim record a cdi-gen before format 5 left in its specs' owner records
+(``bootId``, or none: of this boot, as its spec sits beside it and a reboot empties the spec
+folder the agent is deployed with) is adopted at start only when of this boot.
 """
 
 from __future__ import annotations
@@ -96,11 +98,11 @@ def record_boot(doc: object, where: str = "record.") -> str | None:
     return value
 
 
-def set_aside(path: Path, boot: Boot, written: str | None, mtime: float, count: int) -> Path:
+def set_aside(path: Path, boot: Boot, written: str | None, mtime: float, count: int | None) -> Path:
     """Rename the checkpoint ``path``, of another boot (``written``, or None before records
-    named their boot) and ``count`` claims, aside, with one line; where it went. The name ends
-    in neither ``.json`` nor ``.lock``, so it is never another driver's file. Raises OSError
-    (the file stays)."""
+    named their boot) and ``count`` claims (None: unreadable, torn by a power loss), aside,
+    with one line; where it went. The name ends in neither ``.json`` nor ``.lock``, so it is
+    never another driver's file. Raises OSError (the file stays)."""
     aside = path.with_name(f"{path.name}.void-{written or f'before-{int(mtime)}'}")
     os.rename(path, aside)
     if written is None:
@@ -109,12 +111,16 @@ def set_aside(path: Path, boot: Boot, written: str | None, mtime: float, count: 
         )
     else:
         before = f"written in boot {written}, not this boot {boot.id}"
+    if count is None:
+        held = "not JSON (torn by the power loss that ended that boot): its "
+    else:
+        held = f"its {count} "
     log.warning(
-        "%s: %s: its %d prepared claims are void, never answered (each is prepared anew when "
-        "the kubelet asks); kept aside as %s",
+        "%s: %s: %sprepared claims are void, never answered (each is prepared anew when the "
+        "kubelet asks); kept aside as %s",
         path,
         before,
-        count,
+        held,
         aside,
     )
     return aside

@@ -1,30 +1,32 @@
-"""The DRA driver's prepared claims, kept in one JSON file that survives restarts.
+"""The DRA driver's one store of prepared claims: a JSON file that survives restarts.
 
 The kubelet calls NodePrepareResources once per claim and may not call it again after the
 driver restarts, yet expects the same answer if it does, and calls NodeUnprepareResources
 later. So every prepared claim is recorded in ``<state dir>/dra-<driver>.json`` before the
-kubelet gets its answer, and removed when it is unprepared. The file is replaced atomically
-(temporary name, fsync, rename, folder fsync): after a crash it holds the claims before or
-after the last change, never a mix. Two instances of one driver (a rolling update) share it:
-each change is made under their :class:`~cdi_gen.dra.driver.statelock.StateLock`, after
-reading the file again when the other changed it (:meth:`Checkpoint.load`).
+kubelet gets its answer, and removed when it is unprepared: its namespace and name, its
+devices and the transient specs written for it (:mod:`~cdi_gen.dra.driver.preparedclaim`).
+Two instances of one driver (a rolling update) share it: each change is made under their
+:class:`~cdi_gen.dra.driver.statelock.StateLock`, after reading the file again when the other
+changed it (:meth:`Checkpoint.load`).
 
-A claim with specs of its own (:mod:`cdi_gen.dra.driver.claimspecs`) is recorded with them
-instead: each of its specs' owner records in ``/var/run/cdi`` carries the claim
-(:func:`claim_record`), written before the spec, and goes with it. Both live exactly as long
-as the claim's specs do, and the claim costs no write of this file: the preparer hands them
-in with :meth:`Checkpoint.adopt` at start, and :meth:`Checkpoint.add` and
-:meth:`Checkpoint.remove` keep them in memory only.
+The file is replaced atomically (temporary name, rename: a reader, and the next start after
+a crash, finds the claims before or after the last change, never a mix), without fsync: a
+change must outlive the agent's crash, and does (the page cache outlives the process); only
+a power loss can lose it, and that is a reboot, which voids every record anyway (``bootId``,
+:mod:`~cdi_gen.dra.driver.boot`). So a file that is not JSON (empty or torn, what a power loss
+may leave) and was last written before this boot started is void: set aside like a file of
+another boot, with one line. One of this boot that is not JSON is refused, as below.
 
 The file says what it is (``kind``), which format (``version``) and whose it is
-(``driver``). Format 2 added, per device, ``adminAccess`` and, per claim, the transient specs
-written for it (``specs``: kind and transient ID). Format 3 leaves out the claims recorded with
-their specs; a format-2 file's claims with specs stay in the file until they are unprepared,
-and an older cdi-gen refuses format 3 instead of removing specs it would not know of. A format
-1 file (cdi-gen before per-claim specs) is read with neither (its claims hold their devices
-exclusively and have no spec of their own). Format 4 names the boot it was written in
-(``bootId``): a file of another boot is void, set aside whole (:mod:`~cdi_gen.dra.driver.boot`).
-Older formats are written as format 4 at the next change; a newer one is refused, naming both.
+(``driver``). Format 5 holds every prepared claim and names the boot it was written in
+(``bootId``). Older formats are read: 1 (cdi-gen before per-claim specs: no specs, no admin
+access), 2 (per device ``adminAccess``, per claim its ``specs``: kind and transient ID), 3
+(without the claims that have specs of their own) and 4 (``bootId``). A cdi-gen before format
+5 recorded a claim with specs of its own in those specs' owner records instead: the first
+load (at start) adopts such records of this boot that the file does not hold (``adopt_from``;
+owner records are read for this alone, which can go once no such cdi-gen remains), and
+writes the file once in format 5 when it adopted one or read an older format. A newer
+format is refused, naming both, so an older cdi-gen never forgets claims it cannot read.
 A file that is not that (corrupt, foreign, another driver's, a newer format), or that someone
 else could have written (not owned by our effective user, or writable by group or others), is
 refused with one line naming the file and why, and left as it is: overwriting it would forget
@@ -41,12 +43,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import orjson
 
@@ -54,9 +53,10 @@ from cdi_gen.cdi.atomicfile import replace_file
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.dra.driver.boot import BOOT_FIELD, Boot, BootError, read_boot, record_boot, set_aside
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
+from cdi_gen.dra.driver.preparedclaim import ClaimSpec, PreparedClaim, claim_doc, parse_claims
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
-from cdi_gen.files import FileRefused, read_regular
+from cdi_gen.files import FileId, FileRefused, read_regular
 from cdi_gen.names import K8S_UUID_RULE, is_k8s_uuid, parse_qualified_name
 
 __all__ = [
@@ -68,16 +68,16 @@ __all__ = [
     "ClaimSpec",
     "PreparedClaim",
     "checkpoint_path",
-    "claim_record",
-    "read_claim_record",
 ]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "cdi-gen.dra-prepared-claims"
-CHECKPOINT_VERSION = 4
-#: Formats read and converted to :data:`CHECKPOINT_VERSION` (written at the next change).
-READ_VERSIONS = (1, 2, 3, 4)
+CHECKPOINT_VERSION = 5
+#: Formats read; the older ones are written as :data:`CHECKPOINT_VERSION` at start.
+READ_VERSIONS = (1, 2, 3, 4, 5)
+#: The first format that names its boot.
+_BOOT_VERSION = 4
 #: Largest checkpoint read, and written: a claim with one device takes ~350 bytes and one
 #: with the most devices (32) and every name at its longest ~34 KiB, so this holds ~480 of
 #: the largest claims and tens of thousands of common ones, more than a node prepares.
@@ -87,28 +87,12 @@ _MODE = 0o600
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _LEFT = "left as it is, not read; move it away to start with no prepared claims"
 
+#: This boot's claim records a cdi-gen before format 5 left with their specs, by UID.
+Recorded = Callable[[Boot], Mapping[str, PreparedClaim]]
+
 
 class CheckpointError(CdiGenError):
     """The checkpoint file cannot be read as ours, or cannot be written."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimSpec:
-    """A transient spec written for one claim: ``<vendor>-<class>@<transient>.json``."""
-
-    kind: str
-    transient: str
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedClaim:
-    """One prepared claim as recorded: who it is, the devices it was answered and the
-    transient specs written for it."""
-
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...]
-    specs: tuple[ClaimSpec, ...] = ()
 
 
 def checkpoint_path(state_dir: Path, driver: str) -> Path:
@@ -116,121 +100,18 @@ def checkpoint_path(state_dir: Path, driver: str) -> Path:
     return Path(state_dir) / f"dra-{driver}.json"
 
 
-def _device_doc(device: PreparedDevice) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "requestNames": list(device.request_names),
-        "pool": device.pool,
-        "device": device.device,
-        "cdiDeviceIds": list(device.cdi_device_ids),
-    }
-    if device.share_id is not None:
-        doc["shareId"] = device.share_id
-    if device.admin_access:
-        doc["adminAccess"] = True
-    return doc
-
-
-def _claim_doc(claim: PreparedClaim) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "namespace": claim.namespace,
-        "name": claim.name,
-        "devices": [_device_doc(d) for d in claim.devices],
-    }
-    if claim.specs:
-        doc["specs"] = [{"kind": s.kind, "transient": s.transient} for s in claim.specs]
-    return doc
-
-
-def _strings(value: object, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{where}: want a list of strings, got {quote(value)}")
-    return tuple(value)
-
-
-def _string(doc: Mapping[str, object], key: str, where: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"{where}.{key}: want a string, got {quote(value)}")
-    return value
-
-
-def _parse_device(doc: object, where: str) -> PreparedDevice:
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where}: want an object, got {quote(doc)}")
-    share_id = doc.get("shareId")
-    if share_id is not None and not isinstance(share_id, str):
-        raise ValueError(f"{where}.shareId: want a string, got {quote(share_id)}")
-    admin = doc.get("adminAccess", False)
-    if not isinstance(admin, bool):
-        raise ValueError(f"{where}.adminAccess: want a boolean, got {quote(admin)}")
-    return PreparedDevice(
-        request_names=_strings(doc.get("requestNames"), f"{where}.requestNames"),
-        pool=_string(doc, "pool", where),
-        device=_string(doc, "device", where),
-        cdi_device_ids=_strings(doc.get("cdiDeviceIds"), f"{where}.cdiDeviceIds"),
-        share_id=share_id,
-        admin_access=admin,
-    )
-
-
-def _parse_specs(doc: object, where: str) -> tuple[ClaimSpec, ...]:
-    if doc is None:
-        return ()
-    if not isinstance(doc, list):
-        raise ValueError(f"{where}: want a list, got {quote(doc)}")
-    specs = []
-    for i, entry in enumerate(doc):
-        at = f"{where}[{i}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{at}: want an object, got {quote(entry)}")
-        specs.append(ClaimSpec(_string(entry, "kind", at), _string(entry, "transient", at)))
-    return tuple(specs)
-
-
-def _parse_claim(entry: object, where: str) -> PreparedClaim:
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: want an object, got {quote(entry)}")
-    devices = entry.get("devices")
-    if not isinstance(devices, list):
-        raise ValueError(f"{where}.devices: want a list, got {quote(devices)}")
-    return PreparedClaim(
-        namespace=_string(entry, "namespace", where),
-        name=_string(entry, "name", where),
-        devices=tuple(_parse_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)),
-        specs=_parse_specs(entry.get("specs"), f"{where}.specs"),
-    )
-
-
-def _parse_claims(doc: object) -> dict[str, PreparedClaim]:
-    if not isinstance(doc, dict):
-        raise ValueError(f"claims: want an object, got {quote(doc)}")
-    return {uid: _parse_claim(entry, f"claims[{quote(uid)}]") for uid, entry in doc.items()}
-
-
-def claim_record(uid: str, claim: PreparedClaim) -> dict[str, Any]:
-    """The record of a claim with its own specs, as their owner records carry it."""
-    return {"uid": uid, **_claim_doc(claim)}
-
-
-def read_claim_record(doc: object) -> tuple[str, PreparedClaim]:
-    """The UID and claim of a :func:`claim_record`; raises ValueError naming the field."""
-    if not isinstance(doc, dict):
-        raise ValueError(f"want an object, got {quote(doc)}")
-    claim = _parse_claim(doc, "record")
-    if not claim.specs:
-        raise ValueError("record.specs: a claim recorded with its specs names them")
-    return _string(doc, "uid", "record"), claim
-
-
 class Checkpoint:
-    """The prepared claims of one driver, in memory and in its file; safe across threads.
+    """The prepared claims of one driver, in memory and in its file. Every :meth:`load` and
+    change runs under the driver's state lock (:class:`~cdi_gen.dra.driver.statelock.StateLock`,
+    held by its one user, the preparer); readers get an immutable snapshot without it.
 
     ``pool`` is the driver's pool and ``kinds`` the CDI kinds (``vendor/class``) of its
     devices: what a recorded claim may name. ``max_bytes`` caps the file, read and written;
-    ``boot`` is this boot (read at the first :meth:`load` when not given). :meth:`add` and
-    :meth:`remove` change the file first and memory only once the file holds the change, so a
-    claim is never answered as prepared unless it is on disk, or, for a claim with specs of
-    its own, in their owner records (then the file is not written). Raise CheckpointError.
+    ``boot`` is this boot (read at the first :meth:`load` when not given); ``adopt_from``
+    gives the claim records an older cdi-gen left in owner records (see the module
+    docstring). :meth:`add` and :meth:`remove` change the file first and memory only once the
+    file holds the change, so a claim is never answered as prepared unless it is in the file.
+    Raise CheckpointError.
     """
 
     def __init__(
@@ -242,6 +123,7 @@ class Checkpoint:
         kinds: Collection[str],
         max_bytes: int = CHECKPOINT_MAX_BYTES,
         boot: Boot | None = None,
+        adopt_from: Recorded | None = None,
     ) -> None:
         self.path = Path(path)
         self.boot = boot
@@ -249,11 +131,10 @@ class Checkpoint:
         self.pool = pool
         self.kinds = frozenset(kinds)
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self.adopt_from = adopt_from
         self._claims: Mapping[str, PreparedClaim] = MappingProxyType({})
-        #: Claims with specs of their own that a format-2 file recorded: kept in the file
-        #: until unprepared (their owner records carry no claim).
-        self._in_file: frozenset[str] = frozenset()
+        #: Whether a load succeeded: the first one adopts and converts (see :meth:`load`).
+        self._loaded = False
 
     @property
     def claims(self) -> Mapping[str, PreparedClaim]:
@@ -278,20 +159,17 @@ class Checkpoint:
                     return other, claim
         return None
 
-    def load(self, recorded: Mapping[str, PreparedClaim] | None = None) -> None:
-        """Read the file (none: no claims; of another boot: set aside, none answered).
-        ``recorded``, the claims recorded with their specs (read from their owner records),
-        are laid in as :meth:`adopt` takes them, in the same swap: read again while serving
-        (the other instance changed the files), no claim is ever missing in between."""
+    def load(self) -> None:
+        """Read the file (none: no claims; of another boot, or torn before this one: set
+        aside, none answered), at start and whenever the other instance changed it. The
+        first load also adopts this boot's claims ``adopt_from`` gives that the file does not
+        hold, and writes the file in this format when it adopted one or read an older format
+        (once: a later load reads what the other instance wrote, unchanged)."""
         try:
             boot = self.boot = self.boot or read_boot()
-            raw, mtime = self._read()
-            claims, written = self._parse(raw)
-            if not boot.wrote(written, mtime):
-                set_aside(self.path, boot, written, mtime, len(claims))
-                claims = {}
+            claims, version = self._read_claims(boot)
         except FileNotFoundError:  # none yet, or set aside meanwhile by the other instance
-            claims = {}
+            claims, version = {}, None
         except BootError as exc:  # the file is fine: moving it away would not help
             raise CheckpointError(f"{exc}; the DRA checkpoint {self.path} is not read") from exc
         except (FileRefused, OSError) as exc:
@@ -299,13 +177,59 @@ class Checkpoint:
                 f"{self.path}: cannot read the DRA checkpoint: {exc}; {_LEFT}"
             ) from exc
         claims = self._ours(claims)
-        in_file = frozenset(uid for uid, claim in claims.items() if claim.specs)
-        for uid, claim in (recorded or {}).items():
-            if claim.specs and uid not in claims and self._ours({uid: claim}):
-                claims[uid] = claim
-        with self._lock:
-            self._claims = MappingProxyType(claims)
-            self._in_file = in_file
+        first = not self._loaded
+        if version not in (None, CHECKPOINT_VERSION):
+            log.info(
+                "%s: checkpoint format %s read as format %s (written so %s)",
+                self.path,
+                version,
+                CHECKPOINT_VERSION,
+                "now" if first else "at the next change",
+            )
+        adopted = self._adopt(claims) if first else 0
+        if first and (adopted or version not in (None, CHECKPOINT_VERSION)):
+            self._write(claims)
+        self._claims = MappingProxyType(claims)
+        self._loaded = True
+
+    def _read_claims(self, boot: Boot) -> tuple[dict[str, PreparedClaim], int | None]:
+        """The file's claims and format; none (and no format) when it was set aside as
+        void. Raises OSError (FileNotFoundError: no file) and CheckpointError."""
+        raw, mtime = self._read()
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if boot.wrote(None, mtime):  # not torn by a power loss: someone else's doing
+                raise CheckpointError(f"{self.path}: not JSON ({exc}); {_LEFT}") from None
+            set_aside(self.path, boot, None, mtime, None)
+            return {}, None
+        claims, written, version = self._parse(doc)
+        if not boot.wrote(written, mtime):
+            set_aside(self.path, boot, written, mtime, len(claims))
+            return {}, None
+        return claims, version
+
+    def _adopt(self, claims: dict[str, PreparedClaim]) -> int:
+        """Lay into ``claims`` the ones :attr:`adopt_from` gives that it does not hold, if
+        ours (the others dropped with a line each); how many."""
+        if self.adopt_from is None or self.boot is None:
+            return 0
+        found = {
+            uid: claim
+            for uid, claim in self.adopt_from(self.boot).items()
+            if claim.specs and uid not in claims
+        }
+        found = self._ours(found)
+        if found:
+            log.info(
+                "%s: %d prepared claims adopted from their specs' owner records (recorded by a "
+                "cdi-gen before checkpoint format %d)",
+                self.path,
+                len(found),
+                CHECKPOINT_VERSION,
+            )
+        claims.update(found)
+        return len(found)
 
     def _read(self) -> tuple[bytes, float]:
         """The file's bytes and mtime, if it is ours alone: owned by our effective user and
@@ -315,7 +239,7 @@ class Checkpoint:
             self._check_owner(before)
         raw = read_regular(self.path, self.max_bytes, follow_symlinks=False)
         after = os.lstat(self.path)
-        if _identity(after) != _identity(before):
+        if FileId.of(after) != FileId.of(before):
             raise FileRefused("replaced or changed while it was read")
         return raw, after.st_mtime
 
@@ -389,11 +313,8 @@ class Checkpoint:
             return f"spec of {quote(spec.kind)}: {exc}"
         return None
 
-    def _parse(self, raw: bytes) -> tuple[dict[str, PreparedClaim], str | None]:
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise CheckpointError(f"{self.path}: not JSON ({exc}); {_LEFT}") from None
+    def _parse(self, doc: object) -> tuple[dict[str, PreparedClaim], str | None, int]:
+        """The claims, the boot named (None: none) and the format of a file's JSON."""
         if not isinstance(doc, dict) or doc.get("kind") != CHECKPOINT_KIND:
             kind = doc.get("kind") if isinstance(doc, dict) else None
             raise CheckpointError(
@@ -401,7 +322,7 @@ class Checkpoint:
                 f"{CHECKPOINT_KIND!r}); {_LEFT}"
             )
         version = doc.get("version")
-        if version not in READ_VERSIONS or isinstance(version, bool):
+        if type(version) is not int or version not in READ_VERSIONS:  # not a bool, a float
             newer = type(version) is int and version > CHECKPOINT_VERSION
             raise CheckpointError(
                 f"{self.path}: checkpoint format {quote(version)}"
@@ -415,57 +336,28 @@ class Checkpoint:
                 f"{self.driver!r}; {_LEFT}"
             )
         try:
-            claims = _parse_claims(doc.get("claims"))
-            written = record_boot(doc, "") if version == CHECKPOINT_VERSION else None
+            claims = parse_claims(doc.get("claims"))
+            written = record_boot(doc, "") if version >= _BOOT_VERSION else None
         except ValueError as exc:
             raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
-        if version != CHECKPOINT_VERSION:
-            log.info(
-                "%s: checkpoint format %s read as format %s (written so at the next change)",
-                self.path,
-                version,
-                CHECKPOINT_VERSION,
-            )
-        return claims, written
-
-    def _filed(self, uid: str, claim: PreparedClaim) -> bool:
-        """Whether ``claim`` is kept in the file (else with its specs)."""
-        return not claim.specs or uid in self._in_file
+        return claims, written, version
 
     def add(self, uid: str, claim: PreparedClaim) -> None:
-        """Record ``claim`` under ``uid`` (replacing an older record of that UID). A claim with
-        specs of its own is recorded with them (the caller wrote its :func:`claim_record`
-        into their owner records): it changes memory only."""
-        with self._lock:
-            if self._claims.get(uid) == claim:
-                return
-            claims = {**self._claims, uid: claim}
-            old = self._claims.get(uid)
-            if self._filed(uid, claim) or (old is not None and self._filed(uid, old)):
-                self._write(claims)
-            self._claims = MappingProxyType(claims)
-
-    def adopt(self, uid: str, claim: PreparedClaim) -> bool:
-        """At start, take in a claim recorded with its specs; False (with a line saying why)
-        when it is not one this driver records, or ``uid`` is recorded already."""
-        with self._lock:
-            if not claim.specs or uid in self._claims or not self._ours({uid: claim}):
-                return False
-            self._claims = MappingProxyType({**self._claims, uid: claim})
-            return True
+        """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
+        if self._claims.get(uid) == claim:
+            return
+        claims = {**self._claims, uid: claim}
+        self._write(claims)
+        self._claims = MappingProxyType(claims)
 
     def remove(self, uid: str) -> bool:
         """Forget ``uid``; return whether it was recorded."""
-        with self._lock:
-            old = self._claims.get(uid)
-            if old is None:
-                return False
-            claims = {k: v for k, v in self._claims.items() if k != uid}
-            if self._filed(uid, old):
-                self._write(claims)
-            self._claims = MappingProxyType(claims)
-            self._in_file -= {uid}
-            return True
+        if uid not in self._claims:
+            return False
+        claims = {k: v for k, v in self._claims.items() if k != uid}
+        self._write(claims)
+        self._claims = MappingProxyType(claims)
+        return True
 
     def encode(self, claims: Mapping[str, PreparedClaim]) -> bytes:
         doc = {
@@ -473,9 +365,7 @@ class Checkpoint:
             "version": CHECKPOINT_VERSION,
             "driver": self.driver,
             **({BOOT_FIELD: self.boot.id} if self.boot else {}),
-            "claims": {
-                uid: _claim_doc(claim) for uid, claim in claims.items() if self._filed(uid, claim)
-            },
+            "claims": {uid: claim_doc(claim) for uid, claim in claims.items()},
         }
         return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
@@ -490,11 +380,8 @@ class Checkpoint:
                 "not recorded"
             )
         try:
-            replace_file(self.path, data, mode=_MODE)
+            # Not durable: see the module docstring (a power loss is a reboot).
+            replace_file(self.path, data, mode=_MODE, durable=False)
         except OSError as exc:
             raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
 
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    # A rename or a write changes ctime: equal identities mean the checked file was read.
-    return st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size

@@ -9,13 +9,15 @@ layer (:class:`~cdi_gen.dra.driver.claimconfig.Layered`: the DeviceClass's, the 
 (:mod:`cdi_gen.dra.driver.claimspec`: the class's spec as the agent wrote it, served from
 memory by :class:`~cdi_gen.cdi.store.SpecStore`, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
-with ownership records naming this agent's instance and carrying the claim's record
-(:func:`~cdi_gen.dra.driver.checkpoint.claim_record`, read back at start by
-:meth:`ClaimSpecs.recorded`); takes all of them back when one fails (a full disk), and removes
-them at unprepare, for a claim not prepared here whatever of ours sits at their names
-(:meth:`ClaimSpecs.remove_left`); and finds, at start, those no
-prepared claim names and the claims whose files are gone (a node restart empties
-``/var/run/cdi``: such a claim is read and prepared anew).
+with ownership records naming this agent's instance; takes all of them back when one fails (a
+full disk), and removes them at unprepare, for a claim not prepared here whatever of ours sits
+at their names (:meth:`ClaimSpecs.remove_left`); and finds, at start, those no prepared claim
+names and the claims whose files are gone (a node restart empties ``/var/run/cdi``: such a
+claim is read and prepared anew). The claim, with the specs written for it, is recorded by the
+caller in the checkpoint (:mod:`~cdi_gen.dra.driver.checkpoint`), the one store of prepared
+claims; :meth:`ClaimSpecs.recorded` reads, for the checkpoint to adopt at start, the claim
+records a cdi-gen before checkpoint format 5 wrote into these owner records (it can go once
+no such agent remains).
 
 With a ``metadata_dir``, every prepared claim gets, for each request, the device metadata
 file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
@@ -23,8 +25,8 @@ file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
 UID and the request (one flat folder: a file and a rename per request, where folders per
 claim and request cost tens of times more to make and remove), mounted by the claim's spec
 of the request's first configured device or, for a request with none, by its metadata spec
-(:func:`~cdi_gen.dra.driver.claimspec.metadata_spec`): then every claim has a spec of its own
-and its record rides there. The claim's files go with its specs. KEP-5304 has no Kubernetes
+(:func:`~cdi_gen.dra.driver.claimspec.metadata_spec`): then every claim has a spec of its
+own. The claim's files go with its specs. KEP-5304 has no Kubernetes
 gate: the file is the driver's and reaches the container through CDI, which every kubelet
 the driver supports passes on, so the driver serves it whenever it has a metadata folder
 (the agent always gives it one).
@@ -49,8 +51,7 @@ from cdi_gen.cdi.ownerrecords import (
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore, WrittenSpec
 from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
-from cdi_gen.dra.driver.boot import BOOT_FIELD, Boot, record_boot
-from cdi_gen.dra.driver.checkpoint import ClaimSpec, PreparedClaim, claim_record, read_claim_record
+from cdi_gen.dra.driver.boot import Boot, record_boot
 from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
@@ -73,6 +74,7 @@ from cdi_gen.dra.driver.claimspec import (
 )
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
+from cdi_gen.dra.driver.preparedclaim import ClaimSpec, PreparedClaim, read_claim_record
 from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal, claim_label
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.model import ClaimView, PoolDevice
@@ -170,10 +172,6 @@ class ClaimSpecs:
         self.metadata = None if metadata_dir is None else MetadataFolder(Path(metadata_dir))
         self.read_mode = read_mode
         self.store = store
-        #: This boot, named in each claim's record (the preparer's load sets it).
-        self.boot: Boot | None = None
-        #: Claims recorded in another boot, by UID, as :meth:`recorded` found them (logged once).
-        self.void: dict[str, PreparedClaim] = {}
         #: Class spec path -> (the write it indexes, its devices by name); claim_spec
         #: changes neither. Replaced whole, so safe from any server thread.
         self._indexed: dict[Path, tuple[WrittenSpec, dict[str, Mapping[str, Any]]]] = {}
@@ -223,12 +221,7 @@ class ClaimSpecs:
             *(ClaimSpec(kind, claim_tag(uid)) for kind in by_kind),
             *(ClaimSpec(kind, metadata_tag(uid)) for kind in meta_kinds),
         )
-        # The claim's record rides in each of its specs' owner records (written before the
-        # spec): the claim is prepared exactly as long as a spec of it is there.
         prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
-        record = claim_record(uid, prepared)
-        if self.boot is not None:
-            record[BOOT_FIELD] = self.boot.id
         try:
             mounts = self._write_metadata(uid, claim, out, carriers, pool)
             docs = [
@@ -251,7 +244,6 @@ class ClaimSpecs:
                     dump_document(doc),
                     instance=self.instance,
                     transient=spec.transient,
-                    payload=record,
                     notes=self.store.own_writes,
                 )
         # Undone whole: the spec being written too, which a failure after its rename (a
@@ -407,13 +399,14 @@ class ClaimSpecs:
                     transient_filename(vendor, cls, spec.transient),
                 )
 
-    def recorded(self) -> dict[str, PreparedClaim]:
-        """The claims recorded with their specs (:meth:`write`), by UID: read from the owner
-        records of this instance's transient specs (those an older agent named the CDI
-        library's way renamed first). A record that cannot be read as a claim, or that names
-        a spec it does not sit beside, is logged and left out (its spec is then no prepared
-        claim's, and goes as an orphan); so is one of another boot than :attr:`boot` (void,
-        kept in :attr:`void` and logged once: see :mod:`~cdi_gen.dra.driver.boot`)."""
+    def recorded(self, boot: Boot) -> dict[str, PreparedClaim]:
+        """This boot's claims a cdi-gen before checkpoint format 5 recorded with their specs,
+        by UID: read from the owner records of this instance's transient specs (those an
+        older agent named the CDI library's way renamed first), for the checkpoint to adopt
+        at start. A record that cannot be read as a claim, or that names a spec it does not
+        sit beside, is logged and left out (its spec is then no prepared claim's, and goes as
+        an orphan); so is one of another boot (void, one line for all: see
+        :mod:`~cdi_gen.dra.driver.boot`)."""
         for name in migrate_transient_names(self.spec_dir, instance=self.instance):
             log.info("claim spec renamed to %s (claim and class specs no longer share names)", name)
         found: dict[str, PreparedClaim] = {}
@@ -430,30 +423,13 @@ class ClaimSpecs:
             except ValueError as exc:
                 log.warning("spec %s: its claim record is unreadable: %s", quote(name), exc)
                 continue
-            if written is None or self.boot is None or written == self.boot.id:
+            if written is None or written == boot.id:
                 found.setdefault(uid, claim)
             else:
                 void.setdefault(uid, (claim, written))
-        self._log_void(void)
+        if void:
+            _log_void(void, boot)
         return found
-
-    def _log_void(self, void: Mapping[str, tuple[PreparedClaim, str]]) -> None:
-        """One line for the claims recorded in another boot that no line named yet."""
-        new = {uid: found for uid, found in void.items() if uid not in self.void}
-        self.void = {uid: claim for uid, (claim, _) in void.items()}
-        if not new or self.boot is None:
-            return
-        labels = [claim_label(c.namespace, c.name, uid) for uid, (c, _) in sorted(new.items())]
-        more = f" and {len(labels) - _VOID_SHOWN} more" if len(labels) > _VOID_SHOWN else ""
-        log.warning(
-            "%d claims recorded with their specs in boot %s, not this boot %s, are void, never "
-            "answered (each is prepared anew when the kubelet asks; their files go): %s%s",
-            len(new),
-            ", ".join(sorted({written for _, written in new.values()})),
-            self.boot.id,
-            ", ".join(labels[:_VOID_SHOWN]),
-            more,
-        )
 
     def intact(self, uid: str, claim: PreparedClaim) -> bool:
         """Whether a prepared claim's files are all there: its specs and, with metadata, at
@@ -500,3 +476,18 @@ class ClaimSpecs:
             except SpecWriteError as exc:
                 log.warning("spec %s of no prepared claim stays: %s", quote(name), exc)
         return removed
+
+
+def _log_void(void: Mapping[str, tuple[PreparedClaim, str]], boot: Boot) -> None:
+    """One line for the claims recorded with their specs in another boot."""
+    labels = [claim_label(c.namespace, c.name, uid) for uid, (c, _) in sorted(void.items())]
+    more = f" and {len(labels) - _VOID_SHOWN} more" if len(labels) > _VOID_SHOWN else ""
+    log.warning(
+        "%d claims recorded with their specs in boot %s, not this boot %s, are void, never "
+        "answered (each is prepared anew when the kubelet asks; their files go): %s%s",
+        len(void),
+        ", ".join(sorted({written for _, written in void.values()})),
+        boot.id,
+        ", ".join(labels[:_VOID_SHOWN]),
+        more,
+    )

@@ -16,10 +16,11 @@ nothing), writes its own specs (:mod:`~cdi_gen.dra.driver.claimspecs`: a claim w
 configuration for this driver gets its configured devices from a spec of its own, and with
 device metadata every claim gets a spec of its own for the metadata mounts), checks its CDI
 names with the same resolver as Allocate's (:func:`~cdi_gen.cdi.resolution.unresolved`),
-records it, and answers the devices' CDI names. :meth:`PoolPreparer.unprepare` removes the
-claim's specs, then its record (of a claim not prepared here, whatever of ours sits at its
-specs' names). A record of another boot is void (:mod:`~cdi_gen.dra.driver.boot`): after a
-node reboot every claim is prepared anew, with specs written after the boot.
+records it in the checkpoint, the one store (every claim with the specs written for it), and
+answers the devices' CDI names. :meth:`PoolPreparer.unprepare` removes the claim's specs,
+then its record (of a claim not prepared here, whatever of ours sits at its specs' names). A
+record of another boot is void (:mod:`~cdi_gen.dra.driver.boot`): after a node reboot every
+claim is prepared anew, with specs written after the boot.
 
 Two instances of the driver (a rolling update) share this state through its files: every
 step that reads or changes it holds the :class:`~cdi_gen.dra.driver.statelock.StateLock`
@@ -102,15 +103,19 @@ class PoolPreparer:
         self.pool_name = pool_name
         self.resolver = resolver
         self.checkpoint = Checkpoint(
-            checkpoint_path(state_dir, driver), driver, pool=pool_name, kinds=cdi_kinds
+            checkpoint_path(state_dir, driver),
+            driver,
+            pool=pool_name,
+            kinds=cdi_kinds,
+            adopt_from=None if claim_specs is None else claim_specs.recorded,
         )
         #: Shared with another instance of the driver on the node (see the module docstring).
         self.state = StateLock(lock_path(state_dir, driver))
         self.claim_specs = claim_specs
 
     def load(self) -> None:
-        """Read the checkpoint and the claims recorded with their own specs, then bring the
-        claims' specs in line with them: a claim recorded in another boot is void, one whose
+        """Read the checkpoint (adopting what an older cdi-gen recorded), then bring the
+        claims' specs in line with it: a claim recorded in another boot is void, one whose
         spec or device metadata is gone or unreadable (a power loss may empty a file written
         without fsync) forgotten, to be read and prepared anew; a claim spec or metadata file
         no claim names is removed. Raises
@@ -126,9 +131,6 @@ class PoolPreparer:
         specs = self.claim_specs
         if specs is None:
             return
-        specs.boot = self.checkpoint.boot
-        for uid, claim in specs.recorded().items():
-            self.checkpoint.adopt(uid, claim)
         for uid, claim in list(self.checkpoint.claims.items()):
             if claim.specs and not specs.intact(uid, claim):
                 log.warning(
@@ -149,8 +151,7 @@ class PoolPreparer:
         instance changed it. Raises :class:`~cdi_gen.dra.driver.checkpoint.CheckpointError`."""
         with self.state.held(timeout) as stale:
             if stale:
-                specs = self.claim_specs
-                self.checkpoint.load(None if specs is None else specs.recorded())
+                self.checkpoint.load()
             yield
 
     # -- what was prepared before -----------------------------------------------------------

@@ -2,13 +2,13 @@
 
 During a rolling update two agents of one driver serve one node side by side, and the kubelet
 may send a claim's prepare to one and its unprepare to the other: what a claim is prepared
-with (the checkpoint file, the owner records of its own specs) must be read from the files,
-not from memory, whenever the other instance may have changed them. :class:`StateLock` is an
+with (the checkpoint file, which names its own specs) must be read from the file, not from
+memory, whenever the other instance may have changed it. :class:`StateLock` is an
 exclusive ``flock`` on ``<state dir>/dra-<driver>.lock`` (one per driver, beside its
 checkpoint), shared by every instance on the node, and the file's content says whether
 anything changed since this instance last looked: each change writes a new token into it, so
 an instance whose token is still there skips the reload (one read of a few bytes instead of
-the checkpoint and every owner record), and a reader that only answers from memory looks at
+the checkpoint), and a reader that only answers from memory looks at
 the token without the lock (:meth:`StateLock.fresh`).
 
 Threads of one process share the descriptor, and a ``flock`` held through it is held for all
