@@ -384,4 +384,3 @@ class Checkpoint:
             replace_file(self.path, data, mode=_MODE, durable=False)
         except OSError as exc:
             raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
-
