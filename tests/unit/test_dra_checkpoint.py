@@ -306,7 +306,8 @@ def test_a_failed_write_changes_neither_file_nor_memory(
     def crash(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "rename", crash)
+    # The data's write fails (a full disk), whatever puts the file in place after it.
+    monkeypatch.setattr(os, "write", crash)
     with pytest.raises(CheckpointError, match="No space left"):
         cp.add("u2", CLAIM)
     with pytest.raises(CheckpointError):
@@ -317,7 +318,8 @@ def test_a_failed_write_changes_neither_file_nor_memory(
 
 
 def test_a_reader_sees_the_old_or_the_new_file(tmp_path: Path) -> None:
-    """The file is replaced by rename: an open reader keeps the old complete content."""
+    """The file is replaced whole (swapped in): an open reader keeps the old complete
+    content."""
     cp = fresh(tmp_path)
     cp.load()
     cp.add("u1", CLAIM)

@@ -13,6 +13,10 @@ two without the fsyncs), and ``render --output`` are all written this way.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
 import os
 import secrets
 import stat
@@ -76,7 +80,8 @@ def atomic_replace(
 ) -> FileId:
     """Write ``data`` to ``filename`` in the folder through an ignored temporary name; the
     file gets ``mode``. Without ``durable``, no fsync: readers still see the old or the new
-    file, but a power loss may leave either (or an empty one).
+    file, but a power loss may leave either (or an empty one), and an older file at the name
+    is swapped out rather than renamed over (see :func:`_exchanged`).
 
     Returns the identity of the file put in place, as a look at the name finds it after
     the rename (which moves ctime); when the name no longer holds that file (replaced at
@@ -109,7 +114,8 @@ def atomic_replace(
         if hook:
             hook("temp-synced")
         # rename() replaces a link at the target instead of following it.
-        os.rename(tmp, filename, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if durable or not _exchanged(dir_fd, tmp, filename):
+            os.rename(tmp, filename, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
@@ -121,6 +127,58 @@ def atomic_replace(
         os.fsync(dir_fd)
     # The name holds another file already: ours, kept, is found at it by no look.
     return found if found is not None and ours.same_inode(found) else ours
+
+
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    call = getattr(libc, "renameat2", None)  # glibc 2.28 and later
+    if call is not None:
+        call.argtypes = (
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        )
+        call.restype = ctypes.c_int
+    return call
+
+
+#: renameat2's flag: swap the two names, atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs).
+_RENAME_EXCHANGE = 2
+
+
+def _exchanged(dir_fd: int, tmp: str, filename: str) -> bool:
+    """Put ``tmp`` in place of the regular file at ``filename`` by swapping the two names
+    and removing the old file (now at ``tmp``); False, with nothing changed, when there is no
+    regular file there to swap or the swap is not supported (the caller renames).
+
+    Why not a rename: ext4 starts writing a file's blocks out when a rename replaces another
+    file (its ``auto_da_alloc`` guard for programs that skip fsync), which costs a
+    non-durable replace several times the write itself; a swap is as atomic for readers (the
+    old file or the new one at the name, never none) and leaves that to the kernel's own
+    writeback, which is what "not durable" asks for.
+    """
+    call = _renameat2()
+    try:
+        if call is None or not stat.S_ISREG(os.lstat(filename, dir_fd=dir_fd).st_mode):
+            return False
+    except OSError:
+        return False  # nothing there: a rename is as cheap
+    if call(dir_fd, tmp.encode(), dir_fd, filename.encode(), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOENT):
+            return False  # not supported here, or the file went meanwhile
+        raise OSError(err, os.strerror(err), filename)
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)
+    except IsADirectoryError:
+        # Something else than the file checked was swapped out (replaced between the look
+        # and the swap): put it back where it was; the rename then fails as it would have.
+        call(dir_fd, tmp.encode(), dir_fd, filename.encode(), _RENAME_EXCHANGE)
+        return False
+    return True
 
 
 def remove_stale_temps_in(dir_fd: int) -> int:
