@@ -1,7 +1,7 @@
 """The agent's DRA driver as wired for `cdi-gen run`, against a stand-in API server.
 
 The real :class:`~cdi_gen.agent.agent.Agent` with a DRA class on recorded devices, its real
-:class:`~cdi_gen.dra.driver.driver.DraDriver` (the real lightkube client, publisher and kubelet
+:class:`~cdi_gen.dra.node.DraDriver` (the real lightkube client, publisher and kubelet
 plugin on real unix sockets) and the stand-in :class:`~tests.fakes.apiserver.FakeApiServer`, whose
 every accepted slice write is recorded here. A device is offered in a ResourceSlice only
 while the kubelet plugin serves: the scheduler allocates what a slice lists, and a driver

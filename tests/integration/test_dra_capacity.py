@@ -83,7 +83,7 @@ def _claim(name: str, uid: str, *shares: tuple[str, str]) -> Obj:
 async def test_a_shared_device_is_published_once_and_each_share_prepared(
     short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "cdi_gen.dra.driver.driver")
+    caplog.set_level(logging.INFO, "cdi_gen.dra.node")
     first, second, third = (str(uuid.uuid4()) for _ in range(3))
     api = FakeApiServer()
     async with api, FakeDraKubelet(short_dir / "reg") as kubelet, _agent(short_dir, api):
@@ -129,7 +129,7 @@ async def test_a_shared_device_is_published_once_and_each_share_prepared(
 async def test_an_api_server_without_the_field_gets_slots(
     short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "cdi_gen.dra.driver.driver")
+    caplog.set_level(logging.INFO, "cdi_gen.dra.node")
     api = FakeApiServer()
     api.consumable_capacity = False
     async with api, FakeDraKubelet(short_dir / "reg") as kubelet, _agent(short_dir, api):

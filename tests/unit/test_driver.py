@@ -15,7 +15,7 @@ import pytest
 from cdi_gen.apiserver.client import ApiClient
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
-from cdi_gen.dra.driver.driver import DraDriver
+from cdi_gen.dra.node import DraDriver
 from cdi_gen.errors import ConfigError
 from cdi_gen.metrics import Metrics
 from cdi_gen.model import AdvertisedDevice

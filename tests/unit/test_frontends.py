@@ -15,7 +15,7 @@ from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import load_settings
 from cdi_gen.deviceplugin.frontend import DevicePluginFrontend
-from cdi_gen.dra.driver.driver import DraDriver
+from cdi_gen.dra.node import DraDriver
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient

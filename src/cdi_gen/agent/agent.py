@@ -1,7 +1,7 @@
 """``cdi-gen run``: the node agent. udev discovery → CDI spec files → the kubelet, through a
 :class:`~cdi_gen.agent.frontend.Frontend` per class: a device plugin of its own
 (:mod:`cdi_gen.deviceplugin.frontend`) or, for classes with ``api: dra``, the node's DRA
-driver (:mod:`cdi_gen.dra.driver.driver`), one for all of them.
+driver (:mod:`cdi_gen.dra.node`), one for all of them.
 
 One asyncio loop runs everything; its consumers are tasks of one :class:`asyncio.TaskGroup`
 (a consumer that fails stops the others, and the agent raises its error after a clean
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from cdi_gen.cdi.runtimes import Ceiling
-    from cdi_gen.dra.driver.driver import DraDriver
+    from cdi_gen.dra.node import DraDriver
     from cdi_gen.dra.plugin.uninstall import Owner
 
 log = logging.getLogger("cdi_gen.agent.agent")
@@ -130,7 +130,7 @@ class Agent:
         #: only then: an agent of device plugins alone never loads the DRA modules.
         self.dra: DraDriver | None = None
         if settings.kubelet.enabled and any(c.api == "dra" for c in config.classes):
-            from cdi_gen.dra.driver.driver import DraDriver
+            from cdi_gen.dra.node import DraDriver
 
             self.dra = DraDriver(config, settings, self.tools, self.spec_cache, self.specs)
         self.runners = {c.name: self._runner(c) for c in config.classes}

@@ -4,7 +4,7 @@
 The agent's class runners (:mod:`cdi_gen.agent.runner`) publish each change once, to their
 class's one list: a device-plugin class's board, which its
 :mod:`~cdi_gen.deviceplugin.frontend` serves, or, for a DRA class, the node's DRA driver
-(:mod:`~cdi_gen.dra.driver.driver`), which is both the class's pool and its frontend. Each is
+(:mod:`~cdi_gen.dra.node`), which is both the class's pool and its frontend. Each is
 built in its module and given what it needs (:class:`~cdi_gen.retry.Tools`, a class's
 :class:`~cdi_gen.retry.Failures`); none holds the agent. The grpc and DRA modules load only
 when a frontend starts or is built.

@@ -1,7 +1,5 @@
 """cdi-gen's own DRA driver: what a claim gets and how it is prepared.
 
-* :mod:`~cdi_gen.dra.driver.driver`: the driver as the agent runs it, the frontend and pool
-  of every DRA class, composing the generic part's plugin and offering;
 * :mod:`~cdi_gen.dra.driver.poolentries`: the pool's entries, from the class config and
   udev;
 * :mod:`~cdi_gen.dra.driver.preparer`: the driver part behind the generic one's interface:

@@ -12,9 +12,11 @@ the API server serves consumable capacity, asked once at start).
 The rest is the generic part's: an :class:`~cdi_gen.dra.plugin.offering.Offering` keeps the
 node's ResourceSlices offering the pool while the plugin serves, runs the publisher and
 yields the slices in a rolling update; the :class:`~cdi_gen.dra.plugin.server.DraPlugin`
-answers the kubelet's NodePrepareResources from the pool through the driver's state, a
-:class:`~cdi_gen.dra.driver.preparer.PoolPreparer` that reads each claim through the API
-server and records it in the checkpoint.
+answers the kubelet's NodePrepareResources, reading each claim through the API server and
+handing it to the driver part, a :class:`~cdi_gen.dra.driver.preparer.PoolPreparer` that
+checks it against the pool and records it in the checkpoint. This module is the one place the
+two parts and the agent's API client meet: the driver part itself imports no grpc, kubelet or
+API server (``.importlinter``).
 
 The start's retry loop is a :class:`~cdi_gen.retry.Retry` bounded by ``retry_max_seconds``.
 The API server client and the DRA gRPC services are imported only when a class uses DRA: an
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DraDriver"]
 
-log = logging.getLogger("cdi_gen.dra.driver.driver")
+log = logging.getLogger("cdi_gen.dra.node")
 #: The start's failures are the agent's lines, as every frontend's are.
 agent_log = logging.getLogger("cdi_gen.agent.agent")
 
