@@ -104,7 +104,7 @@ async def _serve_plugin(folder: Path) -> None:
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.registry import SpecCache
     from cdi_gen.cdi.store import SpecStore
-    from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+    from cdi_gen.dra.driver.claimfiles import ClaimFiles
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.pool import DevicePool
     from cdi_gen.dra.plugin.server import DraPlugin
@@ -143,7 +143,7 @@ async def _serve_plugin(folder: Path) -> None:
         cdi_kinds=["example.com/fpga"],
         state_dir=folder / "state",
         resolver=resolver,
-        claim_specs=ClaimSpecs(
+        claim_files=ClaimFiles(
             spec_dir,
             "example.com",
             store=specs,

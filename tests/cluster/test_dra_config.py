@@ -92,7 +92,7 @@ def serve(
     return str(device_class["metadata"]["name"])
 
 
-def claim_specs(cluster: Cluster) -> list[str]:
+def claim_files(cluster: Cluster) -> list[str]:
     """The per-claim (transient) specs of our vendor on the node."""
     return sorted(p.name for p in cluster.cdi_run.glob(f"{VENDOR}-{CLASS}@*.json"))
 
@@ -160,14 +160,14 @@ def test_a_claim_narrows_what_its_class_gives_a_non_root_pod(
     uids = {
         n: (claims.get_claim(f"{n}-claim") or {})["metadata"]["uid"] for n in ("plain", "narrowed")
     }
-    assert claim_specs(cluster) == sorted(f"{VENDOR}-{CLASS}@{u}.json" for u in uids.values())
+    assert claim_files(cluster) == sorted(f"{VENDOR}-{CLASS}@{u}.json" for u in uids.values())
     pods.delete("narrowed")
     until_sync(
-        lambda: claim_specs(cluster) == [f"{VENDOR}-{CLASS}@{uids['plain']}.json"],
+        lambda: claim_files(cluster) == [f"{VENDOR}-{CLASS}@{uids['plain']}.json"],
         "the narrowed claim's spec removed at unprepare",
         30,
         every=0.2,
-        observe=lambda: claim_specs(cluster),
+        observe=lambda: claim_files(cluster),
     )
 
 
@@ -216,7 +216,7 @@ def test_a_refused_config_is_shown_in_the_pods_events(
         assert "config entry status.allocation.devices.config[" in text
     else:
         assert "fileMode 0o666 sets bits 0o6 that the class's fileMode 0o660 does not" in text
-    assert claim_specs(cluster) == []
+    assert claim_files(cluster) == []
 
 
 @pytest.mark.usefixtures("admin_namespace")

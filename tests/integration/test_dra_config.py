@@ -26,7 +26,7 @@ from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.cdi.writer import write_bytes
 from cdi_gen.dra.driver.checkpoint import checkpoint_path
-from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+from cdi_gen.dra.driver.claimfiles import ClaimFiles
 from cdi_gen.dra.driver.devicemetadata import metadata_stream
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.pool import DevicePool
@@ -136,7 +136,7 @@ class Node:
             cdi_kinds=["example.com/fpga"],
             state_dir=self.root / "state",
             resolver=self.resolver,
-            claim_specs=ClaimSpecs(
+            claim_files=ClaimFiles(
                 self.spec_dir,
                 "example.com",
                 store=self.specs,
@@ -478,7 +478,7 @@ async def test_an_older_agents_claim_records_of_another_boot_are_void(
         assert first.error == ""
     other = "0b0b0b0b-5555-4666-8777-888888888888"
     as_before_format_5(node, boot=other)
-    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.claimspecs"):
+    with caplog.at_level(logging.WARNING, "cdi_gen.dra.driver.claimfiles"):
         async with FakeDraKubelet(node.root / "registry") as kubelet, node.plugin():
             connection = await kubelet.next_registration()
             assert node.spec_files() == ["example.com-fpga.json"]  # no prepared claim's

@@ -2,7 +2,7 @@
 
 Each run of the driver is a process of its own in a private mount namespace, where a file
 bound over ``/proc/sys/kernel/random/boot_id`` gives it the boot ID the test chooses: the
-DRA driver (the agent's ``PoolPreparer`` and ``ClaimSpecs``) serves a kubelet stand-in over
+DRA driver (the agent's ``PoolPreparer`` and ``ClaimFiles``) serves a kubelet stand-in over
 real gRPC on unix sockets. The first run, in boot A, prepares three claims (a plain one, a
 configured one with a spec of its own, and one whose pod the reboot ends). The node
 reboots: the second run is in boot B, with the state folder kept and the spec folder
@@ -53,7 +53,7 @@ async def _serve(root: Path, mode: str, steps: Sequence[tuple[str, list[str]]]) 
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.store import SpecStore
-    from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+    from cdi_gen.dra.driver.claimfiles import ClaimFiles
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.pool import DevicePool
     from cdi_gen.dra.plugin.server import DraPlugin
@@ -99,7 +99,7 @@ async def _serve(root: Path, mode: str, steps: Sequence[tuple[str, list[str]]]) 
         pool_name=POOL,
         cdi_kinds=["example.com/fpga"],
         state_dir=root / "state",
-        claim_specs=ClaimSpecs(
+        claim_files=ClaimFiles(
             spec_dir,
             "example.com",
             store=store,

@@ -2,7 +2,7 @@
 
 On a real small tmpfs, mounted in a private mount namespace (so nothing outlives the test,
 even if it is killed), the DRA driver's preparer with per-claim specs (the agent's own
-``PoolPreparer`` and ``ClaimSpecs``; the metadata folder on the test's disk) prepares a
+``PoolPreparer`` and ``ClaimFiles``; the metadata folder on the test's disk) prepares a
 configured claim with the folder filled so that an owner record fits but its spec does not:
 one page left, so the record is written and the spec's write fails; three pages left for a
 claim with two specs, so the first spec and the second's record are written and the second
@@ -28,8 +28,8 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.cdi.writer import write_bytes
-from cdi_gen.dra.driver import claimspecs
-from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+from cdi_gen.dra.driver import claimfiles
+from cdi_gen.dra.driver.claimfiles import ClaimFiles
 from cdi_gen.dra.driver.preparer import PoolPreparer
 from cdi_gen.dra.plugin.claims import ClaimRef
 from cdi_gen.dra.plugin.pool import DevicePool
@@ -47,7 +47,7 @@ SCENARIO = textwrap.dedent(
     from cdi_gen.cdi.builder import assemble, build_entry
     from cdi_gen.cdi.codec import dump_document
     from cdi_gen.cdi.store import SpecStore
-    from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+    from cdi_gen.dra.driver.claimfiles import ClaimFiles
     from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.calls import ClaimCalls
     from cdi_gen.dra.plugin.claims import ClaimRef
@@ -92,7 +92,7 @@ SCENARIO = textwrap.dedent(
         pool_name=POOL,
         cdi_kinds=[f"example.com/{cls}" for cls in KINDS],
         state_dir=work / "state",
-        claim_specs=ClaimSpecs(
+        claim_files=ClaimFiles(
             spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=metadata_dir
         ),
     ), Claims(), pool=pool, max_reading_calls=4)
@@ -199,7 +199,7 @@ class _Node:
             tuple(AllocatedDevice(cls, DRIVER, POOL, f"{cls}-0") for cls in KINDS),
             (ConfigEntry("FromClaim", DRIVER, (), params, 0),),
         )
-        self.specs = ClaimSpecs(
+        self.specs = ClaimFiles(
             self.spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=self.metadata_dir
         )
         self.preparer = claim_calls(
@@ -209,7 +209,7 @@ class _Node:
                 pool_name=POOL,
                 cdi_kinds=[f"example.com/{cls}" for cls in KINDS],
                 state_dir=root / "state",
-                claim_specs=self.specs,
+                claim_files=self.specs,
             ),
             self,
             max_reading_calls=4,
@@ -251,7 +251,7 @@ def test_a_claim_spec_failing_at_any_step_takes_all_of_the_claims_files_back(
 
         return write_bytes(*args, step_hook=hook, **kwargs)
 
-    monkeypatch.setattr(claimspecs, "write_bytes", failing)
+    monkeypatch.setattr(claimfiles, "write_bytes", failing)
     [answer] = node.preparer.prepare([node.ref], 5.0)
     assert answer.reason == "claim-spec", answer
     assert "No space left on device" in answer.error

@@ -19,7 +19,7 @@ import pytest
 from cdi_gen.admission.certificate import tls_context
 from cdi_gen.admission.https import PATH, AdmissionLimits, serve_admission
 from cdi_gen.admission.review import ReviewError, config_problem, review
-from cdi_gen.dra.driver.claimspecs import device_configs
+from cdi_gen.dra.driver.claimfiles import device_configs
 from cdi_gen.dra.plugin.claims import ClaimRefused
 from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, ConfigEntry

@@ -22,8 +22,8 @@ from cdi_gen.dra.driver.checkpoint import (
     CHECKPOINT_MAX_BYTES,
     Checkpoint,
     CheckpointError,
-    ClaimSpec,
     PreparedClaim,
+    SpecName,
     checkpoint_path,
 )
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
@@ -381,7 +381,7 @@ def test_a_stored_format_2_checkpoint_is_read_with_its_configured_claim(
         "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a",
     )
     assert cp.claims[admin].devices[0].admin_access
-    assert cp.claims[configured].specs == (ClaimSpec("example.com/fpga", configured),)
+    assert cp.claims[configured].specs == (SpecName("example.com/fpga", configured),)
     assert cp.claims[configured].devices[0].cdi_device_ids == (
         f"example.com/fpga=claim-{configured}-0",
     )
@@ -421,7 +421,7 @@ SPEC_HELD = PreparedClaim(
     "ns",
     "c",
     (PreparedDevice(("a",), POOL, "fpga-0", ("example.com/fpga=claim-u1-0",)),),
-    (ClaimSpec("example.com/fpga", "u1"),),
+    (SpecName("example.com/fpga", "u1"),),
 )
 
 
@@ -479,7 +479,7 @@ def adopting(
 def test_the_first_load_adopts_our_claims_recorded_with_their_specs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    foreign = dataclasses.replace(SPEC_HELD, specs=(ClaimSpec("other.com/x", "u3"),))
+    foreign = dataclasses.replace(SPEC_HELD, specs=(SpecName("other.com/x", "u3"),))
     older = dataclasses.replace(SPEC_HELD, name="older")
     recorded = {"u1": SPEC_HELD, "u2": CLAIM, "u3": foreign, "u4": older}
     seen: list[Boot] = []

@@ -8,6 +8,7 @@ import pytest
 from cdi_gen.apiserver.resourceclaim import POD_CLAIM_NAME, claim_view
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS, prepare_claim
 from cdi_gen.dra.driver.poolentries import shared_once
+from cdi_gen.dra.driver.refusal import DriverRefusal
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
@@ -77,36 +78,36 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
     ("view", "uid", "reason", "parts"),
     [
         (claim(uid="u2"), "u1", Refusal.UID_MISMATCH, ["'u1'", "'u2'"]),
-        (claim(allocated=False), "u1", Refusal.NOT_ALLOCATED, ["not allocated"]),
+        (claim(allocated=False), "u1", DriverRefusal.NOT_ALLOCATED, ["not allocated"]),
         (
             claim(AllocatedDevice("r", "other.example.com", POOL, "fpga-0")),
             "u1",
-            Refusal.NO_DEVICES,
+            DriverRefusal.NO_DEVICES,
             [f"no device of driver '{DRIVER}'"],
         ),
-        (claim(), "u1", Refusal.NO_DEVICES, ["no device of driver"]),
+        (claim(), "u1", DriverRefusal.NO_DEVICES, ["no device of driver"]),
         (
             claim(AllocatedDevice("r", DRIVER, "node-b", "fpga-0")),
             "u1",
-            Refusal.OTHER_POOL,
+            DriverRefusal.OTHER_POOL,
             ["'fpga-0'", "'node-b'", f"'{POOL}'"],
         ),
         (
             claim(AllocatedDevice("r", DRIVER, POOL, "fpga-9")),
             "u1",
-            Refusal.UNKNOWN_DEVICE,
+            DriverRefusal.UNKNOWN_DEVICE,
             ["'fpga-9'", "request 'r'"],
         ),
         (
             claim(AllocatedDevice("r", DRIVER, POOL, "fpga-1")),
             "u1",
-            Refusal.UNHEALTHY,
+            DriverRefusal.UNHEALTHY,
             ["'fpga-1'", "unhealthy"],
         ),
         (
             claim(AllocatedDevice("r", DRIVER, POOL, "fpga-2")),
             "u1",
-            Refusal.GONE,
+            DriverRefusal.GONE,
             ["'fpga-2'", "gone"],
         ),
         (
@@ -116,20 +117,20 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
                 AllocatedDevice("bad", DRIVER, POOL, "fpga-1"),
             ),
             "u1",
-            Refusal.UNHEALTHY,
+            DriverRefusal.UNHEALTHY,
             ["request 'bad'"],
         ),
         (
             # A share holds nothing in the checkpoint: it must not get round an exclusive device.
             claim(AllocatedDevice("r", DRIVER, POOL, "fpga-0", share_id=S1)),
             "u1",
-            Refusal.INVALID_SHARE,
+            DriverRefusal.INVALID_SHARE,
             ["'fpga-0'", f"shareID '{S1}'", "unshared"],
         ),
         (
             claim(AllocatedDevice("r", DRIVER, POOL, "kvm")),
             "u1",
-            Refusal.INVALID_SHARE,
+            DriverRefusal.INVALID_SHARE,
             ["'kvm'", "no shareID"],
         ),
         (
@@ -138,7 +139,7 @@ def test_two_shares_of_one_device_are_two_devices_with_one_cdi_name() -> None:
                 AllocatedDevice("q", DRIVER, POOL, "kvm", share_id=S1),
             ),
             "u1",
-            Refusal.INVALID_SHARE,
+            DriverRefusal.INVALID_SHARE,
             ["request 'q'", f"shareID '{S1}' is given twice"],
         ),
     ],
@@ -182,7 +183,7 @@ def test_a_share_id_that_is_not_a_uid_is_refused_quoting_it_and_the_rule(
     the status, the checkpoint or a spec could take it), never read as no share."""
     with pytest.raises(ClaimRefused) as refused:
         prepare(claim(AllocatedDevice("r", DRIVER, POOL, device, share_id=share)))
-    assert refused.value.reason is Refusal.INVALID_SHARE
+    assert refused.value.reason is DriverRefusal.INVALID_SHARE
     message = str(refused.value)
     assert message.startswith(
         f"claim ns/c (uid 'u1'): device {device!r} of request 'r': shareID "
@@ -204,7 +205,7 @@ def _refused(view: ClaimView, devices: dict[str, PoolDevice]) -> str:
     with pytest.raises(ClaimRefused) as refused:
         label = claim_label("ns", "c", "u1")
         prepare_claim(label, view, driver=DRIVER, pool_name=POOL, devices=devices)
-    assert refused.value.reason is Refusal.UNKNOWN_DEVICE
+    assert refused.value.reason is DriverRefusal.UNKNOWN_DEVICE
     return str(refused.value)
 
 
@@ -252,7 +253,7 @@ def test_a_claim_over_the_apis_results_limit_is_refused(count: int) -> None:
     view = claim(*[AllocatedDevice(f"r{i}", DRIVER, POOL, "fpga-0") for i in range(count)])
     with pytest.raises(ClaimRefused) as refused:
         prepare(view)
-    assert refused.value.reason is Refusal.TOO_MANY_RESULTS
+    assert refused.value.reason is DriverRefusal.TOO_MANY_RESULTS
     message = str(refused.value)
     assert message.startswith("claim ns/c (uid 'u1')"), message
     assert f"{count} results; the API allows at most {MAX_ALLOCATION_RESULTS}" in message
@@ -337,7 +338,7 @@ def test_a_request_name_that_is_no_request_is_refused(request_name: str) -> None
     view = claim(AllocatedDevice(request_name, DRIVER, POOL, "fpga-0"))
     with pytest.raises(ClaimRefused) as refused:
         prepare(view)
-    assert refused.value.reason == Refusal.INVALID_REQUEST
+    assert refused.value.reason == DriverRefusal.INVALID_REQUEST
     message = str(refused.value)
     assert message.isprintable() and len(message) < 400, message
     assert "want a DNS label" in message

@@ -18,11 +18,12 @@ from cdi_gen.cdi.builder import assemble, build_entry
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.dra.driver.checkpoint import CheckpointError
-from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+from cdi_gen.dra.driver.claimfiles import ClaimFiles
 from cdi_gen.dra.driver.preparer import PoolPreparer
+from cdi_gen.dra.driver.refusal import DriverRefusal
 from cdi_gen.dra.driver.statelock import StateLock, StateLockError, lock_path
 from cdi_gen.dra.plugin.calls import ClaimCalls
-from cdi_gen.dra.plugin.claims import ClaimRef, Refusal
+from cdi_gen.dra.plugin.claims import ClaimRef
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.model import PoolDevice
 from tests.dracalls import claim_calls, driver_part_of
@@ -34,7 +35,7 @@ SECOND = ClaimRef("default", "c2", "uid-2")
 
 
 def _instance(
-    state_dir: Path, reader: CountingClaims, specs: ClaimSpecs | None = None
+    state_dir: Path, reader: CountingClaims, specs: ClaimFiles | None = None
 ) -> ClaimCalls:
     pool = DevicePool()
     pool.publish("fpga", [PoolDevice("fpga-0", "example.com/fpga=0", "fpga", "/sys/f0")])
@@ -45,7 +46,7 @@ def _instance(
             pool_name=POOL,
             cdi_kinds=["example.com/fpga"],
             state_dir=state_dir,
-            claim_specs=specs,
+            claim_files=specs,
         ),
         reader,
     )
@@ -83,7 +84,7 @@ def test_a_device_held_through_one_instance_is_refused_by_the_other(
     old, new = pair
     assert old.prepare([FIRST], 5)[0].error == ""
     [refused] = new.prepare([SECOND], 5)
-    assert refused.reason == str(Refusal.IN_USE)
+    assert refused.reason == str(DriverRefusal.IN_USE)
     assert "in use by claim default/c1" in refused.error
 
 
@@ -98,7 +99,7 @@ def test_an_unprepare_through_the_other_instance_frees_the_claim_for_both(
     [other] = old.prepare([SECOND], 5)
     assert other.error == ""
     assert old.count == 1 and set(driver_part_of(old).checkpoint.claims) == {"uid-2"}
-    assert new.prepare([FIRST], 5)[0].reason == str(Refusal.IN_USE)
+    assert new.prepare([FIRST], 5)[0].reason == str(DriverRefusal.IN_USE)
 
 
 def test_a_claim_with_specs_of_its_own_is_shared_through_the_checkpoint(
@@ -110,8 +111,8 @@ def test_a_claim_with_specs_of_its_own_is_shared_through_the_checkpoint(
     doc = assemble("example.com/fpga", [build_entry("0", {"deviceNodes": [{"path": "/dev/null"}]})])
     store.sync(spec_dir, "example.com", "fpga", dump_document(doc), instance=None)
 
-    def specs() -> ClaimSpecs:
-        return ClaimSpecs(
+    def specs() -> ClaimFiles:
+        return ClaimFiles(
             spec_dir, "example.com", store=store, driver=DRIVER, metadata_dir=metadata
         )
 

@@ -93,8 +93,8 @@ def test_a_dra_class_has_no_board_and_publishes_into_the_driver_pool() -> None:
     for name in ("fpga", "gpu"):
         runner = agent.runners[name]
         assert runner.board is None
-        assert runner.pool is agent.dra
-    assert agent.runners["plain"].pool is None
+        assert runner.sink is agent.dra
+    assert agent.runners["plain"].sink is None
     assert agent.runners["plain"].board is not None
 
 

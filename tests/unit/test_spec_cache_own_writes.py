@@ -66,7 +66,7 @@ def store(cache: SpecCache, dirs: list[Path]) -> SpecStore:
 
 
 def claim_spec(spec_dir: Path, store: SpecStore, uid: str, *names: str) -> None:
-    """A DRA claim's transient spec, as ClaimSpecs writes it."""
+    """A DRA claim's transient spec, as ClaimFiles writes it."""
     write_bytes(spec_dir, VENDOR, CLS, spec(*names), transient=uid, notes=store.own_writes)
 
 

@@ -60,7 +60,7 @@ import signal
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from cdi_gen.agent.frontend import ClassPool, Frontend
+from cdi_gen.agent.frontend import DeviceSink, Frontend
 from cdi_gen.agent.runner import ClassRunner
 from cdi_gen.cdi import atomicfile, writer
 from cdi_gen.cdi.registry import SpecCache
@@ -149,7 +149,7 @@ class Agent:
         ``api: dra`` (its pool too), else a device plugin of its own serving the class's
         board."""
         if config.api == "dra":
-            return self._class_runner(config, pool=self.dra, frontend=self.dra)
+            return self._class_runner(config, sink=self.dra, frontend=self.dra)
         board = DeviceBoard()
         frontend: Frontend | None = None
         if self.settings.kubelet.enabled:
@@ -173,7 +173,7 @@ class Agent:
         config: ClassConfig,
         *,
         board: DeviceBoard | None = None,
-        pool: ClassPool | None = None,
+        sink: DeviceSink | None = None,
         frontend: Frontend | None = None,
     ) -> ClassRunner:
         return ClassRunner(
@@ -183,7 +183,7 @@ class Agent:
             instance=self.settings.instance,
             tools=self.tools,
             board=board,
-            pool=pool,
+            sink=sink,
             specs=self.specs,
             frontend=frontend,
             ceiling=self.ceiling,

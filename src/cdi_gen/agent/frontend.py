@@ -1,5 +1,5 @@
 """What serves a class's devices to the kubelet: a :class:`Frontend` per kubelet API, and the
-:class:`ClassPool` a DRA class publishes into.
+:class:`DeviceSink` a DRA class publishes into.
 
 The agent's class runners (:mod:`cdi_gen.agent.runner`) publish each change once, to their
 class's one list: a device-plugin class's board, which its
@@ -18,7 +18,7 @@ from typing import Protocol
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.model import AdvertisedDevice, DiscoveredDevice
 
-__all__ = ["ClassPool", "Frontend"]
+__all__ = ["DeviceSink", "Frontend"]
 
 
 class Frontend(Protocol):
@@ -40,7 +40,7 @@ class Frontend(Protocol):
         ...
 
 
-class ClassPool(Protocol):
+class DeviceSink(Protocol):
     """Where a DRA class's devices are published: the kubelet learns of them later."""
 
     def publish(

@@ -5,14 +5,14 @@ A :class:`ClassRunner` applies its class's changes (from
 (for the API server, a slow folder) never delays another, in the order that keeps the runtime
 and the kubelet consistent:
 
-1. withdraw every device that is gone or became unhealthy (and wait, bounded, for a pool that
+1. withdraw every device that is gone or became unhealthy (and wait, bounded, for a sink that
    publishes asynchronously),
 2. write the class's spec file (or remove it when no device is left),
 3. publish the new list.
 
 Each step publishes once, to the class's one list: a device-plugin class's
 :class:`~cdi_gen.deviceplugin.board.DeviceBoard` (its plugin serves it), or a DRA class's
-:class:`~cdi_gen.agent.frontend.ClassPool` (the node's DRA driver). A spec write that fails
+:class:`~cdi_gen.agent.frontend.DeviceSink` (the node's DRA driver). A spec write that fails
 is retried through a :class:`~cdi_gen.retry.Retry` and leaves step 3 undone. The runner is
 given what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.retry.Tools`,
 its frontend); it never holds the agent.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdi_gen.agent.frontend import ClassPool, Frontend
+from cdi_gen.agent.frontend import DeviceSink, Frontend
 from cdi_gen.cdi import specnames
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.store import SpecStore
@@ -57,7 +57,7 @@ class ClassRunner:
 
     ``vendor`` and ``config`` name the class; its spec goes to ``spec_dir`` (written for
     ``instance``, see :func:`~cdi_gen.cdi.writer.sync_spec`). Its devices are published to
-    ``board`` (a device-plugin class) or ``pool`` (a DRA class), one of them. ``frontend``
+    ``board`` (a device-plugin class) or ``sink`` (a DRA class), one of them. ``frontend``
     serves it to the kubelet (None when no kubelet is used: host mode).
     """
 
@@ -67,7 +67,7 @@ class ClassRunner:
     instance: str | None
     tools: Tools
     board: DeviceBoard | None = None
-    pool: ClassPool | None = None
+    sink: DeviceSink | None = None
     #: Where the class's spec is written, and kept for the DRA driver's claim specs.
     specs: SpecStore = field(default_factory=SpecStore)
     frontend: Frontend | None = None
@@ -136,8 +136,8 @@ class ClassRunner:
         before = tuple(change.before_write(self.advertised))
         self.devices = change.devices
         self.target = change.after_write
-        if self._publish(before) and self.pool is not None:
-            await self.pool.withdrawn()
+        if self._publish(before) and self.sink is not None:
+            await self.sink.withdrawn()
         await self.sync(received)
 
     async def sync(self, received: float | None = None) -> None:
@@ -183,14 +183,14 @@ class ClassRunner:
         self._export_gauges()
 
     def _publish(self, devices: tuple[AdvertisedDevice, ...]) -> bool:
-        """Publish ``devices`` as the class's list, once; whether a pool that learns of it
+        """Publish ``devices`` as the class's list, once; whether a sink that learns of it
         later changed (a withdrawal then worth waiting for)."""
         self.advertised = devices
         if self.board is not None:
             self.board.publish(devices)
-        if self.pool is None:
+        if self.sink is None:
             return False
-        return self.pool.publish(self.config, devices, {d.name: d for d in self.devices})
+        return self.sink.publish(self.config, devices, {d.name: d for d in self.devices})
 
     def _retry(self) -> None:
         self.retry = None

@@ -4,7 +4,7 @@ Classes with ``api: dra`` are served here instead of by a device plugin each. Th
 the one wrapper the agent runs for all of them: every DRA class's runner has it as its
 :class:`~cdi_gen.agent.frontend.Frontend` (started once, whichever class asks first, a failed
 attempt retried on the agent's group; stopped once) and as its
-:class:`~cdi_gen.agent.frontend.ClassPool`: the runner publishes the class's devices at the
+:class:`~cdi_gen.agent.frontend.DeviceSink`: the runner publishes the class's devices at the
 points where a device plugin's class publishes its board, and the driver turns them into pool
 entries (:mod:`~cdi_gen.dra.driver.poolentries`; a shared class's slots as one device where
 the API server serves consumable capacity, asked once at start).
@@ -207,10 +207,11 @@ class DraDriver:
                 self.offering.publish(config.name, devices)
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
-        from cdi_gen.dra.driver.claimspecs import ClaimSpecs
+        from cdi_gen.dra.driver.claimfiles import ClaimFiles
         from cdi_gen.dra.driver.preparer import PoolPreparer
+        from cdi_gen.dra.driver.refusal import DriverRefusal
         from cdi_gen.dra.plugin.claimreader import ApiClaimReader
-        from cdi_gen.dra.plugin.claims import Refusal
+        from cdi_gen.dra.plugin.claims import NOT_REFUSALS, Refusal
         from cdi_gen.dra.plugin.claimstatus import ClaimStatus
         from cdi_gen.dra.plugin.server import DraPlugin
 
@@ -236,7 +237,7 @@ class DraDriver:
             state_dir=settings.paths.state_dir,
             resolver=self.resolver,
             # A claim's own specs sit beside its class's, written by the same instance.
-            claim_specs=ClaimSpecs(
+            claim_files=ClaimFiles(
                 settings.paths.spec_dir,
                 settings.instance or self.config.vendor,
                 store=self.specs,
@@ -261,7 +262,7 @@ class DraDriver:
             # prepared claim is DRA's allocation on the node.
             on_prepare=self.metrics.allocate_hook(
                 self.name,
-                [*Refusal, "claim-read", "checkpoint", "internal"],
+                [*Refusal, *DriverRefusal, *sorted(NOT_REFUSALS)],
             ),
         )
 

@@ -4,14 +4,15 @@
   udev;
 * :mod:`~cdi_gen.dra.driver.preparer`: the driver part behind the generic one's interface:
   which claims are prepared, and the decisions;
-* :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks);
+* :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks), and
+  :mod:`~cdi_gen.dra.driver.refusal`, why not;
 * :mod:`~cdi_gen.dra.driver.checkpoint`: the prepared claims on disk, the one store;
 * :mod:`~cdi_gen.dra.driver.preparedclaim`: a prepared claim and its JSON form;
 * :mod:`~cdi_gen.dra.driver.boot`: the boot they were prepared in (a reboot voids them);
 * :mod:`~cdi_gen.dra.driver.statelock`: the lock two instances (a rolling update) share that
   state under;
 * :mod:`~cdi_gen.dra.driver.claimconfig`: a claim's opaque configuration;
-* :mod:`~cdi_gen.dra.driver.claimspec` and :mod:`~cdi_gen.dra.driver.claimspecs`: per-claim
+* :mod:`~cdi_gen.dra.driver.claimspec` and :mod:`~cdi_gen.dra.driver.claimfiles`: per-claim
   CDI specs, built and written;
 * :mod:`~cdi_gen.dra.driver.devicemetadata` and :mod:`~cdi_gen.dra.driver.metadatafiles`:
   device metadata for the pod, built and written;

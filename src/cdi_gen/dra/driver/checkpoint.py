@@ -53,7 +53,7 @@ from cdi_gen.cdi.atomicfile import replace_file
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.dra.driver.boot import BOOT_FIELD, Boot, BootError, read_boot, record_boot, set_aside
 from cdi_gen.dra.driver.claimcheck import MAX_ALLOCATION_RESULTS
-from cdi_gen.dra.driver.preparedclaim import ClaimSpec, PreparedClaim, claim_doc, parse_claims
+from cdi_gen.dra.driver.preparedclaim import PreparedClaim, SpecName, claim_doc, parse_claims
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import CdiGenError, InvalidNameError, quote
 from cdi_gen.files import FileId, FileRefused, read_regular
@@ -65,8 +65,8 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
     "CheckpointError",
-    "ClaimSpec",
     "PreparedClaim",
+    "SpecName",
     "checkpoint_path",
 ]
 
@@ -299,7 +299,7 @@ class Checkpoint:
                     )
         return next(filter(None, map(self._foreign_spec, claim.specs)), None)
 
-    def _foreign_spec(self, spec: ClaimSpec) -> str | None:
+    def _foreign_spec(self, spec: SpecName) -> str | None:
         """Why a recorded spec is not one this driver may remove (a file name it would not
         write, another kind), or None."""
         if spec.kind not in self.kinds:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cdi_gen.discovery.sharing import slot_device
-from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal
+from cdi_gen.dra.driver.refusal import DriverRefusal
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice
 from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from cdi_gen.names import K8S_UUID_RULE, is_dns_label, is_k8s_uuid
@@ -46,19 +47,19 @@ def _check_device(
     )
     if result.pool != pool_name:
         raise ClaimRefused(
-            Refusal.OTHER_POOL,
+            DriverRefusal.OTHER_POOL,
             f"{where} is in another pool; this node's pool is {quote(pool_name)}",
         )
     device = devices.get(result.device)
     if device is None:
         raise ClaimRefused(
-            Refusal.UNKNOWN_DEVICE,
+            DriverRefusal.UNKNOWN_DEVICE,
             f"{where} is not in this node's pool{_published_otherwise(result, devices)}",
         )
     if device.gone:
-        raise ClaimRefused(Refusal.GONE, f"{where} is gone from the node")
+        raise ClaimRefused(DriverRefusal.GONE, f"{where} is gone from the node")
     if not device.healthy:
-        raise ClaimRefused(Refusal.UNHEALTHY, f"{where} is unhealthy")
+        raise ClaimRefused(DriverRefusal.UNHEALTHY, f"{where} is unhealthy")
     return device
 
 
@@ -101,18 +102,18 @@ def _check_shares(label: str, results: Sequence[tuple[AllocatedDevice, PoolDevic
         if share is None:
             if device.shares > 1:
                 raise ClaimRefused(
-                    Refusal.INVALID_SHARE,
+                    DriverRefusal.INVALID_SHARE,
                     f"{where} is shared by capacity, yet its allocation has no shareID",
                 )
             continue
         if device.shares <= 1:
             raise ClaimRefused(
-                Refusal.INVALID_SHARE,
+                DriverRefusal.INVALID_SHARE,
                 f"{where} has shareID {quote(share)}, yet this node publishes it unshared",
             )
         if (result.device, share) in seen:
             raise ClaimRefused(
-                Refusal.INVALID_SHARE, f"{where}: shareID {quote(share)} is given twice"
+                DriverRefusal.INVALID_SHARE, f"{where}: shareID {quote(share)} is given twice"
             )
         seen.add((result.device, share))
 
@@ -131,7 +132,7 @@ def _check_names(label: str, results: Sequence[AllocatedDevice]) -> None:
     for result in results:
         if not is_request_name(result.request):
             raise ClaimRefused(
-                Refusal.INVALID_REQUEST,
+                DriverRefusal.INVALID_REQUEST,
                 f"{label}: its allocation names request {quote(result.request)}: want a DNS "
                 "label, or two joined by '/' for a subrequest (1-63 characters of a-z 0-9 -, "
                 "starting and ending alphanumeric)",
@@ -139,7 +140,7 @@ def _check_names(label: str, results: Sequence[AllocatedDevice]) -> None:
         share = result.share_id
         if share is not None and not is_k8s_uuid(share):
             raise ClaimRefused(
-                Refusal.INVALID_SHARE,
+                DriverRefusal.INVALID_SHARE,
                 f"{label}: device {quote(result.device)} of request {quote(result.request)}: "
                 f"shareID {quote(share, 60)} is not a share ID: want {K8S_UUID_RULE}",
             )
@@ -165,17 +166,17 @@ def prepare_claim(
     docstring).
     """
     if claim.results is None:
-        raise ClaimRefused(Refusal.NOT_ALLOCATED, f"{label}: not allocated")
+        raise ClaimRefused(DriverRefusal.NOT_ALLOCATED, f"{label}: not allocated")
     if len(claim.results) > MAX_ALLOCATION_RESULTS:
         raise ClaimRefused(
-            Refusal.TOO_MANY_RESULTS,
+            DriverRefusal.TOO_MANY_RESULTS,
             f"{label}: its allocation has {len(claim.results)} results; the API allows at "
             f"most {MAX_ALLOCATION_RESULTS} per claim",
         )
     ours = [r for r in claim.results if r.driver == driver]
     if not ours:
         raise ClaimRefused(
-            Refusal.NO_DEVICES,
+            DriverRefusal.NO_DEVICES,
             f"{label}: its allocation has no device of driver {quote(driver)}",
         )
     _check_names(label, ours)

@@ -2,7 +2,7 @@
 
 :class:`PreparedClaim` names a claim (namespace, name), the devices it was answered
 (:class:`~cdi_gen.dra.plugin.claims.PreparedDevice`: requests, pool, device, CDI names, share
-ID, admin access) and the transient specs written for it (:class:`ClaimSpec`: kind and
+ID, admin access) and the transient specs written for it (:class:`SpecName`: kind and
 transient ID). :func:`claim_doc` is its entry in the checkpoint
 (:mod:`~cdi_gen.dra.driver.checkpoint`, by UID under ``claims``), :func:`parse_claims` reads
 them back, refusing with ValueError naming the field.
@@ -22,12 +22,13 @@ from typing import Any
 from cdi_gen.dra.plugin.claims import PreparedDevice
 from cdi_gen.errors import quote
 
-__all__ = ["ClaimSpec", "PreparedClaim", "claim_doc", "parse_claims", "read_claim_record"]
+__all__ = ["PreparedClaim", "SpecName", "claim_doc", "parse_claims", "read_claim_record"]
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimSpec:
-    """A transient spec written for one claim: ``<vendor>-<class>@<transient>.json``."""
+class SpecName:
+    """The name of a transient spec written for one claim, ``<vendor>-<class>@<transient>.json``:
+    its kind (``vendor/class``) and transient ID."""
 
     kind: str
     transient: str
@@ -41,7 +42,7 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
-    specs: tuple[ClaimSpec, ...] = ()
+    specs: tuple[SpecName, ...] = ()
 
 
 def _device_doc(device: PreparedDevice) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def _parse_device(doc: object, where: str) -> PreparedDevice:
     )
 
 
-def _parse_specs(doc: object, where: str) -> tuple[ClaimSpec, ...]:
+def _parse_specs(doc: object, where: str) -> tuple[SpecName, ...]:
     if doc is None:
         return ()
     if not isinstance(doc, list):
@@ -112,7 +113,7 @@ def _parse_specs(doc: object, where: str) -> tuple[ClaimSpec, ...]:
         at = f"{where}[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{at}: want an object, got {quote(entry)}")
-        specs.append(ClaimSpec(_string(entry, "kind", at), _string(entry, "transient", at)))
+        specs.append(SpecName(_string(entry, "kind", at), _string(entry, "transient", at)))
     return tuple(specs)
 
 

@@ -12,7 +12,7 @@ also after our restart, and the claim may be gone from the API server by then).
 :class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claimcheck.prepare_claim`),
 refuses it (``in-use``) when a device it would hold exclusively is held so by another claim
 prepared here (the API server's view may be stale; admin access and shared devices hold
-nothing), writes its own specs (:mod:`~cdi_gen.dra.driver.claimspecs`: a claim with
+nothing), writes its own specs (:mod:`~cdi_gen.dra.driver.claimfiles`: a claim with
 configuration for this driver gets its configured devices from a spec of its own, and with
 device metadata every claim gets a spec of its own for the metadata mounts), checks its CDI
 names with the same resolver as Allocate's (:func:`~cdi_gen.cdi.resolution.unresolved`),
@@ -43,19 +43,19 @@ from cdi_gen.cdi.resolution import SpecResolver, unresolved
 from cdi_gen.dra.driver.checkpoint import (
     Checkpoint,
     CheckpointError,
-    ClaimSpec,
     PreparedClaim,
+    SpecName,
     checkpoint_path,
 )
 from cdi_gen.dra.driver.claimcheck import prepare_claim
-from cdi_gen.dra.driver.claimspecs import ClaimSpecs, device_configs
+from cdi_gen.dra.driver.claimfiles import ClaimFiles, device_configs
+from cdi_gen.dra.driver.refusal import DriverRefusal
 from cdi_gen.dra.driver.statelock import StateLock, lock_path
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
     PreparedDevice,
     PrepareResult,
-    Refusal,
     Unprepared,
     claim_label,
 )
@@ -83,7 +83,7 @@ class PoolPreparer:
     (``vendor/class``) of the pool's devices, the only ones a recorded claim may name. The
     prepared claims live in ``<state_dir>/dra-<driver>.json``. With a ``resolver``, a claim
     is prepared only when every CDI name it gets resolves in the runtime's spec folders, as
-    Allocate checks them. With ``claim_specs``, a claim configured for this driver gets its
+    Allocate checks them. With ``claim_files``, a claim configured for this driver gets its
     own spec there; without, such a claim is refused.
     """
 
@@ -96,7 +96,7 @@ class PoolPreparer:
         cdi_kinds: Collection[str],
         state_dir: Path,
         resolver: SpecResolver | None = None,
-        claim_specs: ClaimSpecs | None = None,
+        claim_files: ClaimFiles | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -107,11 +107,11 @@ class PoolPreparer:
             driver,
             pool=pool_name,
             kinds=cdi_kinds,
-            adopt_from=None if claim_specs is None else claim_specs.recorded,
+            adopt_from=None if claim_files is None else claim_files.recorded,
         )
         #: Shared with another instance of the driver on the node (see the module docstring).
         self.state = StateLock(lock_path(state_dir, driver))
-        self.claim_specs = claim_specs
+        self.claim_files = claim_files
 
     def load(self) -> None:
         """Read the checkpoint (adopting what an older cdi-gen recorded), then bring the
@@ -128,7 +128,7 @@ class PoolPreparer:
 
     def _load(self) -> None:
         self.checkpoint.load()
-        specs = self.claim_specs
+        specs = self.claim_files
         if specs is None:
             return
         for uid, claim in list(self.checkpoint.claims.items()):
@@ -209,7 +209,7 @@ class PoolPreparer:
 
     def _device_nodes(self, devices: tuple[PreparedDevice, ...]) -> dict[str, tuple[str, ...]]:
         """The host device nodes of each pool device (what the claim's status shows)."""
-        specs, pool = self.claim_specs, self.pool.devices
+        specs, pool = self.claim_files, self.pool.devices
         if specs is None:
             return {}
         return {
@@ -234,16 +234,16 @@ class PoolPreparer:
                 return known.devices
             self._check_exclusive(uid, label, devices)
             self.state.changed()
-            specs: tuple[ClaimSpec, ...] = ()
-            own = self.claim_specs is not None and self.claim_specs.serves_metadata
+            specs: tuple[SpecName, ...] = ()
+            own = self.claim_files is not None and self.claim_files.serves_metadata
             if any(configs) or own:
-                if self.claim_specs is None:
+                if self.claim_files is None:
                     raise ClaimRefused(
-                        Refusal.CLAIM_SPEC,
+                        DriverRefusal.CLAIM_SPEC,
                         f"{label}: has configuration for driver {self.driver}, which writes no "
                         "per-claim specs here",
                     )
-                devices, specs = self.claim_specs.write(
+                devices, specs = self.claim_files.write(
                     uid, label, claim=claim, devices=devices, configs=configs, pool=pool
                 )
             prepared = PreparedClaim(claim.namespace, claim.name, devices, specs)
@@ -251,9 +251,9 @@ class PoolPreparer:
                 self._check_resolved(label, devices)
                 self.checkpoint.add(uid, prepared)
             except BaseException:
-                if specs and self.claim_specs is not None:
+                if specs and self.claim_files is not None:
                     try:
-                        self.claim_specs.remove(label, uid, prepared)
+                        self.claim_files.remove(label, uid, prepared)
                     except SpecWriteError as exc:  # removed at the next start
                         log.warning("%s: its spec stays until the agent restarts: %s", label, exc)
                 raise
@@ -267,7 +267,7 @@ class PoolPreparer:
             if found is not None:
                 other, holder = found
                 raise ClaimRefused(
-                    Refusal.IN_USE,
+                    DriverRefusal.IN_USE,
                     f"{label}: device {device.device} (pool {device.pool}) of request "
                     f"{', '.join(device.request_names)} is in use by "
                     f"{claim_label(holder.namespace, holder.name, other)}, prepared on this node",
@@ -283,11 +283,12 @@ class PoolPreparer:
             problems = unresolved(self.resolver, names)
         except TimeoutError as exc:
             raise ClaimRefused(
-                Refusal.UNRESOLVED, f"{label}: its CDI devices cannot be checked: {exc}"
+                DriverRefusal.UNRESOLVED, f"{label}: its CDI devices cannot be checked: {exc}"
             ) from None
         if problems:
             raise ClaimRefused(
-                Refusal.UNRESOLVED, f"{label}: CDI devices do not resolve: " + "; ".join(problems)
+                DriverRefusal.UNRESOLVED,
+                f"{label}: CDI devices do not resolve: " + "; ".join(problems),
             )
 
     # -- unprepare --------------------------------------------------------------------------
@@ -303,15 +304,15 @@ class PoolPreparer:
             with self._shared(timeout):
                 known = self.checkpoint.get(ref.uid)
                 self.state.changed()  # unknown too: what it left goes (below)
-                if known is not None and known.specs and self.claim_specs is not None:
+                if known is not None and known.specs and self.claim_files is not None:
                     # The specs first: a record left by a crash after this names a spec that
                     # is gone, which the next start forgets; a spec left would be injected.
-                    self.claim_specs.remove(label, ref.uid, known)
+                    self.claim_files.remove(label, ref.uid, known)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
                     return Unprepared(forgotten=True)
-                if self.claim_specs is not None:  # what a prepare could not undo
-                    self.claim_specs.remove_left(label, ref.uid, self.checkpoint.kinds)
+                if self.claim_files is not None:  # what a prepare could not undo
+                    self.claim_files.remove_left(label, ref.uid, self.checkpoint.kinds)
                 log.info("unprepared %s: it was not prepared here (nothing to do)", label)
                 return Unprepared()
         except (CheckpointError, SpecWriteError) as exc:

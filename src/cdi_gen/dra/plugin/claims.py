@@ -25,6 +25,7 @@ from cdi_gen.names import is_dns_label, is_dns_subdomain
 
 __all__ = [
     "MAX_UID_LEN",
+    "NOT_REFUSALS",
     "ClaimPreparer",
     "ClaimReader",
     "ClaimRef",
@@ -129,33 +130,28 @@ class ClaimPreparer(Protocol):
 
 
 class Refusal(enum.StrEnum):
-    """Why a claim is not prepared; also the ``reason`` of the prepare metrics hook."""
+    """Why the generic part refuses a claim before the driver part sees it: its reference
+    (:func:`check_reference`) or the claim read for it (:func:`check_read`). The driver
+    part's own reasons are its own (:class:`~cdi_gen.dra.driver.refusal.DriverRefusal`)."""
 
     INVALID_NAME = "invalid-name"
     INVALID_UID = "invalid-uid"
     NO_UID = "no-uid"
-    TOO_MANY_RESULTS = "too-many-results"
     UID_MISMATCH = "uid-mismatch"
     NAME_MISMATCH = "name-mismatch"
-    INVALID_REQUEST = "invalid-request"
-    NOT_ALLOCATED = "not-allocated"
-    NO_DEVICES = "no-devices"
-    OTHER_POOL = "other-pool"
-    UNKNOWN_DEVICE = "unknown-device"
-    GONE = "gone"
-    UNHEALTHY = "unhealthy"
-    UNRESOLVED = "unresolved"
-    IN_USE = "in-use"
-    INVALID_CONFIG = "invalid-config"
-    CLAIM_SPEC = "claim-spec"
-    WIDENS_CLASS = "widens-class"
-    INVALID_SHARE = "invalid-share"
+
+
+#: The ``reason`` of a claim not prepared for a cause other than a rule of the generic or
+#: the driver part: not read (or not in time), its record not kept, a bug. Any other reason
+#: is a refusal (a :class:`Refusal` or the driver part's).
+NOT_REFUSALS = frozenset({"claim-read", "checkpoint", "internal"})
 
 
 class ClaimRefused(ClaimError):  # noqa: N818 - a refusal, like files.FileRefused
-    """The claim was read but cannot be prepared here; ``reason`` says which rule."""
+    """The claim cannot be prepared here; ``reason`` says which rule (a :class:`Refusal` or
+    the driver part's own, a string either way)."""
 
-    def __init__(self, reason: Refusal, message: str) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 

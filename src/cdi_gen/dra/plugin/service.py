@@ -33,10 +33,10 @@ from cdi_gen._proto.drahealth.v1 import api_pb2 as health_v1
 from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.dra.plugin.calls import ClaimCalls
 from cdi_gen.dra.plugin.claims import (
+    NOT_REFUSALS,
     ClaimRef,
     ClaimRefused,
     PrepareResult,
-    Refusal,
     check_reference,
     claim_label,
 )
@@ -87,12 +87,12 @@ READ_TIMEOUT_SECONDS = 10.0
 ANSWER_MARGIN_SECONDS = 0.5
 _GONE_MESSAGE = "the device is gone from the node"
 _UNHEALTHY_MESSAGE = "the device failed its health check"
-_REFUSALS = frozenset(Refusal)
 
 #: ``on_prepare(outcome, reason)`` per claim: outcome ``"ok"`` or ``"error"``; reason ``""``,
-#: a :class:`~cdi_gen.dra.plugin.claims.Refusal` value, ``"claim-read"`` (the claim could not be
-#: read, or was not: too many calls already wait for the API server, or another call holds
-#: it), ``"checkpoint"`` or ``"internal"``. Called on server threads.
+#: a refusal (:class:`~cdi_gen.dra.plugin.claims.Refusal` or the driver part's),
+#: ``"claim-read"`` (the claim could not be read, or was not: too many calls already wait
+#: for the API server, or another call holds it), ``"checkpoint"`` or ``"internal"``.
+#: Called on server threads.
 PrepareHook = Callable[[str, str], None]
 
 
@@ -217,7 +217,7 @@ class DraService:
             self._call_prepare_hook("error", result.reason or "internal")
             # A claim's own failure (refused, not read) is logged here, clipped as it is
             # answered; the driver part logs its own (the checkpoint, a bug) with their cause.
-            if result.reason in _REFUSALS:
+            if result.reason not in NOT_REFUSALS:
                 log.info("prepare refused: %s", clip(result.error))
             elif result.reason == "claim-read":
                 label = claim_label(claim.namespace, claim.name, claim.uid)

@@ -1,21 +1,21 @@
-"""A DRA claim's configuration and its own CDI specs on disk (the driver's state; no grpc).
+"""A DRA claim's configuration and its own files: its CDI specs and device metadata on disk.
 
 :func:`device_configs` reads the allocation's opaque entries of our driver (the class's
 first, then the claim's, in the API's order within each), refuses the claim naming the entry
 and the field when one is not a valid ``DeviceConfig`` or comes from neither a DeviceClass nor
 the claim, and gives each allocated device the entries that select its request, merged per
 layer (:class:`~cdi_gen.dra.driver.claimconfig.Layered`: the DeviceClass's, the claim's).
-:class:`ClaimSpecs` writes, per class, the claim's transient spec
+:class:`ClaimFiles` writes, per class, the claim's transient spec
 (:mod:`cdi_gen.dra.driver.claimspec`: the class's spec as the agent wrote it, served from
 memory by :class:`~cdi_gen.cdi.store.SpecStore`, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
 with ownership records naming this agent's instance; takes all of them back when one fails (a
 full disk), and removes them at unprepare, for a claim not prepared here whatever of ours sits
-at their names (:meth:`ClaimSpecs.remove_left`); and finds, at start, those no prepared claim
+at their names (:meth:`ClaimFiles.remove_left`); and finds, at start, those no prepared claim
 names and the claims whose files are gone (a node restart empties ``/var/run/cdi``: such a
 claim is read and prepared anew). The claim, with the specs written for it, is recorded by the
 caller in the checkpoint (:mod:`~cdi_gen.dra.driver.checkpoint`), the one store of prepared
-claims; :meth:`ClaimSpecs.recorded` reads, for the checkpoint to adopt at start, the claim
+claims; :meth:`ClaimFiles.recorded` reads, for the checkpoint to adopt at start, the claim
 records a cdi-gen before checkpoint format 5 wrote into these owner records (it can go once
 no such agent remains).
 
@@ -74,13 +74,14 @@ from cdi_gen.dra.driver.claimspec import (
 )
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
-from cdi_gen.dra.driver.preparedclaim import ClaimSpec, PreparedClaim, read_claim_record
-from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, Refusal, claim_label
+from cdi_gen.dra.driver.preparedclaim import PreparedClaim, SpecName, read_claim_record
+from cdi_gen.dra.driver.refusal import DriverRefusal
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, claim_label
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
 
-__all__ = ["ClaimSpecs", "device_configs", "host_mode"]
+__all__ = ["ClaimFiles", "device_configs", "host_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +120,13 @@ def device_configs(
         layer = parsed.get(entry.source)
         if layer is None:
             raise ClaimRefused(
-                Refusal.INVALID_CONFIG,
+                DriverRefusal.INVALID_CONFIG,
                 f"{where}: source {quote(entry.source)} is neither {FROM_CLASS} nor {FROM_CLAIM}",
             )
         try:
             layer.append((entry.requests, parse_device_config(entry.parameters)))
         except DeviceConfigError as exc:
-            raise ClaimRefused(Refusal.INVALID_CONFIG, f"{where}: {exc}") from None
+            raise ClaimRefused(DriverRefusal.INVALID_CONFIG, f"{where}: {exc}") from None
 
     def merged(source: str, request: str) -> DeviceConfig | None:
         return merge(c for limits, c in parsed[source] if config_selects(limits, request))
@@ -149,7 +150,7 @@ def _requests(claim: PreparedClaim) -> list[str]:
     return [r for d in claim.devices for r in d.request_names]
 
 
-class ClaimSpecs:
+class ClaimFiles:
     """The claims' transient specs in ``spec_dir``, written as cdi-gen ``instance`` for DRA
     driver ``driver``, each built from its class's spec as ``store`` holds it; with
     ``metadata_dir``, the claims' device metadata files there.
@@ -190,7 +191,7 @@ class ClaimSpecs:
         devices: Sequence[PreparedDevice],
         configs: Sequence[Layered],
         pool: Mapping[str, PoolDevice],
-    ) -> tuple[tuple[PreparedDevice, ...], tuple[ClaimSpec, ...]]:
+    ) -> tuple[tuple[PreparedDevice, ...], tuple[SpecName, ...]]:
         """Write the claim's spec of each class with a configured device and, with metadata,
         each request's device metadata file and the metadata spec of each class whose device
         carries the mount of a request without a configured device; return the devices (a
@@ -218,8 +219,8 @@ class ClaimSpecs:
             ids = (*out[index].cdi_device_ids, f"{kind}={name}")
             out[index] = replace(out[index], cdi_device_ids=ids)
         specs = (
-            *(ClaimSpec(kind, claim_tag(uid)) for kind in by_kind),
-            *(ClaimSpec(kind, metadata_tag(uid)) for kind in meta_kinds),
+            *(SpecName(kind, claim_tag(uid)) for kind in by_kind),
+            *(SpecName(kind, metadata_tag(uid)) for kind in meta_kinds),
         )
         prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
         try:
@@ -230,7 +231,7 @@ class ClaimSpecs:
             ]
             docs += [
                 (
-                    ClaimSpec(kind, metadata_tag(uid)),
+                    SpecName(kind, metadata_tag(uid)),
                     metadata_spec(kind, {n: mounts[n] for n in names}),
                 )
                 for kind, names in meta_kinds.items()
@@ -251,14 +252,14 @@ class ClaimSpecs:
         except Widening as exc:
             self._undo(label, uid, prepared)
             raise ClaimRefused(
-                Refusal.WIDENS_CLASS,
+                DriverRefusal.WIDENS_CLASS,
                 f"{label}: its configuration asks for more than its class grants: {exc}",
             ) from None
         except (SpecError, SpecWriteError, InvalidNameError, OSError) as exc:
             self._undo(label, uid, prepared)
             why = str(exc).replace("\n", "; ")
             raise ClaimRefused(
-                Refusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
+                DriverRefusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
             ) from None
         return tuple(out), specs
 
@@ -274,7 +275,7 @@ class ClaimSpecs:
 
     def _configured_spec(
         self,
-        spec: ClaimSpec,
+        spec: SpecName,
         entries: Sequence[tuple[str, str, Layered]],
         mounts: Mapping[str, Sequence[Mapping[str, Any]]],
     ) -> dict[str, Any]:
@@ -380,9 +381,9 @@ class ClaimSpecs:
         update: no start of this one sweeps it soon). By name, without listing the folder.
         Raises :class:`~cdi_gen.errors.SpecWriteError`."""
         tags = (claim_tag(uid), metadata_tag(uid))
-        self._remove_specs(label, [ClaimSpec(k, t) for k in sorted(kinds) for t in tags])
+        self._remove_specs(label, [SpecName(k, t) for k in sorted(kinds) for t in tags])
 
-    def _remove_specs(self, label: str, specs: Iterable[ClaimSpec]) -> None:
+    def _remove_specs(self, label: str, specs: Iterable[SpecName]) -> None:
         for spec in specs:
             vendor, _, cls = spec.kind.partition("/")
             if remove_spec(
@@ -417,7 +418,7 @@ class ClaimSpecs:
             name = transient_filename(vendor, cls, transient)
             try:
                 uid, claim = read_claim_record(payload)
-                if ClaimSpec(f"{vendor}/{cls}", transient) not in claim.specs:
+                if SpecName(f"{vendor}/{cls}", transient) not in claim.specs:
                     raise ValueError(f"record.specs: does not name {name}")
                 written = record_boot(payload)  # a dict: read_claim_record checked it
             except ValueError as exc:
