@@ -21,7 +21,7 @@ from cdi_gen.devcgroup.access import DeviceAccess
 from cdi_gen.devcgroup.bpf import Bpf
 from cdi_gen.devcgroup.cgroupv1 import DEVICES_HIERARCHY, DevicesCgroup
 from cdi_gen.devcgroup.cgroupv2 import UNIFIED_HIERARCHY, ProgramCgroup
-from cdi_gen.devcgroup.errors import DeviceCgroupError
+from cdi_gen.devcgroup.errors import DeviceCgroupError, DeviceRuleError
 from cdi_gen.devcgroup.program import assemble, encode
 from cdi_gen.devcgroup.rules import (
     DeviceRule,
@@ -264,10 +264,36 @@ def test_the_hierarchy_roots_are_never_changed() -> None:
         pass
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_every_descriptor_is_closed_and_a_program_can_be_detached(v2_cgroup: str) -> None:
+    """Replacements, refusals and detaching leave no descriptor open (a long-running agent
+    would otherwise pin one program per change)."""
+    bpf = Bpf()
+    before = _open_fds()
+    with ProgramCgroup(v2_cgroup, bpf=bpf) as cgroup:
+        current = cgroup.attach(RUNTIME_RULES)
+        for lists in (FOLLOWED, RUNTIME_RULES) * 10:
+            current = cgroup.replace(lists, expected=current)
+        with pytest.raises(DeviceCgroupError):
+            cgroup.replace(FOLLOWED, expected=current + 1000)
+        with pytest.raises(DeviceRuleError):
+            cgroup.replace([*RUNTIME_RULES, DeviceRule(False, "c", 1, 3, 7)])
+        other = cgroup.attach(FOLLOWED)
+        assert sorted(cgroup.attached()) == sorted([current, other])
+        cgroup.detach(other)
+        assert cgroup.attached() == [current]
+        with pytest.raises(DeviceCgroupError, match=f"detaching device program {other}: "):
+            cgroup.detach(other)
+    assert _open_fds() == before
+
+
 MOUNTED_OVER = """
 import json, subprocess, sys
 from cdi_gen.devcgroup.cgroupv2 import ProgramCgroup
-from cdi_gen.devcgroup.errors import DeviceCgroupError
+from cdi_gen.devcgroup.errors import DeviceCgroupError, DeviceRuleError
 subprocess.run(["mount", "-t", "tmpfs", "none", sys.argv[1]], check=True)
 try:
     ProgramCgroup(sys.argv[1]).close()

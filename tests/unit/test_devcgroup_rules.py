@@ -1,14 +1,18 @@
 """Device rules as a runtime writes them (an OCI spec's ``linux.resources.devices``) and as the
 v1 controller prints them: read as runc reads them, each bad entry refused in one line quoting
-the value and saying the rule, and the v1 text form round-tripped."""
+the value and saying the rule, and the v1 text form round-tripped. And ``bpf(2)`` refused in one
+line on a machine whose system call number is not known."""
 
 from __future__ import annotations
+
+import platform
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdi_gen.devcgroup.errors import DeviceRuleError
+from cdi_gen.devcgroup.bpf import Bpf
+from cdi_gen.devcgroup.errors import DeviceCgroupError, DeviceRuleError
 from cdi_gen.devcgroup.rules import (
     RUNC_DEFAULTS,
     DeviceRule,
@@ -100,3 +104,14 @@ def test_runc_leaves_out_a_default_whose_node_the_spec_lists() -> None:
     assert len(everything) == 1 + len(RUNC_DEFAULTS)
     fewer = with_runc_defaults(spec, ["/dev/null", "/dev/zero"])
     assert {r.text for r in everything} - {r.text for r in fewer} == {"c 1:3 rwm", "c 1:5 rwm"}
+
+
+def test_bpf_refuses_a_machine_whose_system_call_number_it_does_not_know(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    with pytest.raises(DeviceCgroupError) as raised:
+        Bpf()
+    assert str(raised.value) == (
+        "bpf(2) is not supported on 'riscv64': its system call number is known only for x86_64"
+    )

@@ -1,6 +1,6 @@
 """A cgroup v2 cgroup's device program: the programs attached to it listed, one attached (as a
-runtime does when it starts a container), and the one attached replaced in place by a program
-built from a new rule list.
+runtime does when it starts a container) or detached, and the one attached replaced in place
+by a program built from a new rule list.
 
 With several device programs on one cgroup the kernel allows an access only when each of them
 does, so a device can be added only by replacing the program that denies it, never by adding
@@ -79,6 +79,17 @@ class ProgramCgroup:
             raise self._fail("attaching a device program", error) from None
         finally:
             os.close(program)
+
+    def detach(self, program_id: int) -> None:
+        """Detach the attached device program with this ID."""
+        try:
+            program = self._bpf.open_program(program_id)
+            try:
+                self._bpf.detach(self._fd, program)
+            finally:
+                os.close(program)
+        except DeviceCgroupError as error:
+            raise self._fail(f"detaching device program {program_id}", error) from None
 
     def replace(self, rules: Iterable[DeviceRule], expected: int | None = None) -> int:
         """Replace the one attached program by one built from ``rules``, atomically; the new
