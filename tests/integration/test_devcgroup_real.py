@@ -246,6 +246,28 @@ def test_a_replacement_is_refused_unless_one_program_is_attached(v2_cgroup: str)
         assert sorted(cgroup.attached()) == sorted([first, second])
 
 
+def test_a_program_detached_under_the_replacement_makes_the_kernel_refuse_it(
+    v2_cgroup: str,
+) -> None:
+    """The race ``replace`` leaves to the kernel: between its query and its swap someone
+    detaches the program it read; ``BPF_F_REPLACE`` then refuses (ENOENT) and attaches
+    nothing, rather than adding the new program beside whatever is there now."""
+    bpf = Bpf()
+    with ProgramCgroup(v2_cgroup, bpf=bpf) as cgroup:
+        read = cgroup.attach(RUNTIME_RULES)
+        old = bpf.open_program(read)
+        new = bpf.load(encode(assemble(DeviceAccess.of(FOLLOWED))))
+        folder = os.open(v2_cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            cgroup.detach(read)  # someone else, in between
+            with pytest.raises(DeviceCgroupError, match=r"BPF_PROG_ATTACH\): ENOENT"):
+                bpf.attach(folder, new, replacing_fd=old)
+            assert cgroup.attached() == []
+        finally:
+            for fd in (folder, new, old):
+                os.close(fd)
+
+
 def test_a_rule_list_that_cannot_be_a_program_changes_nothing(v2_cgroup: str) -> None:
     with ProgramCgroup(v2_cgroup) as cgroup:
         first = cgroup.attach(RUNTIME_RULES)
