@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerate the committed Python modules of the kubelet APIs cdi-gen speaks: the device
 # plugin (deviceplugin/v1beta1), the plugin watcher registration (pluginregistration/v1), the
-# DRA node service (dra/v1, dra/v1beta1), DRA device health (drahealth/v1, drahealth/v1alpha1)
-# and the CRI runtime service's Version call (cri/v1, package runtime.v1).
+# DRA node service (dra/v1, dra/v1beta1), DRA device health (drahealth/v1, drahealth/v1alpha1),
+# the CRI runtime service's calls (cri/v1, package runtime.v1) and the kubelet's pod-resources
+# lister (podresources/v1).
 #
 #   proto/generate.sh [OUT_ROOT]     (default OUT_ROOT: src)
 #
@@ -17,7 +18,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out_root="${1:-$here/../src}"
 python="${PYTHON:-python3}"
 # proto/<api>/<version>/api.proto -> cdi_gen/_proto/<api>/<version>/
-apis=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 drahealth/v1 drahealth/v1alpha1 cri/v1)
+apis=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 drahealth/v1 drahealth/v1alpha1 cri/v1 podresources/v1)
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 APIS = (
@@ -19,6 +20,7 @@ APIS = (
     "drahealth/v1",
     "drahealth/v1alpha1",
     "cri/v1",
+    "podresources/v1",
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 
@@ -135,7 +137,12 @@ def test_cri_wire_names_are_the_runtimes() -> None:
     from cdi_gen._proto.cri.v1 import api_pb2 as cri
 
     service = cri.DESCRIPTOR.services_by_name["RuntimeService"]
-    assert [m.full_name for m in service.methods] == ["runtime.v1.RuntimeService.Version"]
+    assert [m.full_name for m in service.methods] == [
+        "runtime.v1.RuntimeService.Version",
+        "runtime.v1.RuntimeService.ListPodSandbox",
+        "runtime.v1.RuntimeService.ListContainers",
+        "runtime.v1.RuntimeService.ContainerStatus",
+    ]
     assert {f.name: f.number for f in cri.VersionRequest.DESCRIPTOR.fields} == {"version": 1}
     assert {f.name: f.number for f in cri.VersionResponse.DESCRIPTOR.fields} == {
         "version": 1,
@@ -143,6 +150,70 @@ def test_cri_wire_names_are_the_runtimes() -> None:
         "runtime_version": 3,
         "runtime_api_version": 4,
     }
+
+
+def test_cri_container_lookup_wire_numbers_are_the_runtimes() -> None:
+    """The fields the container lookup sends and reads, numbered as cri-api's v1 proto."""
+    from cdi_gen._proto.cri.v1 import api_pb2 as cri
+
+    def numbers(message: Any) -> dict[str, int]:
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+    assert numbers(cri.PodSandboxFilter) == {"id": 1, "state": 2, "label_selector": 3}
+    assert numbers(cri.PodSandboxMetadata) == {"name": 1, "uid": 2, "namespace": 3, "attempt": 4}
+    assert numbers(cri.PodSandbox) == {
+        "id": 1,
+        "metadata": 2,
+        "state": 3,
+        "created_at": 4,
+        "labels": 5,
+    }
+    assert numbers(cri.ContainerFilter) == {
+        "id": 1,
+        "state": 2,
+        "pod_sandbox_id": 3,
+        "label_selector": 4,
+    }
+    assert numbers(cri.Container) == {
+        "id": 1,
+        "pod_sandbox_id": 2,
+        "metadata": 3,
+        "state": 6,
+        "created_at": 7,
+        "labels": 8,
+    }
+    assert numbers(cri.ContainerStatusRequest) == {"container_id": 1, "verbose": 2}
+    assert numbers(cri.ContainerStatusResponse) == {"status": 1, "info": 2}
+    assert (cri.SANDBOX_READY, cri.CONTAINER_RUNNING, cri.CONTAINER_EXITED) == (0, 1, 2)
+
+
+def test_podresources_wire_names_are_the_kubelets() -> None:
+    """The kubelet serves /v1.PodResourcesLister/{List,Get} with these field numbers."""
+    from cdi_gen._proto.podresources.v1 import api_pb2 as pr
+
+    def numbers(message: Any) -> dict[str, int]:
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+    service = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert [m.full_name for m in service.methods] == [
+        "v1.PodResourcesLister.List",
+        "v1.PodResourcesLister.Get",
+    ]
+    assert numbers(pr.PodResources) == {"name": 1, "namespace": 2, "containers": 3}
+    assert numbers(pr.ContainerResources) == {"name": 1, "devices": 2, "dynamic_resources": 5}
+    assert numbers(pr.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert numbers(pr.DynamicResource) == {
+        "claim_name": 2,
+        "claim_namespace": 3,
+        "claim_resources": 4,
+    }
+    assert numbers(pr.ClaimResource) == {
+        "cdi_devices": 1,
+        "driver_name": 2,
+        "pool_name": 3,
+        "device_name": 4,
+    }
+    assert numbers(pr.GetPodResourcesRequest) == {"pod_name": 1, "pod_namespace": 2}
 
 
 def test_the_containerd_e2e_cri_client_loads_beside_ours() -> None:
@@ -153,3 +224,8 @@ def test_the_containerd_e2e_cri_client_loads_beside_ours() -> None:
 
     answer = e2e.VersionResponse(runtime_name="containerd", runtime_version="v2.3.7")
     assert ours.VersionResponse.FromString(answer.SerializeToString()).runtime_version == "v2.3.7"
+    status = e2e.ContainerStatusResponse(info={"info": '{"pid": 7}'})
+    status.status.reason = "Completed"  # a field ours leaves out: skipped on the wire
+    assert dict(ours.ContainerStatusResponse.FromString(status.SerializeToString()).info) == {
+        "info": '{"pid": 7}'
+    }

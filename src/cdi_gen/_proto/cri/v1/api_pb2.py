@@ -24,17 +24,71 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63\x64i_gen/_proto/cri/v1/api.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t2V\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63\x64i_gen/_proto/cri/v1/api.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t\"B\n\x14PodSandboxStateValue\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.runtime.v1.PodSandboxState\"\xce\x01\n\x10PodSandboxFilter\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0b\x32 .runtime.v1.PodSandboxStateValue\x12G\n\x0elabel_selector\x18\x03 \x03(\x0b\x32/.runtime.v1.PodSandboxFilter.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x15ListPodSandboxRequest\x12,\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxFilter\"S\n\x12PodSandboxMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"\xed\x01\n\nPodSandbox\x12\n\n\x02id\x18\x01 \x01(\t\x12\x30\n\x08metadata\x18\x02 \x01(\x0b\x32\x1e.runtime.v1.PodSandboxMetadata\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.runtime.v1.PodSandboxState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".runtime.v1.PodSandbox.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x16ListPodSandboxResponse\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.runtime.v1.PodSandbox\"@\n\x13\x43ontainerStateValue\x12)\n\x05state\x18\x01 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\"\xe3\x01\n\x0f\x43ontainerFilter\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\x05state\x18\x02 \x01(\x0b\x32\x1f.runtime.v1.ContainerStateValue\x12\x16\n\x0epod_sandbox_id\x18\x03 \x01(\t\x12\x46\n\x0elabel_selector\x18\x04 \x03(\x0b\x32..runtime.v1.ContainerFilter.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x15ListContainersRequest\x12+\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerFilter\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x81\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container\"?\n\x16\x43ontainerStatusRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"y\n\x0f\x43ontainerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08metadata\x18\x02 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\"\xb0\x01\n\x17\x43ontainerStatusResponse\x12+\n\x06status\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerStatus\x12;\n\x04info\x18\x02 \x03(\x0b\x32-.runtime.v1.ContainerStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*:\n\x0fPodSandboxState\x12\x11\n\rSANDBOX_READY\x10\x00\x12\x14\n\x10SANDBOX_NOTREADY\x10\x01*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\xea\x02\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x12Y\n\x0eListPodSandbox\x12!.runtime.v1.ListPodSandboxRequest\x1a\".runtime.v1.ListPodSandboxResponse\"\x00\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x12\\\n\x0f\x43ontainerStatus\x12\".runtime.v1.ContainerStatusRequest\x1a#.runtime.v1.ContainerStatusResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cdi_gen._proto.cri.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._loaded_options = None
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_options = b'8\001'
+  _globals['_PODSANDBOX_LABELSENTRY']._loaded_options = None
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._loaded_options = None
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINER_LABELSENTRY']._loaded_options = None
+  _globals['_CONTAINER_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._loaded_options = None
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_options = b'8\001'
+  _globals['_PODSANDBOXSTATE']._serialized_start=2046
+  _globals['_PODSANDBOXSTATE']._serialized_end=2104
+  _globals['_CONTAINERSTATE']._serialized_start=2106
+  _globals['_CONTAINERSTATE']._serialized_end=2213
   _globals['_VERSIONREQUEST']._serialized_start=47
   _globals['_VERSIONREQUEST']._serialized_end=80
   _globals['_VERSIONRESPONSE']._serialized_start=82
   _globals['_VERSIONRESPONSE']._serialized_end=192
-  _globals['_RUNTIMESERVICE']._serialized_start=194
-  _globals['_RUNTIMESERVICE']._serialized_end=280
+  _globals['_PODSANDBOXSTATEVALUE']._serialized_start=194
+  _globals['_PODSANDBOXSTATEVALUE']._serialized_end=260
+  _globals['_PODSANDBOXFILTER']._serialized_start=263
+  _globals['_PODSANDBOXFILTER']._serialized_end=469
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_start=417
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_end=469
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_start=471
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_end=540
+  _globals['_PODSANDBOXMETADATA']._serialized_start=542
+  _globals['_PODSANDBOXMETADATA']._serialized_end=625
+  _globals['_PODSANDBOX']._serialized_start=628
+  _globals['_PODSANDBOX']._serialized_end=865
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_start=820
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_end=865
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_start=867
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_end=930
+  _globals['_CONTAINERSTATEVALUE']._serialized_start=932
+  _globals['_CONTAINERSTATEVALUE']._serialized_end=996
+  _globals['_CONTAINERFILTER']._serialized_start=999
+  _globals['_CONTAINERFILTER']._serialized_end=1226
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_start=417
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_end=469
+  _globals['_LISTCONTAINERSREQUEST']._serialized_start=1228
+  _globals['_LISTCONTAINERSREQUEST']._serialized_end=1296
+  _globals['_CONTAINERMETADATA']._serialized_start=1298
+  _globals['_CONTAINERMETADATA']._serialized_end=1348
+  _globals['_CONTAINER']._serialized_start=1351
+  _globals['_CONTAINER']._serialized_end=1608
+  _globals['_CONTAINER_LABELSENTRY']._serialized_start=820
+  _globals['_CONTAINER_LABELSENTRY']._serialized_end=865
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1610
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1677
+  _globals['_CONTAINERSTATUSREQUEST']._serialized_start=1679
+  _globals['_CONTAINERSTATUSREQUEST']._serialized_end=1742
+  _globals['_CONTAINERSTATUS']._serialized_start=1744
+  _globals['_CONTAINERSTATUS']._serialized_end=1865
+  _globals['_CONTAINERSTATUSRESPONSE']._serialized_start=1868
+  _globals['_CONTAINERSTATUSRESPONSE']._serialized_end=2044
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_start=2001
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_end=2044
+  _globals['_RUNTIMESERVICE']._serialized_start=2216
+  _globals['_RUNTIMESERVICE']._serialized_end=2578
 # @@protoc_insertion_point(module_scope)

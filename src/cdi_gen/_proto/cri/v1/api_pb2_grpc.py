@@ -39,6 +39,21 @@ class RuntimeServiceStub:
                 request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionRequest.SerializeToString,
                 response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionResponse.FromString,
                 _registered_method=True)
+        self.ListPodSandbox = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListPodSandbox',
+                request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxResponse.FromString,
+                _registered_method=True)
+        self.ListContainers = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListContainers',
+                request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersRequest.SerializeToString,
+                response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersResponse.FromString,
+                _registered_method=True)
+        self.ContainerStatus = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ContainerStatus',
+                request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.SerializeToString,
+                response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -51,6 +66,27 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPodSandbox(self, request, context):
+        """The pod sandboxes the runtime knows, filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListContainers(self, request, context):
+        """The containers the runtime knows, filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ContainerStatus(self, request, context):
+        """One container's status; with verbose, the runtime's own view of it in `info`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +94,21 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.Version,
                     request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionRequest.FromString,
                     response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionResponse.SerializeToString,
+            ),
+            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPodSandbox,
+                    request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
+            ),
+            'ListContainers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListContainers,
+                    request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersRequest.FromString,
+                    response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersResponse.SerializeToString,
+            ),
+            'ContainerStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ContainerStatus,
+                    request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.FromString,
+                    response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +138,87 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/Version',
             cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionRequest.SerializeToString,
             cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.VersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ListPodSandbox',
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListPodSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListContainers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ListContainers',
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersRequest.SerializeToString,
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ListContainersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ContainerStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ContainerStatus',
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.SerializeToString,
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
