@@ -1,22 +1,29 @@
-"""A fake container runtime's CRI socket: ``runtime.v1.RuntimeService/Version`` served over a
-real unix socket by a real gRPC server, answering what containerd or CRI-O answers (or what
-a test makes it answer). Every request it got lands in ``requests``.
+"""A fake container runtime's CRI socket: ``runtime.v1.RuntimeService`` (``Version``,
+``ListPodSandbox``, ``ListContainers``, ``ContainerStatus``) served over a real unix socket by
+a real gRPC server, answering what containerd or CRI-O answers (or what a test makes it
+answer). Every request it got lands in ``requests``.
 
-Use it as ``with FakeCri(socket, "containerd", "v2.3.7") as cri:``.
+Use it as ``with FakeCri(socket, "containerd", "v2.3.7") as cri:``; give it pods with
+:meth:`FakeCri.add_container` and the verbose ``info`` of :func:`containerd_info` or
+:func:`crio_info` (the two runtimes' shapes, read from their ``container_status.go``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import socket as socketlib
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from cdi_gen._proto.cri.v1 import api_pb2, api_pb2_grpc
 
@@ -36,6 +43,110 @@ class _Runtime(api_pb2_grpc.RuntimeServiceServicer):
             runtime_api_version="v1",
         )
 
+    def ListPodSandbox(
+        self, request: api_pb2.ListPodSandboxRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListPodSandboxResponse:
+        self.fake.requests.put(request)
+        wanted = request.filter
+        items = [
+            s.sandbox
+            for s in self.fake.sandboxes.values()
+            if self.fake.honour_filters is False
+            or (
+                (not wanted.HasField("state") or s.sandbox.state == wanted.state.state)
+                and all(s.sandbox.labels.get(k) == v for k, v in wanted.label_selector.items())
+            )
+        ]
+        return api_pb2.ListPodSandboxResponse(items=items)
+
+    def ListContainers(
+        self, request: api_pb2.ListContainersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListContainersResponse:
+        self.fake.requests.put(request)
+        wanted = request.filter
+        containers = [
+            c.container
+            for c in self.fake.containers.values()
+            if self.fake.honour_filters is False
+            or (
+                (not wanted.HasField("state") or c.container.state == wanted.state.state)
+                and wanted.pod_sandbox_id in ("", c.container.pod_sandbox_id)
+            )
+        ]
+        return api_pb2.ListContainersResponse(containers=containers)
+
+    def ContainerStatus(
+        self, request: api_pb2.ContainerStatusRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ContainerStatusResponse:
+        self.fake.requests.put(request)
+        found = self.fake.containers.get(request.container_id)
+        if found is None or request.container_id in self.fake.status_gone:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND, f"container {request.container_id!r} not found"
+            )
+        return api_pb2.ContainerStatusResponse(
+            status=api_pb2.ContainerStatus(
+                id=found.container.id,
+                metadata=found.container.metadata,
+                state=found.container.state,
+            ),
+            info=found.info if request.verbose else {},
+        )
+
+
+@dataclass
+class _Sandbox:
+    sandbox: api_pb2.PodSandbox
+
+
+@dataclass
+class _Container:
+    container: api_pb2.Container
+    info: dict[str, str]
+
+
+def runtime_spec(
+    cgroups_path: str,
+    device_rules: list[dict[str, Any]] | None = None,
+    devices: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An OCI runtime spec with what a container's device handling reads."""
+    linux: dict[str, Any] = {"cgroupsPath": cgroups_path, "resources": {}}
+    if device_rules is not None:
+        linux["resources"]["devices"] = device_rules
+    if devices is not None:
+        linux["devices"] = devices
+    return {"ociVersion": "1.2.1", "process": {"args": ["sleep", "inf"]}, "linux": linux}
+
+
+def containerd_info(sandbox_id: str, pid: int, spec: dict[str, Any]) -> dict[str, str]:
+    """containerd's verbose info (internal/cri/server/container_status.go ContainerInfo)."""
+    document = {
+        "sandboxID": sandbox_id,
+        "pid": pid,
+        "removing": False,
+        "snapshotKey": "k",
+        "snapshotter": "overlayfs",
+        "runtimeType": "io.containerd.runc.v2",
+        "runtimeOptions": {"systemd_cgroup": True},
+        "config": {"metadata": {"name": "c"}},
+        "runtimeSpec": spec,
+    }
+    return {"info": json.dumps(document)}
+
+
+def crio_info(sandbox_id: str, pid: int, spec: dict[str, Any]) -> dict[str, str]:
+    """CRI-O's verbose info (server/container_status.go containerInfo, checkpointing on)."""
+    document = {
+        "sandboxID": sandbox_id,
+        "pid": pid,
+        "runtimeSpec": spec,
+        "privileged": False,
+        "checkpointedAt": "0001-01-01T00:00:00Z",
+        "restored": False,
+    }
+    return {"info": json.dumps(document)}
+
 
 class FakeCri:
     """A runtime named ``name`` at ``version`` answering on ``socket``."""
@@ -44,10 +155,54 @@ class FakeCri:
         self.socket = socket
         self.name = name
         self.version = version
-        self.requests: queue.Queue[api_pb2.VersionRequest] = queue.Queue()
+        self.requests: queue.Queue[Message] = queue.Queue()
+        self.sandboxes: dict[str, _Sandbox] = {}
+        self.containers: dict[str, _Container] = {}
+        #: False: list every sandbox and container whatever the filter (a runtime that ignores
+        #: filters must still not lead the client to another pod's container).
+        self.honour_filters = True
+        #: Containers listed but gone by the time their status is asked (they exited).
+        self.status_gone: set[str] = set()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         api_pb2_grpc.add_RuntimeServiceServicer_to_server(_Runtime(self), self._server)
         self._server.add_insecure_port(f"unix://{socket}")
+
+    def add_sandbox(
+        self, sandbox_id: str, namespace: str, pod: str, uid: str = "uid-1", ready: bool = True
+    ) -> None:
+        """A pod sandbox labelled and described as the kubelet creates one."""
+        self.sandboxes[sandbox_id] = _Sandbox(
+            api_pb2.PodSandbox(
+                id=sandbox_id,
+                metadata=api_pb2.PodSandboxMetadata(name=pod, namespace=namespace, uid=uid),
+                state=api_pb2.SANDBOX_READY if ready else api_pb2.SANDBOX_NOTREADY,
+                labels={
+                    "io.kubernetes.pod.namespace": namespace,
+                    "io.kubernetes.pod.name": pod,
+                    "io.kubernetes.pod.uid": uid,
+                },
+            )
+        )
+
+    def add_container(
+        self,
+        container_id: str,
+        sandbox_id: str,
+        name: str,
+        info: dict[str, str],
+        state: int = api_pb2.CONTAINER_RUNNING,
+    ) -> None:
+        """A container of sandbox ``sandbox_id`` whose verbose status answers ``info``."""
+        self.containers[container_id] = _Container(
+            api_pb2.Container(
+                id=container_id,
+                pod_sandbox_id=sandbox_id,
+                metadata=api_pb2.ContainerMetadata(name=name),
+                state=state,  # type: ignore[arg-type]
+                labels={"io.kubernetes.container.name": name},
+            ),
+            info,
+        )
 
     def __enter__(self) -> FakeCri:
         self._server.start()

@@ -8,7 +8,12 @@ to the kubelet over gRPC.
 * :mod:`~cdi_gen.kubelet.registration`: the plugin watcher's ``pluginregistration`` socket;
 * :mod:`~cdi_gen.kubelet.socketwatch`: inotify on the kubelet's socket folders;
 * :mod:`~cdi_gen.kubelet.streams`: server streams following a versioned value;
-* :mod:`~cdi_gen.kubelet.boundary`: where the gRPC server's threads meet the agent's loop.
+* :mod:`~cdi_gen.kubelet.boundary`: where the gRPC server's threads meet the agent's loop;
+* :mod:`~cdi_gen.kubelet.podresources`: which containers hold a device, from the kubelet's
+  pod-resources socket;
+* :mod:`~cdi_gen.kubelet.containers`: those containers' processes and OCI specs, from the
+  runtime's CRI socket;
+* :mod:`~cdi_gen.kubelet.localclient`: the short-lived, bounded client both of them use.
 
 grpc reads ``GRPC_EXPERIMENTS`` once, when it is first imported: a process that serves
 kubelet plugins calls :func:`apply_grpc_experiments` before anything loads grpc (``cdi-gen
