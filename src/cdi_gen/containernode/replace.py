@@ -1,0 +1,74 @@
+"""``replace_node``: a device node made, or its stale node replaced, inside a running
+container, by a short-lived child process of the same interpreter
+(:mod:`~cdi_gen.containernode.inside`), so that no thread of the agent ever changes its mount
+namespace. Blocking (one process start, a few milliseconds): the agent calls it from a worker
+thread.
+
+A container's own problem (it exited, its PID went to another process, it planted a link or a
+file at the path) is a :class:`~cdi_gen.containernode.node.NodeResult` with one logged line,
+never an exception: the agent serves on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+from cdi_gen.containernode.node import ContainerProcess, DeviceNode, NodeResult, Status
+
+__all__ = ["CHILD", "replace_node"]
+
+log = logging.getLogger(__name__)
+
+#: The child: isolated (``-I``: no environment variables, no user site, not the agent's
+#: working folder on its import path).
+CHILD = (sys.executable, "-I", "-m", "cdi_gen.containernode.inside")
+#: A child that does not answer within this (a file system that hangs) is killed.
+TIMEOUT = 10.0
+#: Most bytes of the child's error output quoted.
+_STDERR_QUOTE = 200
+_STATUSES: dict[object, Status] = {"done": "done", "skipped": "skipped", "refused": "refused"}
+
+
+def _answer(stdout: str) -> tuple[Status, str] | None:
+    """The child's answer line, or None when it printed none that is whole."""
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1])
+        status, reason = _STATUSES[answer["status"]], answer["reason"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+    return (status, reason) if isinstance(reason, str) else None
+
+
+def replace_node(
+    process: ContainerProcess, node: DeviceNode, *, timeout: float = TIMEOUT
+) -> NodeResult:
+    """Make ``node`` at its path inside the container of ``process``, replacing the stale
+    device node there; the result, logged in one line unless done."""
+    problem = node.problem()
+    if problem is not None:
+        return _logged(NodeResult("refused", problem, process.pid, node.path))
+    request = {"pid": process.pid, "start": process.start, "node": node.as_json()}
+    try:
+        child = subprocess.run(
+            CHILD, input=json.dumps(request), capture_output=True, text=True,
+            timeout=timeout, env={}, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        reason = f"the child process gave no answer within {timeout:g} s and was killed"
+        return _logged(NodeResult("refused", reason, process.pid, node.path))
+    answer = _answer(child.stdout)
+    if answer is None:
+        last = (child.stderr.strip().splitlines() or [""])[-1][:_STDERR_QUOTE]
+        reason = f"the child process exited {child.returncode} with no answer: {last!r}"
+        return _logged(NodeResult("refused", reason, process.pid, node.path))
+    status, reason = answer
+    return _logged(NodeResult(status, reason, process.pid, node.path))
+
+
+def _logged(result: NodeResult) -> NodeResult:
+    if not result.done:
+        log.warning("%s", result.line)
+    return result
