@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.containernode.node import ContainerProcess, DeviceNode, NodeResult, process_start
+from cdi_gen.containernode.linux import process_start
+from cdi_gen.containernode.node import ContainerProcess, DeviceNode, NodeResult
 from cdi_gen.containernode.replace import replace_node
 from tests.processes import terminate
 from tests.waiting import until_sync
@@ -278,9 +279,9 @@ def test_a_process_of_the_hosts_own_mount_namespace_is_refused() -> None:
     /dev is the host's."""
     me = ContainerProcess.now(os.getpid())
     assert me is not None
-    before = _host_dev("/dev/cdi-gen-test-never")
+    assert _host_dev("/dev/cdi-gen-test-never") is None, "left by an earlier run: remove it"
     _refused(
         replace_node(me, DeviceNode("/dev/cdi-gen-test-never", "c", 1, 5, 0o666, 0, 0)),
         "own mount namespace",
     )
-    assert _host_dev("/dev/cdi-gen-test-never") == before is None
+    assert _host_dev("/dev/cdi-gen-test-never") is None

@@ -5,15 +5,18 @@ follows no link, with ``openat2`` and without it."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from cdi_gen.containernode import linux
-from cdi_gen.containernode.linux import beneath
-from cdi_gen.containernode.node import ContainerProcess, DeviceNode, NodeResult, process_start
+from cdi_gen.containernode import linux, replace
+from cdi_gen.containernode.linux import beneath, process_start
+from cdi_gen.containernode.node import ContainerProcess, DeviceNode, NodeResult
 from cdi_gen.containernode.replace import replace_node
 
 GOOD = DeviceNode("/dev/ttyUSB0", "c", 188, 0, 0o660, 0, 20)
@@ -51,8 +54,7 @@ NO_PROCESS = ContainerProcess(2**22 + 1, 1)
 def test_a_request_that_breaks_a_rule_is_refused_before_any_process(
     changes: dict[str, object], rule: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fields = {**GOOD.as_json(), **changes}
-    node = DeviceNode(**fields)  # type: ignore[arg-type]
+    node = dataclasses.replace(GOOD, **changes)  # type: ignore[arg-type]
     result = replace_node(NO_PROCESS, node)
     assert result.status == "refused", result.line
     assert rule in result.reason
@@ -109,3 +111,44 @@ def test_a_look_up_below_a_folder_follows_no_link(tmp_path: Path, lookup: str) -
             assert caught.value.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV), path
     finally:
         os.close(dev)
+
+
+@pytest.mark.parametrize(
+    ("code", "timeout", "rule"),
+    [
+        ("import sys; sys.stderr.write('Traceback...\\nboom\\n'); sys.exit(3)", 10.0, "exited 3"),
+        ("print('done'); print('done')", 10.0, "with no answer"),
+        ("print('maybe so')", 10.0, "with no answer"),
+        ("import signal; signal.pause()", 0.5, "no answer within 0.5 s and was killed"),
+    ],
+)
+def test_a_child_that_fails_or_hangs_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, code: str, timeout: float, rule: str
+) -> None:
+    """Whatever the child does (crashes, prints two answers or a word that is none, hangs on
+    a file system that does not answer), the caller gets a refusal and serves on."""
+    monkeypatch.setattr(replace, "CHILD", (sys.executable, "-I", "-S", "-c", code))
+    me = ContainerProcess.now(os.getpid())
+    assert me is not None
+    result = replace.replace_node(me, GOOD, timeout=timeout)
+    assert result.status == "refused" and rule in result.reason, result.line
+    assert "\n" not in result.line
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        [],
+        ["1", "2", "/etc/passwd", "c", "1", "5", "438", "0", "0"],
+        ["1", "2", "/dev/../etc/passwd", "c", "1", "5", "438", "0", "0"],
+        ["1", "2", "/dev/ttyUSB0", "p", "1", "5", "438", "0", "0"],
+        ["x", "2", "/dev/ttyUSB0", "c", "1", "5", "438", "0", "0"],
+    ],
+)
+def test_the_child_refuses_a_malformed_request_itself(arguments: list[str]) -> None:
+    """The child checks again what it relies on, so that nothing but a checked request
+    reaches a container even if the caller's check were skipped."""
+    child = subprocess.run(
+        [*replace.CHILD, *arguments], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (child.returncode, child.stdout) == (0, "refused the request is malformed\n")

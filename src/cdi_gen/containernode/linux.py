@@ -1,12 +1,12 @@
 """The Linux calls the standard library lacks, through libc: ``setns(2)`` and ``openat2(2)``
 with its ``RESOLVE_*`` flags, and :func:`beneath`, a path opened below a folder's descriptor
 with no link followed (``openat2``, or one ``O_NOFOLLOW`` open per component where the kernel
-has no ``openat2``)."""
+has no ``openat2``); a process's start time from ``/proc``. Light to import: the child process
+of every replacement loads it."""
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
@@ -16,6 +16,7 @@ __all__ = [
     "RESOLVE_NO_MAGICLINKS",
     "RESOLVE_NO_SYMLINKS",
     "beneath",
+    "process_start",
     "setns",
 ]
 
@@ -30,7 +31,8 @@ _SYS_OPENAT2 = 437
 #: No link of any kind, nothing above the starting folder.
 _SAFE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+#: libc as the interpreter loaded it (``dlopen(NULL)``): ``find_library`` would run ldconfig.
+_libc = ctypes.CDLL(None, use_errno=True)
 _setns = _libc.setns
 _setns.argtypes = (ctypes.c_int, ctypes.c_int)
 _setns.restype = ctypes.c_int
@@ -115,3 +117,20 @@ def beneath(dirfd: int, path: str, flags: int) -> int:
                 raise
             _kernel.openat2 = False
     return _walk(dirfd, path, flags)
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field
+    22); None when there is no such process. A PID given again to a later process has
+    another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read(4096)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count after the last ")".
+    fields = text.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

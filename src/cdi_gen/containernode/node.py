@@ -9,13 +9,13 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from cdi_gen.containernode.linux import process_start
 from cdi_gen.errors import quote
 
 __all__ = [
     "ContainerProcess",
     "DeviceNode",
     "NodeResult",
-    "process_start",
 ]
 
 #: The kernel's ``dev_t`` holds a 12-bit major and a 20-bit minor.
@@ -30,23 +30,6 @@ NAME_LIMIT = 255
 DEV = "/dev/"
 
 Status = Literal["done", "skipped", "refused"]
-
-
-def process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field
-    22); None when there is no such process. A PID given again to a later process has
-    another start time."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read(4096)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count after the last ")".
-    fields = text.rpartition(b")")[2].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def _path_problem(path: object) -> str | None:
@@ -117,16 +100,10 @@ class DeviceNode:
         """The path below the container's ``/dev``."""
         return self.path.removeprefix(DEV)
 
-    def as_json(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "type": self.type,
-            "major": self.major,
-            "minor": self.minor,
-            "mode": self.mode,
-            "uid": self.uid,
-            "gid": self.gid,
-        }
+    def as_arguments(self) -> list[str]:
+        """The node as the child takes it on its command line (the path has no NUL)."""
+        numbers = (self.major, self.minor, self.mode, self.uid, self.gid)
+        return [self.path, self.type, *map(str, numbers)]
 
 
 @dataclass(frozen=True, slots=True)
