@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import stat
 import sys
 
-from cdi_gen.containernode.linux import CLONE_NEWNS, beneath, process_start, setns
+from cdi_gen.containernode.linux import CLONE_NEWNS, beneath, pidfd_alive, process_start, setns
 
 __all__ = ["Request", "main", "replace_inside"]
 
@@ -101,7 +100,8 @@ def _enter(pid: int, start: int) -> tuple[int, int]:
         own_fds = os.open("/proc/self/fd", _FOLDER | os.O_CLOEXEC)
         try:
             # Alive now, so alive when its start time and root were read: they were its.
-            signal.pidfd_send_signal(pidfd, 0)
+            if not pidfd_alive(pidfd):
+                raise OSError(errno.ESRCH, "exited")
             setns(pidfd, CLONE_NEWNS)
         except OSError as error:
             os.close(root)
