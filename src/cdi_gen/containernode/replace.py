@@ -1,8 +1,8 @@
 """``replace_node``: a device node made, or its stale node replaced, inside a running
 container, by a short-lived child process of the same interpreter
 (:mod:`~cdi_gen.containernode.inside`), so that no thread of the agent ever changes its mount
-namespace. Blocking (one process start, a few milliseconds): the agent calls it from a worker
-thread.
+namespace. Blocking (one process start, about 20 ms: benchmarks/bench_containernode.py): the
+agent calls it from a worker thread.
 
 A container's own problem (it exited, its PID went to another process, it planted a link or a
 file at the path) is a :class:`~cdi_gen.containernode.node.NodeResult` with one logged line,
