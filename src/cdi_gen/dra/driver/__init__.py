@@ -14,6 +14,8 @@
 * :mod:`~cdi_gen.dra.driver.claimconfig`: a claim's opaque configuration;
 * :mod:`~cdi_gen.dra.driver.claimspec` and :mod:`~cdi_gen.dra.driver.claimfiles`: per-claim
   CDI specs, built and written;
+  :mod:`~cdi_gen.dra.driver.claimsweep`: the claims' files set against the prepared claims at
+  start;
 * :mod:`~cdi_gen.dra.driver.devicemetadata` and :mod:`~cdi_gen.dra.driver.metadatafiles`:
   device metadata for the pod, built and written;
 * :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes.

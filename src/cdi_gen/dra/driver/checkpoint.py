@@ -36,6 +36,10 @@ answered again only if every recorded device is in our pool, every CDI name is o
 kinds (``vendor/class``) and every share ID a UID; the others are dropped with a line each.
 What is written can be read back: a change making the file larger than the read cap is refused
 (the file stays as it was); a claim records at most the API's limit of allocation results.
+
+:class:`Checkpoint` is the store: the claims in memory, which of them are answered, the
+adoption at start; :class:`CheckpointFile` is its file: read only if ours, parsed by format,
+encoded and replaced.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFile",
     "PreparedClaim",
     "SpecName",
     "checkpoint_path",
@@ -87,6 +92,7 @@ _MODE = 0o600
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _LEFT = "left as it is, not read; move it away to start with no prepared claims"
 
+
 #: This boot's claim records a cdi-gen before format 5 left with their specs, by UID.
 Recorded = Callable[[Boot], Mapping[str, PreparedClaim]]
 
@@ -98,6 +104,112 @@ class CheckpointError(CdiGenError):
 def checkpoint_path(state_dir: Path, driver: str) -> Path:
     """The checkpoint file of ``driver`` (a DNS subdomain, so a safe file name)."""
     return Path(state_dir) / f"dra-{driver}.json"
+
+
+class CheckpointFile:
+    """The checkpoint file ``path`` of driver ``driver``, at most ``max_bytes`` read or
+    written. Raises :class:`CheckpointError` naming the file and why."""
+
+    def __init__(self, path: Path, driver: str, max_bytes: int = CHECKPOINT_MAX_BYTES) -> None:
+        self.path = Path(path)
+        self.driver = driver
+        self.max_bytes = max_bytes
+
+    def read(self, boot: Boot) -> tuple[dict[str, PreparedClaim], int | None]:
+        """The file's claims and format; none (and no format) when it was set aside as
+        void. Raises OSError (FileNotFoundError: no file), FileRefused and CheckpointError."""
+        raw, mtime = self._read()
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if boot.wrote(None, mtime):  # not torn by a power loss: someone else's doing
+                raise CheckpointError(f"{self.path}: not JSON ({exc}); {_LEFT}") from None
+            set_aside(self.path, boot, None, mtime, None)
+            return {}, None
+        claims, written, version = self._parse(doc)
+        if not boot.wrote(written, mtime):
+            set_aside(self.path, boot, written, mtime, len(claims))
+            return {}, None
+        return claims, version
+
+    def _read(self) -> tuple[bytes, float]:
+        """The file's bytes and mtime, if it is ours alone: owned by our effective user and
+        writable by nobody else (anyone who can write it could make us answer any CDI name)."""
+        before = os.lstat(self.path)
+        if stat.S_ISREG(before.st_mode):  # anything else: read_regular says what it is
+            self._check_owner(before)
+        raw = read_regular(self.path, self.max_bytes, follow_symlinks=False)
+        after = os.lstat(self.path)
+        if FileId.of(after) != FileId.of(before):
+            raise FileRefused("replaced or changed while it was read")
+        return raw, after.st_mtime
+
+    def _check_owner(self, st: os.stat_result) -> None:
+        euid = os.geteuid()
+        if st.st_uid != euid:
+            why = f"owned by uid {st.st_uid}, not by this agent's user (uid {euid})"
+        elif st.st_mode & _OTHERS_WRITE:
+            why = f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            return
+        raise CheckpointError(f"{self.path}: {why}, so someone else may have written it; {_LEFT}")
+
+    def _parse(self, doc: object) -> tuple[dict[str, PreparedClaim], str | None, int]:
+        """The claims, the boot named (None: none) and the format of a file's JSON."""
+        if not isinstance(doc, dict) or doc.get("kind") != CHECKPOINT_KIND:
+            kind = doc.get("kind") if isinstance(doc, dict) else None
+            raise CheckpointError(
+                f"{self.path}: not a cdi-gen DRA checkpoint (kind {quote(kind)}, want "
+                f"{CHECKPOINT_KIND!r}); {_LEFT}"
+            )
+        version = doc.get("version")
+        if type(version) is not int or version not in READ_VERSIONS:  # not a bool, a float
+            newer = type(version) is int and version > CHECKPOINT_VERSION
+            raise CheckpointError(
+                f"{self.path}: checkpoint format {quote(version)}"
+                + (" (written by a newer cdi-gen)" if newer else "")
+                + f"; this cdi-gen reads formats {READ_VERSIONS[0]} to {READ_VERSIONS[-1]}; "
+                + _LEFT
+            )
+        if doc.get("driver") != self.driver:
+            raise CheckpointError(
+                f"{self.path}: checkpoint of driver {quote(doc.get('driver'))}, not "
+                f"{self.driver!r}; {_LEFT}"
+            )
+        try:
+            claims = parse_claims(doc.get("claims"))
+            written = record_boot(doc, "") if version >= _BOOT_VERSION else None
+        except ValueError as exc:
+            raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
+        return claims, written, version
+
+    def encode(self, claims: Mapping[str, PreparedClaim], boot: Boot | None) -> bytes:
+        """The file holding ``claims``, in this format, naming ``boot`` (when known)."""
+        doc = {
+            "kind": CHECKPOINT_KIND,
+            "version": CHECKPOINT_VERSION,
+            "driver": self.driver,
+            **({BOOT_FIELD: boot.id} if boot else {}),
+            "claims": {uid: claim_doc(claim) for uid, claim in claims.items()},
+        }
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+
+    def write(self, claims: Mapping[str, PreparedClaim], boot: Boot | None) -> None:
+        """Replace the file with one holding ``claims`` (see the module docstring)."""
+        data = self.encode(claims, boot)
+        if len(data) > self.max_bytes:
+            # Written, it could not be read back at the next start: DRA would stay down and
+            # every prepared claim be lost. This change fails instead; the file stays as is.
+            raise CheckpointError(
+                f"{self.path}: recording this change would make the DRA checkpoint "
+                f"{len(data)} bytes, over the {self.max_bytes} bytes it can read back; "
+                "not recorded"
+            )
+        try:
+            # Not durable: see the module docstring (a power loss is a reboot).
+            replace_file(self.path, data, mode=_MODE, durable=False)
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
 
 
 class Checkpoint:
@@ -125,16 +237,19 @@ class Checkpoint:
         boot: Boot | None = None,
         adopt_from: Recorded | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.file = CheckpointFile(path, driver, max_bytes)
         self.boot = boot
-        self.driver = driver
         self.pool = pool
         self.kinds = frozenset(kinds)
-        self.max_bytes = max_bytes
         self.adopt_from = adopt_from
         self._claims: Mapping[str, PreparedClaim] = MappingProxyType({})
         #: Whether a load succeeded: the first one adopts and converts (see :meth:`load`).
         self._loaded = False
+
+    @property
+    def path(self) -> Path:
+        """The file."""
+        return self.file.path
 
     @property
     def claims(self) -> Mapping[str, PreparedClaim]:
@@ -167,7 +282,7 @@ class Checkpoint:
         (once: a later load reads what the other instance wrote, unchanged)."""
         try:
             boot = self.boot = self.boot or read_boot()
-            claims, version = self._read_claims(boot)
+            claims, version = self.file.read(boot)
         except FileNotFoundError:  # none yet, or set aside meanwhile by the other instance
             claims, version = {}, None
         except BootError as exc:  # the file is fine: moving it away would not help
@@ -192,23 +307,6 @@ class Checkpoint:
         self._claims = MappingProxyType(claims)
         self._loaded = True
 
-    def _read_claims(self, boot: Boot) -> tuple[dict[str, PreparedClaim], int | None]:
-        """The file's claims and format; none (and no format) when it was set aside as
-        void. Raises OSError (FileNotFoundError: no file) and CheckpointError."""
-        raw, mtime = self._read()
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            if boot.wrote(None, mtime):  # not torn by a power loss: someone else's doing
-                raise CheckpointError(f"{self.path}: not JSON ({exc}); {_LEFT}") from None
-            set_aside(self.path, boot, None, mtime, None)
-            return {}, None
-        claims, written, version = self._parse(doc)
-        if not boot.wrote(written, mtime):
-            set_aside(self.path, boot, written, mtime, len(claims))
-            return {}, None
-        return claims, version
-
     def _adopt(self, claims: dict[str, PreparedClaim]) -> int:
         """Lay into ``claims`` the ones :attr:`adopt_from` gives that it does not hold, if
         ours (the others dropped with a line each); how many."""
@@ -230,28 +328,6 @@ class Checkpoint:
             )
         claims.update(found)
         return len(found)
-
-    def _read(self) -> tuple[bytes, float]:
-        """The file's bytes and mtime, if it is ours alone: owned by our effective user and
-        writable by nobody else (anyone who can write it could make us answer any CDI name)."""
-        before = os.lstat(self.path)
-        if stat.S_ISREG(before.st_mode):  # anything else: read_regular says what it is
-            self._check_owner(before)
-        raw = read_regular(self.path, self.max_bytes, follow_symlinks=False)
-        after = os.lstat(self.path)
-        if FileId.of(after) != FileId.of(before):
-            raise FileRefused("replaced or changed while it was read")
-        return raw, after.st_mtime
-
-    def _check_owner(self, st: os.stat_result) -> None:
-        euid = os.geteuid()
-        if st.st_uid != euid:
-            why = f"owned by uid {st.st_uid}, not by this agent's user (uid {euid})"
-        elif st.st_mode & _OTHERS_WRITE:
-            why = f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-        else:
-            return
-        raise CheckpointError(f"{self.path}: {why}, so someone else may have written it; {_LEFT}")
 
     def _ours(self, claims: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
         """The recorded claims whose every device is of our pool and kinds; the others are
@@ -313,35 +389,6 @@ class Checkpoint:
             return f"spec of {quote(spec.kind)}: {exc}"
         return None
 
-    def _parse(self, doc: object) -> tuple[dict[str, PreparedClaim], str | None, int]:
-        """The claims, the boot named (None: none) and the format of a file's JSON."""
-        if not isinstance(doc, dict) or doc.get("kind") != CHECKPOINT_KIND:
-            kind = doc.get("kind") if isinstance(doc, dict) else None
-            raise CheckpointError(
-                f"{self.path}: not a cdi-gen DRA checkpoint (kind {quote(kind)}, want "
-                f"{CHECKPOINT_KIND!r}); {_LEFT}"
-            )
-        version = doc.get("version")
-        if type(version) is not int or version not in READ_VERSIONS:  # not a bool, a float
-            newer = type(version) is int and version > CHECKPOINT_VERSION
-            raise CheckpointError(
-                f"{self.path}: checkpoint format {quote(version)}"
-                + (" (written by a newer cdi-gen)" if newer else "")
-                + f"; this cdi-gen reads formats {READ_VERSIONS[0]} to {READ_VERSIONS[-1]}; "
-                + _LEFT
-            )
-        if doc.get("driver") != self.driver:
-            raise CheckpointError(
-                f"{self.path}: checkpoint of driver {quote(doc.get('driver'))}, not "
-                f"{self.driver!r}; {_LEFT}"
-            )
-        try:
-            claims = parse_claims(doc.get("claims"))
-            written = record_boot(doc, "") if version >= _BOOT_VERSION else None
-        except ValueError as exc:
-            raise CheckpointError(f"{self.path}: {exc}; {_LEFT}") from None
-        return claims, written, version
-
     def add(self, uid: str, claim: PreparedClaim) -> None:
         """Record ``claim`` under ``uid`` (replacing an older record of that UID)."""
         if self._claims.get(uid) == claim:
@@ -360,27 +407,8 @@ class Checkpoint:
         return True
 
     def encode(self, claims: Mapping[str, PreparedClaim]) -> bytes:
-        doc = {
-            "kind": CHECKPOINT_KIND,
-            "version": CHECKPOINT_VERSION,
-            "driver": self.driver,
-            **({BOOT_FIELD: self.boot.id} if self.boot else {}),
-            "claims": {uid: claim_doc(claim) for uid, claim in claims.items()},
-        }
-        return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        """The file holding ``claims`` (:meth:`CheckpointFile.encode`)."""
+        return self.file.encode(claims, self.boot)
 
     def _write(self, claims: Mapping[str, PreparedClaim]) -> None:
-        data = self.encode(claims)
-        if len(data) > self.max_bytes:
-            # Written, it could not be read back at the next start: DRA would stay down and
-            # every prepared claim be lost. This change fails instead; the file stays as is.
-            raise CheckpointError(
-                f"{self.path}: recording this change would make the DRA checkpoint "
-                f"{len(data)} bytes, over the {self.max_bytes} bytes it can read back; "
-                "not recorded"
-            )
-        try:
-            # Not durable: see the module docstring (a power loss is a reboot).
-            replace_file(self.path, data, mode=_MODE, durable=False)
-        except OSError as exc:
-            raise CheckpointError(f"{self.path}: cannot write the DRA checkpoint: {exc}") from exc
+        self.file.write(claims, self.boot)

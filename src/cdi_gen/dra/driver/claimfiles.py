@@ -11,13 +11,15 @@ memory by :class:`~cdi_gen.cdi.store.SpecStore`, with the configuration
 applied, refused when the claim's layer widens what its class grants) through the one writer,
 with ownership records naming this agent's instance; takes all of them back when one fails (a
 full disk), and removes them at unprepare, for a claim not prepared here whatever of ours sits
-at their names (:meth:`ClaimFiles.remove_left`); and finds, at start, those no prepared claim
-names and the claims whose files are gone (a node restart empties ``/var/run/cdi``: such a
-claim is read and prepared anew). The claim, with the specs written for it, is recorded by the
-caller in the checkpoint (:mod:`~cdi_gen.dra.driver.checkpoint`), the one store of prepared
-claims; :meth:`ClaimFiles.recorded` reads, for the checkpoint to adopt at start, the claim
-records a cdi-gen before checkpoint format 5 wrote into these owner records (it can go once
-no such agent remains).
+at their names (:meth:`ClaimFiles.remove_left`). What the claim's devices and specs are called,
+and which device carries each request's metadata mount, is decided before any file is written
+(:func:`claim_layout`, pure). The claim, with the specs written for it,
+is recorded by the caller in the checkpoint (:mod:`~cdi_gen.dra.driver.checkpoint`), the one
+store of prepared claims. At start, its :class:`~cdi_gen.dra.driver.claimsweep.ClaimSweep`
+(:attr:`ClaimFiles.sweep`) finds the claim files no prepared claim names and the claims whose
+files are gone (a node restart empties ``/var/run/cdi``: such a claim is read and prepared
+anew), and reads, for the checkpoint to adopt, the claim records a cdi-gen before checkpoint
+format 5 wrote into these owner records (:meth:`ClaimFiles.recorded`).
 
 With a ``metadata_dir``, every prepared claim gets, for each request, the device metadata
 file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
@@ -38,20 +40,15 @@ import logging
 import os
 import stat
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cdi_gen.cdi.codec import dump_document
-from cdi_gen.cdi.ownerrecords import (
-    owned_transient_payloads,
-    owned_transient_specs,
-    remove_lone_transient_records,
-)
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore, WrittenSpec
-from cdi_gen.cdi.writer import migrate_transient_names, remove_spec, write_bytes
-from cdi_gen.dra.driver.boot import Boot, record_boot
+from cdi_gen.cdi.writer import remove_spec, write_bytes
+from cdi_gen.dra.driver.boot import Boot
 from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
@@ -72,23 +69,22 @@ from cdi_gen.dra.driver.claimspec import (
     metadata_spec,
     metadata_tag,
 )
+from cdi_gen.dra.driver.claimsweep import ClaimSweep
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
-from cdi_gen.dra.driver.preparedclaim import PreparedClaim, SpecName, read_claim_record
+from cdi_gen.dra.driver.preparedclaim import PreparedClaim, SpecName
 from cdi_gen.dra.driver.refusal import DriverRefusal
-from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice, claim_label
+from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice
 from cdi_gen.errors import InvalidNameError, SpecError, SpecWriteError, quote
 from cdi_gen.model import ClaimView, PoolDevice
 from cdi_gen.names import parse_qualified_name
 
-__all__ = ["ClaimFiles", "device_configs", "host_mode"]
+__all__ = ["ClaimFiles", "ClaimLayout", "carriers", "claim_layout", "device_configs", "host_mode"]
 
 log = logging.getLogger(__name__)
 
 #: The sources the API gives an entry: a DeviceClass's (the admin's) or the claim's own.
 FROM_CLASS, FROM_CLAIM = "FromClass", "FromClaim"
-#: Void claims a line names (the others are counted).
-_VOID_SHOWN = 10
 
 
 def _shown(value: str, plain: bool) -> str:
@@ -146,8 +142,82 @@ def host_mode(path: str) -> int | None:
     return stat.S_IMODE(st.st_mode) & 0o777
 
 
-def _requests(claim: PreparedClaim) -> list[str]:
-    return [r for d in claim.devices for r in d.request_names]
+#: Per kind (``vendor/class``), the configured devices of the claim's spec: each one's name in
+#: its class's spec, its name in the claim's spec and its configuration.
+Configured = dict[str, list[tuple[str, str, Layered]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLayout:
+    """What one claim gets, by name. ``devices``: the answer (a configured device named in the
+    claim's spec, a carrier with the metadata device added); ``configured``: the claim's spec
+    of each kind with a configured device (:data:`Configured`); ``metadata``: per kind, the
+    devices of the claim's metadata spec; ``carriers``: per request, the device (index) that
+    carries its metadata mount and the CDI device name it mounts through; ``specs``: the
+    claim's specs, those of ``configured`` first, then those of ``metadata``."""
+
+    devices: tuple[PreparedDevice, ...]
+    configured: Configured
+    metadata: dict[str, list[str]]
+    carriers: dict[str, tuple[int, str]]
+    specs: tuple[SpecName, ...]
+
+
+def claim_layout(
+    uid: str,
+    devices: Sequence[PreparedDevice],
+    configs: Sequence[Layered],
+    pool: Mapping[str, PoolDevice],
+    *,
+    metadata: bool,
+) -> ClaimLayout:
+    """The layout of claim ``uid``'s ``devices``, each with its configuration (``configs``, in
+    order; empty: none) and its entry in ``pool``; with ``metadata`` when every request gets
+    its device metadata. Raises :class:`~cdi_gen.errors.InvalidNameError` when a configured
+    device's CDI name is not a qualified one."""
+    by_kind: Configured = {}
+    out = list(devices)
+    for index, (device, config) in enumerate(zip(devices, configs, strict=True)):
+        if not config:
+            continue
+        vendor, cls, name = parse_qualified_name(pool[device.device].cdi_name)
+        new_name = claim_device_name(uid, index)
+        by_kind.setdefault(f"{vendor}/{cls}", []).append((name, new_name, config))
+        out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
+    carried = carriers(uid, out, configs) if metadata else {}
+    meta_kinds: dict[str, list[str]] = {}
+    for index, name in carried.values():
+        if configs[index]:
+            continue
+        kind = pool[out[index].device].cdi_name.partition("=")[0]
+        meta_kinds.setdefault(kind, []).append(name)
+        ids = (*out[index].cdi_device_ids, f"{kind}={name}")
+        out[index] = replace(out[index], cdi_device_ids=ids)
+    specs = (
+        *(SpecName(kind, claim_tag(uid)) for kind in by_kind),
+        *(SpecName(kind, metadata_tag(uid)) for kind in meta_kinds),
+    )
+    return ClaimLayout(tuple(out), by_kind, meta_kinds, carried, specs)
+
+
+def carriers(
+    uid: str, devices: Sequence[PreparedDevice], configs: Sequence[Layered]
+) -> dict[str, tuple[int, str]]:
+    """Per request, the claim device that carries its metadata mount (the runtime mounts
+    each file once) and the CDI device name it mounts through: the request's first
+    configured device, by its name in the claim's spec; else its first device, by a
+    device of the claim's metadata spec."""
+    found: dict[str, tuple[int, str]] = {}
+    for index, device in enumerate(devices):
+        request = device.request_names[0]
+        if configs[index]:
+            known = found.get(request)
+            if known is None or not configs[known[0]]:
+                name = device.cdi_device_ids[0].partition("=")[2]
+                found[request] = (index, name)
+        elif request not in found:
+            found[request] = (index, metadata_device_name(uid, index))
+    return found
 
 
 class ClaimFiles:
@@ -176,6 +246,8 @@ class ClaimFiles:
         #: Class spec path -> (the write it indexes, its devices by name); claim_spec
         #: changes neither. Replaced whole, so safe from any server thread.
         self._indexed: dict[Path, tuple[WrittenSpec, dict[str, Mapping[str, Any]]]] = {}
+        #: What start-up sets against the checkpoint's claims (see :meth:`recorded`).
+        self.sweep = ClaimSweep(self.spec_dir, instance, self.metadata)
 
     @property
     def serves_metadata(self) -> bool:
@@ -196,57 +268,17 @@ class ClaimFiles:
         each request's device metadata file and the metadata spec of each class whose device
         carries the mount of a request without a configured device; return the devices (a
         configured one now named in the claim's spec, a carrier with the metadata device
-        added) and the specs written. Raises :class:`~cdi_gen.dra.plugin.claims.ClaimRefused`
-        (``widens-class`` when the claim asks for more than its class grants, else
-        ``claim-spec``) naming the claim and why; what it wrote before failing is removed.
-        ``claim`` is the one the kubelet asked for (namespace, name and UID checked)."""
-        by_kind: dict[str, list[tuple[str, str, Layered]]] = {}
-        out = list(devices)
-        for index, (device, config) in enumerate(zip(devices, configs, strict=True)):
-            if not config:
-                continue
-            vendor, cls, name = parse_qualified_name(pool[device.device].cdi_name)
-            new_name = claim_device_name(uid, index)
-            by_kind.setdefault(f"{vendor}/{cls}", []).append((name, new_name, config))
-            out[index] = replace(device, cdi_device_ids=(f"{vendor}/{cls}={new_name}",))
-        carriers = self._carriers(uid, out, configs)
-        meta_kinds: dict[str, list[str]] = {}
-        for index, name in carriers.values():
-            if configs[index]:
-                continue
-            kind = pool[out[index].device].cdi_name.partition("=")[0]
-            meta_kinds.setdefault(kind, []).append(name)
-            ids = (*out[index].cdi_device_ids, f"{kind}={name}")
-            out[index] = replace(out[index], cdi_device_ids=ids)
-        specs = (
-            *(SpecName(kind, claim_tag(uid)) for kind in by_kind),
-            *(SpecName(kind, metadata_tag(uid)) for kind in meta_kinds),
-        )
-        prepared = PreparedClaim(claim.namespace, claim.name, tuple(out), specs)
+        added) and the specs written (:func:`claim_layout`).
+        Raises :class:`~cdi_gen.dra.plugin.claims.ClaimRefused` (``widens-class`` when the
+        claim asks for more than its class grants, else ``claim-spec``) naming the claim and
+        why; what it wrote before failing is removed. ``claim`` is the one the kubelet asked
+        for (namespace, name and UID checked)."""
+        layout = claim_layout(uid, devices, configs, pool, metadata=self.metadata is not None)
+        prepared = PreparedClaim(claim.namespace, claim.name, layout.devices, layout.specs)
         try:
-            mounts = self._write_metadata(uid, claim, out, carriers, pool)
-            docs = [
-                (spec, self._configured_spec(spec, entries, mounts))
-                for spec, entries in zip(specs[: len(by_kind)], by_kind.values(), strict=True)
-            ]
-            docs += [
-                (
-                    SpecName(kind, metadata_tag(uid)),
-                    metadata_spec(kind, {n: mounts[n] for n in names}),
-                )
-                for kind, names in meta_kinds.items()
-            ]
-            for spec, doc in docs:
-                vendor, _, cls = spec.kind.partition("/")
-                write_bytes(
-                    self.spec_dir,
-                    vendor,
-                    cls,
-                    dump_document(doc),
-                    instance=self.instance,
-                    transient=spec.transient,
-                    notes=self.store.own_writes,
-                )
+            mounts = self._write_metadata(uid, claim, layout, pool)
+            for spec, doc in self._documents(uid, layout, mounts):
+                self._write_spec(spec, doc)
         # Undone whole: the spec being written too, which a failure after its rename (a
         # folder fsync) leaves in place, and any record a killed try left at its names.
         except Widening as exc:
@@ -261,7 +293,7 @@ class ClaimFiles:
             raise ClaimRefused(
                 DriverRefusal.CLAIM_SPEC, f"{label}: its own CDI spec cannot be written: {why}"
             ) from None
-        return tuple(out), specs
+        return layout.devices, layout.specs
 
     def _undo(self, label: str, uid: str, claim: PreparedClaim) -> None:
         """Remove what a failed :meth:`write` wrote; what cannot go is logged, and goes as an
@@ -273,6 +305,39 @@ class ClaimFiles:
                 "%s: what its refused prepare wrote stays until the next start: %s", label, exc
             )
 
+    def _documents(
+        self, uid: str, layout: ClaimLayout, mounts: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> list[tuple[SpecName, dict[str, Any]]]:
+        """Every spec of the claim's ``layout`` with its document, all built before any is
+        written (a claim that widens its class writes none). Raises
+        :class:`~cdi_gen.dra.driver.claimspec.Widening` and what building a spec raises."""
+        configured = layout.specs[: len(layout.configured)]
+        docs = [
+            (spec, self._configured_spec(spec, entries, mounts))
+            for spec, entries in zip(configured, layout.configured.values(), strict=True)
+        ]
+        docs += [
+            (
+                SpecName(kind, metadata_tag(uid)),
+                metadata_spec(kind, {n: mounts[n] for n in names}),
+            )
+            for kind, names in layout.metadata.items()
+        ]
+        return docs
+
+    def _write_spec(self, spec: SpecName, doc: dict[str, Any]) -> None:
+        """Write one of the claim's specs, with its owner record, through the one writer."""
+        vendor, _, cls = spec.kind.partition("/")
+        write_bytes(
+            self.spec_dir,
+            vendor,
+            cls,
+            dump_document(doc),
+            instance=self.instance,
+            transient=spec.transient,
+            notes=self.store.own_writes,
+        )
+
     def _configured_spec(
         self,
         spec: SpecName,
@@ -283,48 +348,23 @@ class ClaimFiles:
         class_spec, by_name = self._class_spec(vendor, cls)
         return claim_spec(class_spec, entries, mounts, index=by_name, host_mode=self.read_mode)
 
-    def _carriers(
-        self,
-        uid: str,
-        devices: Sequence[PreparedDevice],
-        configs: Sequence[Layered],
-    ) -> dict[str, tuple[int, str]]:
-        """Per request, the claim device that carries its metadata mount (the runtime mounts
-        each file once) and the CDI device name it mounts through: the request's first
-        configured device, by its name in the claim's spec; else its first device, by a
-        device of the claim's metadata spec. Empty without metadata."""
-        if self.metadata is None:
-            return {}
-        carriers: dict[str, tuple[int, str]] = {}
-        for index, device in enumerate(devices):
-            request = device.request_names[0]
-            if configs[index]:
-                found = carriers.get(request)
-                if found is None or not configs[found[0]]:
-                    name = device.cdi_device_ids[0].partition("=")[2]
-                    carriers[request] = (index, name)
-            elif request not in carriers:
-                carriers[request] = (index, metadata_device_name(uid, index))
-        return carriers
-
     def _write_metadata(
         self,
         uid: str,
         claim: ClaimView,
-        devices: Sequence[PreparedDevice],
-        carriers: Mapping[str, tuple[int, str]],
+        layout: ClaimLayout,
         pool: Mapping[str, PoolDevice],
     ) -> dict[str, list[dict[str, Any]]]:
-        """Write the metadata file of each request of ``carriers``; return the mounts by the
-        CDI device name that carries them."""
+        """Write the metadata file of each request the ``layout`` has a carrier for; return
+        the mounts by the CDI device name that carries them."""
         folder = self.metadata
         if folder is None:
             return {}
         members: dict[str, list[PreparedDevice]] = {}
-        for device in devices:
+        for device in layout.devices:
             members.setdefault(device.request_names[0], []).append(device)
         mounts: dict[str, list[dict[str, Any]]] = {}
-        for request, (_, name) in carriers.items():
+        for request, (_, name) in layout.carriers.items():
             data = metadata_stream(
                 driver=self.driver,
                 namespace=claim.namespace,
@@ -372,7 +412,7 @@ class ClaimFiles:
         naming the first that cannot be removed."""
         self._remove_specs(label, claim.specs)
         if self.metadata is not None:
-            self.metadata.remove(uid, claim.namespace, claim.name, _requests(claim))
+            self.metadata.remove(uid, claim.namespace, claim.name, claim.requests)
 
     def remove_left(self, label: str, uid: str, kinds: Collection[str]) -> None:
         """Remove whatever of ours sits at the names claim ``uid``'s specs of ``kinds`` would
@@ -400,95 +440,17 @@ class ClaimFiles:
                     transient_filename(vendor, cls, spec.transient),
                 )
 
+    # -- at start: ClaimSweep's --------------------------------------------------------------
+
     def recorded(self, boot: Boot) -> dict[str, PreparedClaim]:
-        """This boot's claims a cdi-gen before checkpoint format 5 recorded with their specs,
-        by UID: read from the owner records of this instance's transient specs (those an
-        older agent named the CDI library's way renamed first), for the checkpoint to adopt
-        at start. A record that cannot be read as a claim, or that names a spec it does not
-        sit beside, is logged and left out (its spec is then no prepared claim's, and goes as
-        an orphan); so is one of another boot (void, one line for all: see
-        :mod:`~cdi_gen.dra.driver.boot`)."""
-        for name in migrate_transient_names(self.spec_dir, instance=self.instance):
-            log.info("claim spec renamed to %s (claim and class specs no longer share names)", name)
-        found: dict[str, PreparedClaim] = {}
-        void: dict[str, tuple[PreparedClaim, str]] = {}
-        for vendor, cls, transient, payload in owned_transient_payloads(
-            self.spec_dir, instance=self.instance
-        ):
-            name = transient_filename(vendor, cls, transient)
-            try:
-                uid, claim = read_claim_record(payload)
-                if SpecName(f"{vendor}/{cls}", transient) not in claim.specs:
-                    raise ValueError(f"record.specs: does not name {name}")
-                written = record_boot(payload)  # a dict: read_claim_record checked it
-            except ValueError as exc:
-                log.warning("spec %s: its claim record is unreadable: %s", quote(name), exc)
-                continue
-            if written is None or written == boot.id:
-                found.setdefault(uid, claim)
-            else:
-                void.setdefault(uid, (claim, written))
-        if void:
-            _log_void(void, boot)
-        return found
+        """:meth:`ClaimSweep.recorded <cdi_gen.dra.driver.claimsweep.ClaimSweep.recorded>`."""
+        return self.sweep.recorded(boot)
 
     def intact(self, uid: str, claim: PreparedClaim) -> bool:
-        """Whether a prepared claim's files are all there: its specs and, with metadata, at
-        least one metadata file of ours, each whole (written without fsync, a power loss may
-        have left one empty)."""
-        for spec in claim.specs:
-            vendor, _, cls = spec.kind.partition("/")
-            try:
-                if not (self.spec_dir / transient_filename(vendor, cls, spec.transient)).is_file():
-                    return False
-            except (InvalidNameError, OSError):
-                return False
-        if self.metadata is None:
-            return True
-        return self.metadata.intact(uid, claim.namespace, claim.name, _requests(claim))
+        """:meth:`ClaimSweep.intact <cdi_gen.dra.driver.claimsweep.ClaimSweep.intact>`."""
+        return self.sweep.intact(uid, claim)
 
     def remove_orphans(self, claims: Mapping[str, PreparedClaim]) -> int:
-        """Remove this instance's transient specs that none of the prepared ``claims`` (by
-        UID) names, the owner records whose spec is gone, and the device metadata of no
-        prepared claim; how many specs."""
-        if self.metadata is not None:
-            self.metadata.remove_orphans(
-                {
-                    name
-                    for uid, c in claims.items()
-                    if c.specs
-                    for name in self.metadata.files(uid, c.namespace, c.name, _requests(c))
-                }
-            )
-        for name in remove_lone_transient_records(self.spec_dir, instance=self.instance):
-            log.info("removed the owner record of spec %s: the spec is not there", quote(name))
-        keep = {(s.kind, s.transient) for c in claims.values() for s in c.specs}
-        removed = 0
-        for vendor, cls, transient in owned_transient_specs(self.spec_dir, instance=self.instance):
-            if (f"{vendor}/{cls}", transient) in keep:
-                continue
-            name = transient_filename(vendor, cls, transient)
-            try:
-                if remove_spec(
-                    self.spec_dir, vendor, cls, instance=self.instance, transient=transient
-                ):
-                    removed += 1
-                    log.info("removed spec %s: no prepared claim names it", quote(name))
-            except SpecWriteError as exc:
-                log.warning("spec %s of no prepared claim stays: %s", quote(name), exc)
-        return removed
-
-
-def _log_void(void: Mapping[str, tuple[PreparedClaim, str]], boot: Boot) -> None:
-    """One line for the claims recorded with their specs in another boot."""
-    labels = [claim_label(c.namespace, c.name, uid) for uid, (c, _) in sorted(void.items())]
-    more = f" and {len(labels) - _VOID_SHOWN} more" if len(labels) > _VOID_SHOWN else ""
-    log.warning(
-        "%d claims recorded with their specs in boot %s, not this boot %s, are void, never "
-        "answered (each is prepared anew when the kubelet asks; their files go): %s%s",
-        len(void),
-        ", ".join(sorted({written for _, written in void.values()})),
-        boot.id,
-        ", ".join(labels[:_VOID_SHOWN]),
-        more,
-    )
+        """:meth:`ClaimSweep.remove_orphans
+        <cdi_gen.dra.driver.claimsweep.ClaimSweep.remove_orphans>`."""
+        return self.sweep.remove_orphans(claims)

@@ -44,6 +44,12 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     specs: tuple[SpecName, ...] = ()
 
+    @property
+    def requests(self) -> list[str]:
+        """The requests its devices were allocated for, device by device (what its device
+        metadata files are named after)."""
+        return [r for d in self.devices for r in d.request_names]
+
 
 def _device_doc(device: PreparedDevice) -> dict[str, Any]:
     doc: dict[str, Any] = {
