@@ -19,7 +19,8 @@ store of prepared claims. At start, its :class:`~cdi_gen.dra.driver.claimsweep.C
 (:attr:`ClaimFiles.sweep`) finds the claim files no prepared claim names and the claims whose
 files are gone (a node restart empties ``/var/run/cdi``: such a claim is read and prepared
 anew), and reads, for the checkpoint to adopt, the claim records a cdi-gen before checkpoint
-format 5 wrote into these owner records (:meth:`ClaimFiles.recorded`).
+format 5 wrote into these owner records
+(:meth:`~cdi_gen.dra.driver.claimsweep.ClaimSweep.recorded`).
 
 With a ``metadata_dir``, every prepared claim gets, for each request, the device metadata
 file (:mod:`cdi_gen.dra.driver.devicemetadata`, KEP-5304) that
@@ -48,7 +49,6 @@ from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.specnames import transient_filename
 from cdi_gen.cdi.store import SpecStore, WrittenSpec
 from cdi_gen.cdi.writer import remove_spec, write_bytes
-from cdi_gen.dra.driver.boot import Boot
 from cdi_gen.dra.driver.claimcheck import is_request_name
 from cdi_gen.dra.driver.claimconfig import (
     DeviceConfig,
@@ -439,18 +439,3 @@ class ClaimFiles:
                     label,
                     transient_filename(vendor, cls, spec.transient),
                 )
-
-    # -- at start: ClaimSweep's --------------------------------------------------------------
-
-    def recorded(self, boot: Boot) -> dict[str, PreparedClaim]:
-        """:meth:`ClaimSweep.recorded <cdi_gen.dra.driver.claimsweep.ClaimSweep.recorded>`."""
-        return self.sweep.recorded(boot)
-
-    def intact(self, uid: str, claim: PreparedClaim) -> bool:
-        """:meth:`ClaimSweep.intact <cdi_gen.dra.driver.claimsweep.ClaimSweep.intact>`."""
-        return self.sweep.intact(uid, claim)
-
-    def remove_orphans(self, claims: Mapping[str, PreparedClaim]) -> int:
-        """:meth:`ClaimSweep.remove_orphans
-        <cdi_gen.dra.driver.claimsweep.ClaimSweep.remove_orphans>`."""
-        return self.sweep.remove_orphans(claims)

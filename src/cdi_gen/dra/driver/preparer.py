@@ -107,7 +107,7 @@ class PoolPreparer:
             driver,
             pool=pool_name,
             kinds=cdi_kinds,
-            adopt_from=None if claim_files is None else claim_files.recorded,
+            adopt_from=None if claim_files is None else claim_files.sweep.recorded,
         )
         #: Shared with another instance of the driver on the node (see the module docstring).
         self.state = StateLock(lock_path(state_dir, driver))
@@ -132,14 +132,14 @@ class PoolPreparer:
         if specs is None:
             return
         for uid, claim in list(self.checkpoint.claims.items()):
-            if claim.specs and not specs.intact(uid, claim):
+            if claim.specs and not specs.sweep.intact(uid, claim):
                 log.warning(
                     "%s: its own CDI spec or device metadata is gone or unreadable; "
                     "forgotten, prepared anew when asked",
                     claim_label(claim.namespace, claim.name, uid),
                 )
                 self.checkpoint.remove(uid)
-        specs.remove_orphans(self.checkpoint.claims)
+        specs.sweep.remove_orphans(self.checkpoint.claims)
 
     @property
     def count(self) -> int:
