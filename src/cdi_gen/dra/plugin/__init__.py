@@ -18,8 +18,10 @@
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
 * :mod:`~cdi_gen.dra.plugin.capacity`: whether the API server serves consumable capacity
   (a shared device published once);
-* :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool,
-  with :mod:`~cdi_gen.dra.plugin.slicerecord`, what it keeps of each slice;
+* :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool;
+  its watch of them (:mod:`~cdi_gen.dra.plugin.slicewatch`) and its writes of single slices
+  (:mod:`~cdi_gen.dra.plugin.slicewriter`), with :mod:`~cdi_gen.dra.plugin.slicerecord`,
+  what it keeps of each slice;
 * :mod:`~cdi_gen.dra.plugin.uninstall`: whether an exit is an uninstall, and the slices then
   deleted.
 """
