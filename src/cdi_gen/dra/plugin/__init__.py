@@ -1,7 +1,8 @@
 """The generic part of a DRA driver: what any driver needs, whatever its devices.
 
 * :mod:`~cdi_gen.dra.plugin.server`: the kubelet plugin's sockets, registered through the
-  plugin watcher, and the rolling-update handover;
+  plugin watcher, and the rolling-update handover (what an instance knows of the others:
+  :mod:`~cdi_gen.dra.plugin.handover`);
 * :mod:`~cdi_gen.dra.plugin.service`: its node service (``dra.v1``/``v1beta1``) and health
   stream (``drahealth``), on the server's threads;
 * :mod:`~cdi_gen.dra.plugin.calls`: every prepare and unprepare around the driver part:
