@@ -1,11 +1,12 @@
 """The publisher's watch against the fake API server: a watch the API server ends is resumed
 from the last resourceVersion seen (a bookmark's), with no list; a version too old to watch
-from (410 Gone) is listed again.
+from (410 Gone) is listed again. What the watch logs is the publisher's, by its logger's name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from cdi_gen.dra.plugin.slices import slice_name
 from tests.fakes.apiserver import SLICES, FakeApiServer
 from tests.unit.test_publisher_hostile import (
     DRIVER,
+    LOG,
     NODE,
     device,
     devices_on,
@@ -92,6 +94,29 @@ async def test_a_version_too_old_to_watch_from_is_listed_again(
         assert "resourceVersion" in watches(api)[2]
         assert "resourceVersion" not in watches(api)[3]
         assert devices_on(api) == ["a", "b", "c"]
+
+
+async def test_the_watchs_lines_are_logged_under_the_publishers_name(
+    api: FakeApiServer, client: ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watch is a part of the publisher (its own module): operators, the JSON logs'
+    ``logger`` field and a level set for the publisher still find its lines there."""
+    caplog.set_level(logging.INFO, LOG)
+    pool = pool_of("a", "b")
+    async with publishing(client, pool) as (publisher, _):
+        assert await publisher.published(pool.version, 10)
+        await settled(api, publisher, pool)
+        api.remove(slice_name(NODE, DRIVER, 0))
+        await api.until(lambda: devices_on(api) == ["a", "b", "c"])
+        api.expire_versions()
+        api.end_watches()
+        await api.until(lambda: api.watches_opened == 4)
+    lines = {r.getMessage(): r.name for r in caplog.records}
+    deleted = [m for m in lines if "was deleted; publishing the pool again" in m]
+    too_old = [m for m in lines if "version too old, listing again" in m]
+    assert deleted, lines
+    assert too_old, lines
+    assert {lines[m] for m in deleted + too_old} == {LOG}
 
 
 async def test_a_bookmark_without_a_resource_version_is_a_bad_line(

@@ -1,7 +1,8 @@
 """The generic part of a DRA driver: what any driver needs, whatever its devices.
 
 * :mod:`~cdi_gen.dra.plugin.server`: the kubelet plugin's sockets, registered through the
-  plugin watcher, and the rolling-update handover;
+  plugin watcher, and the rolling-update handover (what an instance knows of the others:
+  :mod:`~cdi_gen.dra.plugin.handover`);
 * :mod:`~cdi_gen.dra.plugin.service`: its node service (``dra.v1``/``v1beta1``) and health
   stream (``drahealth``), on the server's threads;
 * :mod:`~cdi_gen.dra.plugin.calls`: every prepare and unprepare around the driver part:
@@ -18,8 +19,10 @@
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
 * :mod:`~cdi_gen.dra.plugin.capacity`: whether the API server serves consumable capacity
   (a shared device published once);
-* :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool,
-  with :mod:`~cdi_gen.dra.plugin.slicerecord`, what it keeps of each slice;
+* :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool;
+  its watch of them (:mod:`~cdi_gen.dra.plugin.slicewatch`) and its writes of single slices
+  (:mod:`~cdi_gen.dra.plugin.slicewriter`), with :mod:`~cdi_gen.dra.plugin.slicerecord`,
+  what it keeps of each slice;
 * :mod:`~cdi_gen.dra.plugin.uninstall`: whether an exit is an uninstall, and the slices then
   deleted.
 """

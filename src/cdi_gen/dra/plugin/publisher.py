@@ -14,16 +14,16 @@ next would not fit, the pool's slices are deleted and published again from gener
 new generation line; the scheduler takes the highest generation, so no old slice may remain).
 
 It never stops the agent: a failing API server is retried through a
-:class:`~cdi_gen.retry.Retry` bounded by ``retry_max`` (the agent's ``retry_max_seconds``;
-a repeated failure logged once per doubling of its attempts, a new cause at once, and one
-line when it answers again). A watch notices when our slices are deleted
-or changed behind our back — the kubelet deletes every slice of the node when it starts, and a
-driver's slices when its socket goes; another writer may edit them — and publishes the pool
-again; the echo of our own writes (the resourceVersion or the content we wrote) is not taken
-for a change. When the API server ends the watch it goes on from the last resourceVersion
-seen (a bookmark's), without a list. Any failure of the watch, including a line that is not a
-well-formed event or 410 Gone (a version too old), starts it again with backoff after listing
-again; cancellation always ends the publisher, whatever the watch died of.
+:class:`~cdi_gen.retry.Retry` bounded by ``retry_max`` (the agent's ``retry_max_seconds``; a
+repeated failure logged once per doubling of its attempts, a new cause at once, and one line
+when it answers again). A watch (:class:`~cdi_gen.dra.plugin.slicewatch.SliceWatch`) notices
+when our slices are deleted or changed behind our back — the kubelet deletes every slice of the
+node when it starts, and a driver's slices when its socket goes; another writer may edit them —
+and publishes the pool again; the echo of our own writes (the resourceVersion or the content we
+wrote) is not taken for a change. When the API server ends the watch it goes on from the last
+resourceVersion seen (a bookmark's), without a list. Any failure of the watch, including a line
+that is not a well-formed event or 410 Gone (a version too old), starts it again with backoff
+after listing again; cancellation always ends the publisher, whatever the watch died of.
 
 :meth:`SlicePublisher.published` lets the agent wait until a pool version is in the API: a
 device leaves the slices before its CDI spec entry is removed.
@@ -33,9 +33,10 @@ Fields the API server does not know are dropped silently by it (taints without t
 ``allowMultipleAllocations`` without ``DRAConsumableCapacity``); the publisher
 compares what it sent with what came back and says so once.
 
-What it keeps of each slice is small (:mod:`~cdi_gen.dra.plugin.slicerecord`): the uid and
-resourceVersion of our slice in the API, the times its taints were added, and digests of what
-it sent and what came back.
+Each slice is listed, written and deleted by a
+:class:`~cdi_gen.dra.plugin.slicewriter.SliceWriter`, which keeps what is known of it, and that
+is small (:mod:`~cdi_gen.dra.plugin.slicerecord`): the uid and resourceVersion of our slice in
+the API, the times its taints were added, and digests of what was sent and what came back.
 """
 
 from __future__ import annotations
@@ -46,14 +47,10 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from cdi_gen.dra.plugin.slicerecord import (
-    GATES,
-    HeldSlice,
-    dropped_fields,
-    keep_taint_times,
-    slice_digest,
-)
+from cdi_gen.dra.plugin.slicerecord import slice_digest
 from cdi_gen.dra.plugin.slices import Slice, build_slices
+from cdi_gen.dra.plugin.slicewatch import SliceWatch
+from cdi_gen.dra.plugin.slicewriter import SliceWriter
 from cdi_gen.retry import Retry, bounded, describe
 from cdi_gen.waits import first_of
 
@@ -82,36 +79,30 @@ class SlicePublisher:
         retry_initial: float = 0.5,
         retry_max: float = 30.0,
     ) -> None:
-        self._client = client
         self.driver = driver
         self.node = node
         self._pool = pool
         self._retry_initial = retry_initial
         #: The longest wait of its retries (the agent's ``retry_max_seconds``).
         self.retry_max = retry_max
-        #: Our slices in the API as last seen (name -> what is kept of it), and the digest of
-        #: what we last sent.
-        self._current: dict[str, HeldSlice] = {}
-        self._sent: dict[str, bytes] = {}
-        #: Digests of what the API server answered to our last write of each slice, and of
-        #: what is being written now: the watch's echo of our own writes is told apart by them.
-        self._returned: dict[str, bytes] = {}
-        self._writing: dict[str, bytes] = {}
-        self._deleting: set[str] = set()
+        #: Our slices in the API as last seen and written, one at a time.
+        self._slices = SliceWriter(client, driver, node)
+        self._watch = SliceWatch(
+            client, driver, node, self._slices, relist=self._relist, retry=self._retry
+        )
         self._generation = 0
-        self._node_uid: str | None = None
         self._need_list = True
-        #: The resourceVersion the watch has seen up to (an event's or a bookmark's): the
-        #: next watch goes on from there. None: unknown, the next watch lists again.
-        self._watch_version: str | None = None
         self._dirty = asyncio.Event()
         self._published = -1
         self._published_changed = asyncio.Event()
-        #: Gated fields the API server dropped ("taints", "counters", "capacity"), each
-        #: logged once.
-        self.dropped: set[str] = set()
         #: How many times the pool was written (a new generation, or one slice within one).
         self.publications = 0
+
+    @property
+    def dropped(self) -> set[str]:
+        """Gated fields the API server dropped ("taints", "counters", "capacity"), each
+        logged once."""
+        return self._slices.dropped
 
     @property
     def generation(self) -> int:
@@ -149,7 +140,7 @@ class SlicePublisher:
         The slices stay when it ends (the kubelet removes them once our socket is gone)."""
         from cdi_gen.apiserver.errors import ApiServerError
 
-        watcher = asyncio.create_task(self._watch(), name=f"watch slices {self.driver}")
+        watcher = asyncio.create_task(self._watch.run(), name=f"watch slices {self.driver}")
         retrying = self._retry(logging.WARNING)
         try:
             while not self._pool.closed:
@@ -157,6 +148,8 @@ class SlicePublisher:
                 try:
                     await self._sync(tuple(self._pool.devices.values()))
                 except ApiServerError as exc:
+                    # A write's 409 (someone changed or created the slice) or 404 (deleted
+                    # meanwhile) included: what is in the API is listed again.
                     self._need_list = True
                     retrying.failed(
                         str(exc),
@@ -186,29 +179,7 @@ class SlicePublisher:
         self._dirty.clear()
 
     async def _list(self) -> None:
-        from cdi_gen.apiserver.errors import ApiServerError
-
-        if self._node_uid is None:
-            try:
-                self._node_uid = await self._client.node_uid(self.node)
-            except ApiServerError as exc:
-                if exc.status is None:
-                    raise  # no answer: retry everything later
-                log.warning("slices published without their Node as owner: %s", exc)
-        items = await self._client.list_slices(self.driver, self.node)
-        self._current = {s["metadata"]["name"]: HeldSlice.of(s) for s in items}
-        # A slice still as the API server returned it after our last write keeps what we
-        # sent as its reference: the server may have dropped gated fields, and comparing
-        # with its version would rewrite the slice after every list, forever.
-        sent = {}
-        for s in items:
-            name, digest = s["metadata"]["name"], slice_digest(s)
-            kept = name in self._sent and self._returned.get(name) == digest
-            sent[name] = self._sent[name] if kept else digest
-        self._sent = sent
-        self._returned = {n: c for n, c in self._returned.items() if n in self._current}
-        found = [int(s["spec"]["pool"].get("generation") or 0) for s in items]
-        self._generation = max([self._generation, *found])
+        self._generation = max(self._generation, await self._slices.list())
         self._need_list = False
 
     async def _sync(self, devices: Iterable[Any]) -> None:
@@ -216,8 +187,10 @@ class SlicePublisher:
         if self._need_list:
             await self._list()
         desired = self._build(devices, self._generation)
-        changed = [s for s in desired if self._sent.get(s["metadata"]["name"]) != slice_digest(s)]
-        same_slices = {s["metadata"]["name"] for s in desired} == set(self._current)
+        changed = [
+            s for s in desired if self._slices.sent.get(s["metadata"]["name"]) != slice_digest(s)
+        ]
+        same_slices = {s["metadata"]["name"] for s in desired} == set(self._slices.current)
         # At the int64 end a write starts a new generation line (below) even when one would do.
         one_write = len(changed) == 1 and self._generation < MAX_GENERATION
         if same_slices and (not changed or one_write):
@@ -227,7 +200,7 @@ class SlicePublisher:
             # Kubernetes' own resourceslice controller). Two writes could be seen half done
             # (a device moved between them twice or nowhere): those take a new generation.
             if changed:
-                await self._write(changed[0])
+                await self._slices.write(changed[0])
                 self._published_log(devices, desired)
             return
         if self._generation >= MAX_GENERATION:
@@ -235,10 +208,10 @@ class SlicePublisher:
         self._generation += 1
         desired = self._build(devices, self._generation)
         for obj in desired:
-            await self._write(obj)
-        extra = set(self._current) - {s["metadata"]["name"] for s in desired}
+            await self._slices.write(obj)
+        extra = set(self._slices.current) - {s["metadata"]["name"] for s in desired}
         for name in sorted(extra):
-            await self._delete(name)
+            await self._slices.delete(name)
         self._published_log(devices, desired)
 
     def _published_log(self, devices: tuple[Any, ...], desired: list[Slice]) -> None:
@@ -261,173 +234,24 @@ class SlicePublisher:
             "pool's %d slices to publish it again from generation 1",
             self.driver,
             self._generation,
-            len(self._current),
+            len(self._slices.current),
         )
-        for name in sorted(self._current):
-            await self._delete(name)
+        for name in sorted(self._slices.current):
+            await self._slices.delete(name)
         self._generation = 0
 
-    async def _delete(self, name: str) -> None:
-        self._deleting.add(name)
-        try:
-            await self._client.delete_slice(name)
-        finally:
-            self._deleting.discard(name)
-        self._current.pop(name, None)
-        self._sent.pop(name, None)
-        self._returned.pop(name, None)
-
     def _build(self, devices: tuple[Any, ...], generation: int) -> list[Slice]:
-        return build_slices(self.driver, self.node, devices, generation, node_uid=self._node_uid)
-
-    async def _write(self, obj: Slice) -> None:
-        from cdi_gen.apiserver.errors import ApiServerError
-
-        name = obj["metadata"]["name"]
-        current = self._current.get(name)
-        keep_taint_times(obj, current)
-        self._writing[name] = sent = slice_digest(obj)
-        try:
-            if current is None:
-                result = await self._client.create_slice(obj)
-            else:
-                obj["metadata"]["resourceVersion"] = current.resource_version
-                result = await self._client.replace_slice(obj)
-        except ApiServerError:
-            # 409 (someone changed or created it) or 404 (deleted meanwhile): list again.
-            self._need_list = True
-            raise
-        finally:
-            del self._writing[name]
-        obj["metadata"].pop("resourceVersion", None)
-        self._current[name] = HeldSlice.of(result)
-        self._sent[name] = sent
-        self._returned[name] = slice_digest(result)
-        for field in sorted(dropped_fields(obj, result) - self.dropped):
-            self.dropped.add(field)
-            log.warning(
-                "the API server dropped fields of ResourceSlice %s; feature gate off: %s",
-                name,
-                GATES[field],
-            )
-
-    def _foreign(self, kind: str, obj: Slice) -> str | None:
-        """Why a watch event means someone else changed our slices (None: it does not)."""
-        name = obj["metadata"]["name"]
-        current = self._current.get(name)
-        if name in self._deleting:
-            return None
-        if kind == "DELETED":
-            uid = obj["metadata"].get("uid")
-            # Not ours, or an earlier slice of that name already replaced: nothing lost.
-            if current is None or (uid and uid != current.uid):
-                return None
-            return "was deleted"
-        if (
-            current is not None
-            and obj["metadata"].get("resourceVersion") == current.resource_version
-        ) or slice_digest(obj) in (
-            self._sent.get(name),
-            self._returned.get(name),
-            self._writing.get(name),
-        ):
-            # The echo of our own write, or someone else's label or annotation: same content.
-            return None
-        return "was changed by another writer" if current is not None else "appeared"
-
-    def _follow(self, kind: str, obj: Slice) -> None:
-        """Keep the resourceVersion of a change to our slice that left it as we wrote it
-        (another writer's label, the echo of our write): a resumed watch lists nothing, and
-        a write naming an older version would fail with a conflict."""
-        name = obj["metadata"]["name"]
-        if kind == "DELETED" or name not in self._current or name in self._writing:
-            return
-        if slice_digest(obj) in (self._sent.get(name), self._returned.get(name)):
-            self._current[name] = HeldSlice.of(obj)
+        return build_slices(
+            self.driver, self.node, devices, generation, node_uid=self._slices.node_uid
+        )
 
     def _relist(self) -> None:
-        """List and publish again: called when a watch opens with no version to go on from,
+        """List and publish again: called by the watch when one opens with no version to go on from,
         since what changed while no watch was open (the kubelet deleting the node's slices
         at its start) sent no event, and when it breaks, so that such a change is repaired
         without waiting."""
         self._need_list = True
         self._dirty.set()
-
-    def _seen(self, version: Any) -> None:
-        if isinstance(version, str) and version:
-            self._watch_version = version
-
-    async def _watch(self) -> None:
-        """Publish again when our slices are deleted or changed by someone else, or a slice
-        not ours appears in our pool. A watch the API server ends (every
-        :data:`~cdi_gen.apiserver.client.WATCH_SECONDS`) goes on from the last resourceVersion
-        seen (bookmarks included), which replays what changed meanwhile: no list. Any
-        failure of the watch (no answer, an error, a line that is not an event, 410 Gone for
-        a version too old) starts it again after a backoff from now; what happened meanwhile
-        is found by listing again."""
-        from cdi_gen.apiserver.errors import ApiServerError
-
-        loop = asyncio.get_running_loop()
-        retrying = self._retry(logging.WARNING)
-        while True:
-            started = loop.time()
-            since = self._watch_version
-            try:
-                events = self._client.watch_slices(
-                    self.driver,
-                    self.node,
-                    since,
-                    on_open=self._relist if since is None else None,
-                    on_bookmark=self._seen,
-                )
-                # Closed at once when cancelled, so the connection does not wait for the GC.
-                async with contextlib.aclosing(events):
-                    async for kind, obj in events:
-                        why = self._foreign(kind, obj)
-                        if why is not None:
-                            log.info(
-                                "ResourceSlice %s %s; publishing the pool again",
-                                obj["metadata"]["name"],
-                                why,
-                            )
-                            self._relist()
-                        else:
-                            self._follow(kind, obj)
-                        self._seen(obj["metadata"].get("resourceVersion"))
-                        del obj  # not held while the watch waits (see watch_slices)
-                failed: Exception | None = None
-            # Whatever broke, the watch must go on: a watcher that dies silently leaves
-            # deleted slices unpublished for good.
-            except Exception as exc:
-                failed = exc
-            if failed is not None:
-                self._watch_version = None
-            if self._watch_version is None:
-                self._relist()
-            retrying.ran(loop.time() - started)  # long enough to count as healthy
-            if failed is None:
-                # The API server ended the watch: no failure, but watching again waits too.
-                retrying.backoff.failed("")
-            elif isinstance(failed, ApiServerError) and failed.status == 410:
-                # Expected after a quiet spell longer than the API server keeps history.
-                retrying.failed(
-                    describe(failed),
-                    "watching ResourceSlices of %(driver)s: version too old, listing again: "
-                    "%(error)s",
-                    level=logging.INFO,
-                    driver=self.driver,
-                    error=failed,
-                )
-            else:
-                retrying.failed(
-                    describe(failed),
-                    "watching ResourceSlices of %(driver)s failed, watching again in "
-                    "%(delay).3gs: %(why)s",
-                    driver=self.driver,
-                    # A failure the client did not name (a bug here) keeps its traceback.
-                    exc_info=None if isinstance(failed, ApiServerError) else failed,
-                )
-            await asyncio.sleep(retrying.delay)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

@@ -13,19 +13,12 @@ registered across kubelet restarts.
 With the pod's UID (``pod_uid``, a rolling update with ``maxSurge``: kubelet >= 1.33) both
 sockets are named after it (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``; digests of it
 where a path would be too long for a unix socket), so that the new pod's instance registers
-beside the old one and the kubelet sends its calls to the newest. The old instance then hands
-over: :meth:`DraPlugin.superseded` returns once a newer instance's registration socket is
-there and the kubelet has registered it (each instance says so with a file beside its DRA
-socket, ``<its registration socket's name>.registered``, in the plugin folder both share,
-removed at its stop; the driver stops publishing the slices then and says so with
-``<name>.yielded``: :meth:`DraPlugin.predecessors_yielded` holds the newer one's first
-publication until every older instance still served has, so that the two never write the
-node's slices at once). A successor counts only while its registration socket is served: one
-killed leaves its files, and :meth:`DraPlugin.successors_gone` (a connection held to that
-socket ends with its process) lets the older instance take the slices back. And
-:meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until a newer instance is
-registered, bounded, before the stop removes only this instance's own sockets and files
-(the agent skips the wait when its DaemonSet is being uninstalled: no successor comes).
+beside the old one and the kubelet sends its calls to the newest; the old instance then hands
+over (:class:`~cdi_gen.dra.plugin.handover.Handover`: the files beside the DRA socket that
+say an instance is registered and has yielded the slices, its newer and older instances, and
+the waits for them). :meth:`DraPlugin.hand_over`, at SIGTERM, keeps serving until a newer
+instance is registered, bounded, before the stop removes only this instance's own sockets and
+files (the agent skips the wait when its DaemonSet is being uninstalled: no successor comes).
 Its names are its own while it holds their locks
 (:class:`~cdi_gen.kubelet.transport.NameLock`): a second copy with the same pod UID is
 refused before it touches any of them. Either instance may get any call: the driver part
@@ -47,6 +40,7 @@ from cdi_gen._proto.drahealth.v1alpha1 import api_pb2 as health_pb
 from cdi_gen.dra.plugin.calls import ClaimCalls
 from cdi_gen.dra.plugin.claims import ClaimPreparer, ClaimReader
 from cdi_gen.dra.plugin.claimstatus import ClaimStatus
+from cdi_gen.dra.plugin.handover import Handover
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.dra.plugin.service import MAX_READING_CALLS, DraService, PrepareHook
 from cdi_gen.errors import InvalidNameError, RegistrationError
@@ -54,13 +48,10 @@ from cdi_gen.kubelet.registration import (
     PluginWatcherRegistrar,
     RegistrationService,
     endpoint_socket,
-    newer_siblings,
-    older_siblings,
     registration_socket,
-    watch_until,
 )
 from cdi_gen.kubelet.supervisor import WATCH_INTERVAL, RegisterHook, SupervisedPlugin, Supervisor
-from cdi_gen.kubelet.transport import UnixServer, check_socket_path, listening
+from cdi_gen.kubelet.transport import UnixServer
 from cdi_gen.modes import make_folder
 from cdi_gen.names import is_dns_subdomain
 
@@ -119,26 +110,14 @@ class DraPlugin(SupervisedPlugin):
         self.pool = pool
         #: The generic part of every prepare and unprepare, around the driver part.
         self.calls = ClaimCalls(
-            driver,
-            preparer,
-            claims,
-            pool=pool,
-            max_reading_calls=max_reading_calls,
-            status=status,
+            driver, preparer, claims, pool=pool, max_reading_calls=max_reading_calls, status=status
         )
         self.pool_name = pool_name
         self.pod_uid = pod_uid
+        # Each server checks its socket's path is short enough before anything is touched.
         self.socket_path = endpoint_socket(Path(plugins_dir) / driver, pod_uid)
         self.registration_socket = registration_socket(Path(registry_dir), driver, pod_uid)
-        check_socket_path(self.socket_path)
-        check_socket_path(self.registration_socket)
         self._on_register = on_register
-        #: Where this instance says the kubelet registered it (with a pod UID only).
-        self.registered_file = (
-            self.socket_path.parent / f"{self.registration_socket.name}.registered"
-        )
-        #: Where this instance says it writes no ResourceSlice any more (it handed over).
-        self.yielded_file = self.socket_path.parent / f"{self.registration_socket.name}.yielded"
         self._service = DraService(
             driver, pool, self.calls, pool_name=pool_name, on_prepare=on_prepare
         )
@@ -153,6 +132,8 @@ class DraPlugin(SupervisedPlugin):
         self.registration_server = UnixServer(
             self.registration_socket, self.registration.services, instance=instance
         )
+        #: What this instance knows of its driver's other instances (a rolling update).
+        self.handover = Handover(driver, pod_uid, self.socket_path, self.registration_server)
         self._supervisor = Supervisor(
             driver,
             # The service first: the kubelet dials the endpoint as soon as it is told.
@@ -186,9 +167,7 @@ class DraPlugin(SupervisedPlugin):
         self.server.lock.acquire()
         self.registration_server.lock.acquire()
         self.calls.load()
-        if self.pod_uid is not None:
-            self.registered_file.unlink(missing_ok=True)
-            self.yielded_file.unlink(missing_ok=True)
+        self.handover.forget()
         await self._supervisor.start()
         log.info(
             "serving DRA driver %s on %s (registration %s), %d prepared claims",
@@ -204,9 +183,8 @@ class DraPlugin(SupervisedPlugin):
 
     def _registered(self, ok: bool, error: str) -> None:
         # On the loop, after each registration attempt (the supervisor logs what raises).
-        if ok and self.pod_uid is not None:
-            # For the older instance, waiting to hand over (see the module docstring).
-            self.registered_file.write_bytes(b"")
+        if ok:
+            self.handover.mark_registered()
         if self._on_register is not None:
             self._on_register(ok, error)
 
@@ -215,95 +193,37 @@ class DraPlugin(SupervisedPlugin):
         # refused them (a second one with our pod UID) must leave the running one's alone.
         ours = self.registration_server.lock.held()
         if ours:
-            self.registered_file.unlink(missing_ok=True)
+            self.handover.registered_file.unlink(missing_ok=True)
         await super().stop(grace)
         # After the sockets: a newer instance never sees ours served and not yielded again.
         if ours:
-            self.yielded_file.unlink(missing_ok=True)
+            self.handover.yielded_file.unlink(missing_ok=True)
 
     def mark_yielded(self, yielded: bool = True) -> None:
-        """Say, beside our DRA socket, that this instance writes no ResourceSlice any more
-        (or, ``yielded`` False, that it writes them again: its successor is gone): the
-        newer instance waits for it before it publishes (see :meth:`predecessors`)."""
-        if self.pod_uid is None:
-            return
-        if yielded:
-            self.yielded_file.write_bytes(b"")
-        else:
-            self.yielded_file.unlink(missing_ok=True)
+        """See :meth:`Handover.mark_yielded <cdi_gen.dra.plugin.handover.Handover.mark_yielded>`."""
+        self.handover.mark_yielded(yielded)
 
     def successors(self) -> list[Path]:
-        """The registration sockets of newer instances of this driver that the kubelet
-        registered and that are still served, newest first (none without a pod UID, or while
-        our own socket is not served). An instance killed leaves its files as they were: only
-        a socket someone listens on says it runs."""
-        served = self.registration_server.socket_id
-        if self.pod_uid is None or served is None:
-            return []
-        folder = self.socket_path.parent
-        return [
-            path
-            for path in newer_siblings(self.registration_socket, self.driver, served[2])
-            if (folder / f"{path.name}.registered").exists() and listening(path)
-        ]
+        """See :meth:`Handover.successors <cdi_gen.dra.plugin.handover.Handover.successors>`."""
+        return self.handover.successors()
 
     def predecessors(self) -> list[Path]:
-        """The registration sockets of older instances of this driver still served that have
-        not said they handed the ResourceSlices over, oldest first (none without a pod UID).
-        While our own socket is not served every served one counts: we cannot tell it is
-        older, and publishing beside it would withdraw what it serves."""
-        if self.pod_uid is None:
-            return []
-        served = self.registration_server.socket_id
-        folder = self.socket_path.parent
-        return [
-            path
-            for path in older_siblings(
-                self.registration_socket, self.driver, None if served is None else served[2]
-            )
-            if not (folder / f"{path.name}.yielded").exists()
-        ]
+        """See :meth:`Handover.predecessors <cdi_gen.dra.plugin.handover.Handover.predecessors>`."""
+        return self.handover.predecessors()
 
     async def predecessors_yielded(self) -> None:
-        """Wait until no older instance of this driver may write the ResourceSlices: each
-        has said it handed them over, or stopped serving. Two instances publishing at once
-        would each take the other's slice for a change to repair, and whoever wrote last
-        would win: the older one's devices could stay published for good."""
-        pending = self.predecessors()
-        if not pending:
-            return
-        log.info(
-            "DRA driver %s publishes its ResourceSlices once the older instance hands them "
-            "over: %s",
-            self.driver,
-            pending[0],
-        )
-        await watch_until(self._folders(), lambda: True if not self.predecessors() else None)
+        """See :meth:`Handover.predecessors_yielded
+        <cdi_gen.dra.plugin.handover.Handover.predecessors_yielded>`."""
+        await self.handover.predecessors_yielded()
 
     async def superseded(self) -> Path:
-        """Wait until a newer instance of this driver is registered beside us; its
-        registration socket. Without a pod UID there is none: this waits until cancelled."""
-
-        def newest() -> Path | None:
-            found = self.successors()
-            return found[0] if found else None
-
-        return await watch_until(self._folders(), newest)
+        """See :meth:`Handover.superseded <cdi_gen.dra.plugin.handover.Handover.superseded>`."""
+        return await self.handover.superseded()
 
     async def successors_gone(self) -> None:
-        """Wait until no newer instance of this driver is registered and served beside us
-        (each stopped, or died: killed, it leaves its files, and the connection held to its
-        registration socket tells at once)."""
-
-        def gone() -> bool | None:
-            if self.registration_server.socket_id is None:
-                return None  # ours being served anew: no sibling can be told newer now
-            return None if self.successors() else True
-
-        await watch_until(self._folders(), gone, served=self.successors)
-
-    def _folders(self) -> tuple[Path, Path]:
-        return (self.registration_socket.parent, self.socket_path.parent)
+        """See :meth:`Handover.successors_gone
+        <cdi_gen.dra.plugin.handover.Handover.successors_gone>`."""
+        await self.handover.successors_gone()
 
     async def hand_over(self, within: float = HANDOVER_SECONDS) -> bool:
         """Before a stop: keep serving until a newer instance has registered beside us, at
