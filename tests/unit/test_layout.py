@@ -212,3 +212,26 @@ def test_every_command_module_is_a_command_of_the_group() -> None:
     for name in COMMANDS:
         command = cli.get_command(None, name)  # type: ignore[arg-type]
         assert command is not None and command.name == name
+
+
+#: The DRA driver's rooms stay small (issue 54): no class over this many lines, no function
+#: over the second.
+DRA_MAX_CLASS_LINES, DRA_MAX_FUNCTION_LINES = 250, 60
+
+
+def test_no_class_or_function_of_dra_is_over_its_size() -> None:
+    import ast
+
+    over = []
+    for path in sorted((PACKAGE / "dra").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                limit = DRA_MAX_CLASS_LINES
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                limit = DRA_MAX_FUNCTION_LINES
+            else:
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                over.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines}")
+    assert not over, f"over {DRA_MAX_CLASS_LINES}/{DRA_MAX_FUNCTION_LINES} lines: {over}"
