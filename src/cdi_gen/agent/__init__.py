@@ -6,5 +6,7 @@ devices handed to the feature that serves them to the kubelet.
 * :mod:`~cdi_gen.agent.runner`: one class's loop: a device change becomes a spec write and a
   publish to the class's frontend;
 * :mod:`~cdi_gen.agent.frontend`: what a runner publishes through, whichever feature
-  (:mod:`cdi_gen.deviceplugin` or :mod:`cdi_gen.dra`) is behind it.
+  (:mod:`cdi_gen.deviceplugin` or :mod:`cdi_gen.dra`) is behind it;
+* :mod:`~cdi_gen.agent.follow`: the ``follow`` step of a held device that came back with new
+  numbers (its holders' cgroups and nodes); not yet called by the runners.
 """

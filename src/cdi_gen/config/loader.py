@@ -15,6 +15,7 @@ called so in one line that quotes nothing of it.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -41,7 +42,10 @@ __all__ = [
     "parse_config",
     "pin_versions",
     "resolve_version",
+    "warn_when_back",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The embedded catalogue, package data beside this module.
 CATALOGUE_NAME = "catalogue.yaml"
@@ -247,7 +251,21 @@ def load_config(path: Path | None) -> AgentConfig:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
     fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
-    return parse_config(_parse_text(text, source, fmt), source)
+    config = parse_config(_parse_text(text, source, fmt), source)
+    warn_when_back(config, source)
+    return config
+
+
+def warn_when_back(config: AgentConfig, source: str = "config") -> None:
+    """One warning line per class whose ``whenBack`` this build does not apply yet: the
+    setting is accepted, and runs as ``keep``, but never silently."""
+    for cls in config.classes:
+        if cls.when_back != "keep":
+            log.warning(
+                "%s: class %s: whenBack %s is not applied by this build: a device that comes "
+                "back runs as 'keep' (its containers keep the old node until they restart)",
+                source, quote(cls.name), quote(cls.when_back),
+            )  # fmt: skip
 
 
 def config_json_schema() -> dict[str, Any]:

@@ -127,6 +127,13 @@ class ClassConfig(ConfigModel):
         "advertised unhealthy until it comes back; 'taint' also keeps it, and DRA publishes "
         "it with a NoExecute taint so that the pods using it are evicted",
     )
+    when_back: Literal["keep", "restart", "follow"] = Field(
+        default="keep",
+        description="a device that comes back (new node numbers) while a container holds "
+        "it: 'keep' leaves the container as it is (today's behaviour, the only one this "
+        "build applies); 'restart' and 'follow' are accepted and run as 'keep', with a "
+        "warning at load, until the agent applies them",
+    )
     api: Literal["devicePlugin", "dra"] = Field(
         default="devicePlugin",
         description="how the kubelet learns of the devices: a device plugin (extended "
