@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cdi_gen.agent.follow import CameBack, Hierarchies, Holder, cgroup_relative, follow
+from cdi_gen.agent.follow import CameBack, Hierarchies, Holder, follow
 from cdi_gen.containernode.node import ContainerProcess, DeviceNode
 from cdi_gen.devcgroup.cgroupv1 import DEVICES_HIERARCHY, DevicesCgroup
 from cdi_gen.devcgroup.cgroupv2 import UNIFIED_HIERARCHY, ProgramCgroup
@@ -233,17 +233,17 @@ def test_a_node_that_cannot_be_replaced_undoes_the_new_numbers(
     assert holder.run(f"out = os.readlink({PATH!r})") == "/etc/passwd"
 
 
-def test_the_mounts_say_which_hierarchies_apply() -> None:
-    text = (
-        "30 24 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-        "35 24 0:31 / /sys/fs/cgroup/devices rw,nosuid - cgroup cgroup rw,devices\n"
-        "36 24 0:32 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+def test_rules_that_do_not_name_the_old_numbers_are_refused_and_nothing_changes(
+    loops: LoopDevices, backing: Path, attached: LoopDevice, holder: Container
+) -> None:
+    """A holder whose rules reach the device only through a wildcard (or not at all): no
+    rule to move, so no wildcard is widened by a guess, and no cgroup or node changes."""
+    came = _came_back(loops, attached, backing)
+    programs, listed = holder.programs(), holder.listed()
+    wildcard = with_runc_defaults(parse_oci_devices([{"allow": True, "type": "b", "access": "rw"}]))
+    [result] = follow(
+        came, [Holder("ns/pod/c", holder.at, holder.cgroup, wildcard)], Hierarchies.now()
     )
-    assert Hierarchies.of_mounts(text) == Hierarchies(
-        "/sys/fs/cgroup/devices", "/sys/fs/cgroup/unified"
-    )
-    assert Hierarchies.of_mounts(text.splitlines()[2]) == Hierarchies(None, None)
-    assert cgroup_relative("kubepods-besteffort-pod12.slice:cri-containerd:abc") == (
-        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice/"
-        "cri-containerd-abc.scope"
-    )
+    assert result.status == "refused" and "no rule names b 7:" in result.reason, result.line
+    assert (holder.programs(), holder.listed()) == (programs, listed)
+    assert holder.read() == ""
