@@ -305,3 +305,15 @@ def test_doctor_names_a_spec_whose_interfaces_the_runc_would_ignore(
         assert str(spec_dir / "example.com-can.json") in lines[0]
         assert "runs runc 1.3.3, which ignores netDevices" in lines[0]
         assert code == 1
+
+
+def test_a_pin_does_not_write_interfaces_a_runc_would_ignore() -> None:
+    ceiling = rt.ceiling_of([rt.parse_reference("containerd@2.3.7,runc@1.3.3")])
+    discovery = Discovery(_config({**CAN, "cdiVersion": "1.1.0"}))
+    discovery.replace(load_recording(DATA / "net-handwritten.json").records)
+    made = discovery.class_spec("can", ceiling=ceiling)
+    assert made.document is None
+    assert "runs runc 1.3.3, which ignores netDevices" in str(made.left_out[0].problems[0])
+    # The same runtime with a runc that applies them: written, the verdict not reused.
+    good = rt.ceiling_of([rt.parse_reference("containerd@2.3.7,runc@1.4.0")])
+    assert discovery.class_spec("can", ceiling=good).document is not None
