@@ -72,7 +72,9 @@ def _config() -> dict[str, Any]:
 
 def _spec(spec_dir: Path) -> dict[str, Any] | None:
     try:
-        doc: dict[str, Any] = orjson.loads((spec_dir / spec_filename("example.com", "veth")).read_bytes())
+        doc: dict[str, Any] = orjson.loads(
+            (spec_dir / spec_filename("example.com", "veth")).read_bytes()
+        )
     except FileNotFoundError:
         return None
     return doc
@@ -135,9 +137,7 @@ async def test_veth_host_ends_follow_the_kernel(veths: list[str], tmp_path: Path
         ]
         await until(lambda: _nets(tmp_path) == want, f"{second} in the spec", TIMEOUT)
         _ip("del", first)  # deleting one end deletes the pair
-        await until(
-            lambda: _nets(tmp_path) == want[1:], f"{first} gone from the spec", TIMEOUT
-        )
+        await until(lambda: _nets(tmp_path) == want[1:], f"{first} gone from the spec", TIMEOUT)
         _ip("del", second)
         await until(lambda: _spec(tmp_path) is None, "the spec removed with the last", TIMEOUT)
 

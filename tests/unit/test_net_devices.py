@@ -80,9 +80,7 @@ def test_hand_written_usb_nic_can_and_wwan_render_net_devices() -> None:
         "devices": [
             {
                 "name": "enx00249b8d2f8a",
-                "containerEdits": {
-                    "netDevices": [{"hostInterfaceName": "usb0", "name": "lan1"}]
-                },
+                "containerEdits": {"netDevices": [{"hostInterfaceName": "usb0", "name": "lan1"}]},
             },
             {
                 "name": "enx00e04c680001",
@@ -146,7 +144,10 @@ def test_only_rules_naming_the_net_subsystem_take_interfaces() -> None:
     assert match_record(by_net.classes[0], can0) == 0
     # Any other record without a node still never matches, whatever the rule.
     usb = DeviceRecord(sys_path="/sys/devices/x/2-3", subsystem="usb", sys_name="2-3")
-    assert match_record(_config({"name": "usb", "match": {"subsystem": "usb"}}).classes[0], usb) is None
+    assert (
+        match_record(_config({"name": "usb", "match": {"subsystem": "usb"}}).classes[0], usb)
+        is None
+    )
 
 
 @pytest.mark.parametrize(

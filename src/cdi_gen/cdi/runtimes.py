@@ -214,7 +214,8 @@ def parse_reference(text: str) -> Runtime:
     oci, sep, runc = tail.partition("@")
     if oci != "runc" or not sep:
         raise ConfigError(
-            f"runtime {text[:60]!r}: after ',' expected runc@VERSION, e.g. containerd@2.3.7,runc@1.4.0"
+            f"runtime {text[:60]!r}: after ',' expected runc@VERSION, "
+            "e.g. containerd@2.3.7,runc@1.4.0"
         )
     try:
         parse_release(runc)

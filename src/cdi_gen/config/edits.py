@@ -9,12 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from cdi_gen import names
 from cdi_gen.config.configmodel import ConfigModel
 from cdi_gen.config.filemodes import FileMode
-from cdi_gen import names
 from cdi_gen.config.templates import EditTemplate, Template, parse_template
-from cdi_gen.errors import InvalidNameError
-from cdi_gen.errors import quote
+from cdi_gen.errors import InvalidNameError, quote
 
 __all__ = [
     "INT64_MAX",

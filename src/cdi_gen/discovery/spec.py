@@ -131,11 +131,12 @@ def class_spec(
     ``cdiVersion`` is ``cdi_version`` when given, else the class's pin, else the minimum the
     devices kept need; unpinned, a device needing more than ``ceiling`` (the node's runtimes)
     is left out, and pinned or not, one moving a network interface that a runtime's runc
-    would ignore (``Ceiling.net_devices``). With ``exists``, a device whose required host path it denies is left out
-    (see :func:`missing_host_paths`). With ``cache``, a device whose edits and target are
-    those of its cached verdict is not judged again, and each new verdict is stored; the
-    caller drops a device's verdict when the device goes (so that it is judged, and logged,
-    afresh when it comes back). Pure otherwise: no I/O but ``exists``, no logging.
+    would ignore (``Ceiling.net_devices``). With ``exists``, a device whose required host
+    path it denies is left out (see :func:`missing_host_paths`). With ``cache``, a device
+    whose edits and target are those of its cached verdict is not judged again, and each new
+    verdict is stored; the caller drops a device's verdict when the device goes (so that it
+    is judged, and logged, afresh when it comes back). Pure otherwise: no I/O but ``exists``,
+    no logging.
 
     Raises :class:`~cdi_gen.errors.SpecError` only when the devices kept cannot share one
     document (two with one name, or fields no single cdiVersion allows together).

@@ -182,7 +182,8 @@ def enumerate_records(
     interest: Interest = _everything,
     wants: RecordWants = RecordWants(),
 ) -> list[DeviceRecord]:
-    """Every device with a device node, and every network interface, as records. Raises DiscoveryError if sysfs is unreadable.
+    """Every device with a device node, and every network interface, as records. Raises
+    DiscoveryError if sysfs is unreadable.
 
     ``subsystems`` narrows the enumeration (libudev does the filtering, which is safe for
     enumeration, unlike for a kernel monitor).

@@ -38,7 +38,9 @@ def usb_chain(port, interface, driver, vid, pid):
     ]
 
 
-def usb_props(port, interface, driver, vid, pid, vendor, model, serial):
+def usb_props(  # noqa: PLR0917 - one USB device's identity, as the tuples below hold it
+    port, interface, driver, vid, pid, vendor, model, serial
+):
     props = {
         "ID_BUS": "usb",
         "ID_VENDOR_ID": vid,
@@ -55,7 +57,7 @@ def usb_props(port, interface, driver, vid, pid, vendor, model, serial):
     return props
 
 
-def net(name, ifindex, usb, address=None, devtype=None, extra=None):
+def net(name, ifindex, usb, address=None, devtype=None, extra=None):  # noqa: PLR0917 - a builder
     port, interface, driver, vid, pid = usb[:5]
     path = f"{HUB}/{port}/{port}:{interface}/net/{name}"
     props = {
