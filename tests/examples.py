@@ -1,5 +1,6 @@
 """The cookbook's examples (docs/examples/<scenario>/): each folder's config, recorded udev
-data and the spec file of each of its classes, rendered as ``cdi-gen render --records`` does.
+data and the spec file of each of its classes, rendered as ``cdi-gen render --records``
+does for the runtime :data:`RUNTIME`.
 
 ``tests/unit/test_examples.py`` compares what is rendered with the shipped specs;
 ``docs/examples/render.sh`` runs this module to write them anew
@@ -19,6 +20,8 @@ from cdi_gen.cli.main import cli
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "docs" / "examples"
+#: The runtime the examples are rendered for (``--runtime``).
+RUNTIME = "containerd@2.3.7,runc@1.4.0"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ def render(example: Example) -> tuple[int, bytes, str]:
             str(example.folder / "records.json"),
             "--class",
             example.cls,
+            # The node's runtime, named so that the render does not depend on which runtime
+            # this machine has on PATH: a current one, which reads every version and moves
+            # network interfaces.
+            "--runtime",
+            RUNTIME,
         ],
     )
     return result.exit_code, result.stdout_bytes, result.stderr

@@ -230,6 +230,16 @@ class ClaimView:
     pod_claim_name: str | None = None
 
 
+#: The subsystem of network interfaces: the one kind of device served without a device node
+#: (the runtime moves an interface by name into the container, CDI ``netDevices``).
+NET_SUBSYSTEM = "net"
+
+
+def servable(subsystem: str | None, devnode: str | None) -> bool:
+    """Whether a device can be handed to a container: it has a node, or is an interface."""
+    return bool(devnode) or subsystem == NET_SUBSYSTEM
+
+
 @dataclass(frozen=True, slots=True)
 class ParentRecord:
     """One ancestor of a device: enough for DRIVERS/ATTRS matching and grouping."""

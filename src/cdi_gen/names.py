@@ -1,6 +1,6 @@
 """The name grammars cdi-gen must honour: CDI vendor, class, device name, kind and
 fully-qualified device names, the Kubernetes extended-resource name, DNS labels, the DRA
-driver name and a DRA share ID.
+driver name, a DRA share ID and a Linux network interface name.
 
 The rules follow the CDI Go library's parser (what runtimes enforce) plus the limits the CDI
 specification states but the parser does not check (name segment ≤ 63, prefix ≤ 253), so
@@ -85,6 +85,26 @@ def validate_device_name(name: str) -> None:
 _NOT_DEVICE_NAME_RE = re.compile(r"[^A-Za-z0-9_.:-]+")
 #: Base32 characters of SHA-256 ending a device name that :func:`as_device_name` had to cut.
 DEVICE_NAME_HASH_CHARS = 10
+
+
+#: Linux IFNAMSIZ is 16 bytes with the terminating NUL: a name of at most 15 bytes.
+MAX_INTERFACE_NAME_BYTES = 15
+
+
+def validate_interface_name(name: str) -> None:
+    """Raise :class:`InvalidNameError` unless the kernel accepts ``name`` for a network
+    interface (``dev_valid_name``): 1 to 15 bytes, not ``.`` or ``..``, no ``/``, ``:`` or
+    whitespace. A runtime moving an interface under an invalid name fails the container."""
+    kind = "interface name"
+    if not name:
+        raise InvalidNameError(kind, name, "must not be empty")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_INTERFACE_NAME_BYTES:
+        raise InvalidNameError(kind, name, f"longer than {MAX_INTERFACE_NAME_BYTES} bytes")
+    if name in (".", ".."):
+        raise InvalidNameError(kind, name, "must not be '.' or '..'")
+    bad = next((c for c in name if c in "/:" or c.isspace() or ord(c) < 32), None)
+    if bad is not None:
+        raise InvalidNameError(kind, name, f"must not hold {bad!r} ('/', ':' or whitespace)")
 
 
 def as_device_name(text: str) -> str:

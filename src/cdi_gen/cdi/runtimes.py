@@ -16,6 +16,14 @@ Where no binary answers (the agent in a pod sees none), the caller may look else
 CRI adapter (``kubelet.cri``) asks the runtime's socket for its name and version, and
 :func:`from_cri` maps that answer onto the table like a ``NAME@VERSION`` reference.
 
+A network interface (``netDevices``, cdiVersion 1.1.0) needs more than a library that reads
+the field: the library copies it into the OCI ``linux.netDevices`` field, which runc applies
+from 1.4.0 on (its ``features.go`` and ``libcontainer/specconv`` read it; runc 1.3 ignores
+it and the container starts without the interface). The runc version is known where it is
+named (``containerd@2.3.7,runc@1.4.0``) or, for containerd, whose default shim runs the
+``runc`` on PATH, where that binary answers; CRI-O and podman may run crun, so for them it
+is known only when named.
+
 A :class:`Ceiling` is what the node's runtimes read together: unpinned, a device needing more
 is left out of its class's spec rather than making the runtime refuse the whole file.
 
@@ -38,7 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdi_gen.cdi.version import KNOWN_VERSIONS, Requirement, minimum_of, requirements
+from cdi_gen.cdi.version import (
+    KNOWN_VERSIONS,
+    NET_DEVICES,
+    Requirement,
+    minimum_of,
+    requirements,
+)
 from cdi_gen.errors import ConfigError, Problem, quote
 
 if TYPE_CHECKING:
@@ -52,6 +66,9 @@ CDI_MODULES = (
     "github.com/container-orchestrated-devices/container-device-interface",
 )
 RUNTIMES = ("containerd", "cri-o", "podman")
+#: The first runc release that applies the OCI ``linux.netDevices`` field (runc v1.4.0 in the
+#: Go module cache: features.go lists it, libcontainer/specconv converts it; read 2026-12-06).
+RUNC_NET_DEVICES: tuple[int, ...] = (1, 4, 0)
 #: The binary that reports each runtime's version.
 BINARIES = {"containerd": "containerd", "cri-o": "crio", "podman": "podman"}
 
@@ -138,9 +155,11 @@ class Runtime:
     limit: str | None
     #: How the limit is known: which library, from where.
     source: str
+    #: The runc it runs, where known (named, or on PATH beside containerd); None: unknown.
+    runc: str | None = None
 
     def describe(self) -> str:
-        shown = f"{self.name} {self.version}"
+        shown = f"{self.name} {self.version}" + (f" with runc {self.runc}" if self.runc else "")
         if self.limit is None:
             return f"{shown} (no CDI support; {self.source})"
         return f"{shown} (reads cdiVersion <= {self.limit}; {self.source})"
@@ -183,11 +202,39 @@ def from_table(name: str, version: str, library: str | None = None, source: str 
 
 
 def parse_reference(text: str) -> Runtime:
-    """``containerd@1.7.24`` (as given to ``--runtime`` or ``validate --for``) → its Runtime."""
-    name, sep, version = text.partition("@")
+    """``containerd@1.7.24`` (as given to ``--runtime`` or ``validate --for``) → its Runtime;
+    ``containerd@2.3.7,runc@1.4.0`` also names the runc it runs."""
+    head, comma, tail = text.partition(",")
+    name, sep, version = head.partition("@")
     if not sep or not version:
         raise ConfigError(f"runtime {text[:60]!r}: expected NAME@VERSION, e.g. containerd@1.7.24")
-    return from_table(name, version)
+    runtime = from_table(name, version)
+    if not comma:
+        return runtime
+    oci, sep, runc = tail.partition("@")
+    if oci != "runc" or not sep:
+        raise ConfigError(
+            f"runtime {text[:60]!r}: after ',' expected runc@VERSION, "
+            "e.g. containerd@2.3.7,runc@1.4.0"
+        )
+    try:
+        parse_release(runc)
+    except ValueError as exc:
+        raise ConfigError(f"runc version: {exc}") from None
+    return dataclasses.replace(runtime, runc=runc.strip().removeprefix("v"))
+
+
+def net_devices_problem(runtime: Runtime) -> str | None:
+    """Why ``runtime`` would start a container without the interfaces its ``netDevices`` name
+    (None: it applies them, or its runc is unknown). Its CDI library's limit is the
+    :class:`Ceiling`'s business; this is the runc under it."""
+    if runtime.runc is None or parse_release(runtime.runc) >= RUNC_NET_DEVICES:
+        return None
+    first = ".".join(map(str, RUNC_NET_DEVICES))
+    return (
+        f"{runtime.name} {runtime.version} runs runc {runtime.runc}, which ignores netDevices "
+        f"(runc applies OCI linux.netDevices from {first}): the interface would stay on the host"
+    )
 
 
 def from_cri(runtime_name: str, runtime_version: str, where: str) -> Runtime:
@@ -281,13 +328,26 @@ def detect(name: str) -> Runtime | None:
     if version is None:
         raise ConfigError(f"{path} --version: no version in {(output or '').strip()[:80]!r}")
     deps = go_module_versions(Path(path))
+    runtime = from_table(name, version)
     for module in CDI_MODULES:
         if module in deps:
             library = deps[module].removeprefix("v")
-            return from_table(
+            runtime = from_table(
                 name, version, library, f"CDI library {library}, build info of {path}"
             )
-    return from_table(name, version)
+            break
+    # containerd's default shim (io.containerd.runc.v2) runs the runc on PATH; CRI-O and
+    # podman may be set up with crun, so their runc is known only when named.
+    runc = runc_version() if name == "containerd" else None
+    return dataclasses.replace(runtime, runc=runc) if runc else runtime
+
+
+def runc_version() -> str | None:
+    """The version of the ``runc`` on PATH (None: none there, or no version in its output)."""
+    path = shutil.which("runc")
+    output = _version_output(path) if path is not None else None
+    m = re.search(r"^runc version v?(\d+\.\d+\.\d+\S*)", output or "", re.M)
+    return m[1] if m else None
 
 
 def detect_all(explicit: Sequence[str] = ()) -> list[Runtime]:
@@ -342,11 +402,15 @@ class Ceiling:
 
     limit: str
     runtime: Runtime
+    #: Why a runtime of the node would not move a network interface (None: none known).
+    net_devices: str | None = None
 
     def problems(self, reqs: Iterable[Requirement]) -> list[Problem]:
-        """Why content with ``reqs`` cannot be read here: each field needing more, named."""
+        """Why content with ``reqs`` cannot be read here (each field needing more, named),
+        or, for ``netDevices``, would be read and not applied."""
         r = self.runtime
-        return [
+        reqs = list(reqs)
+        problems = [
             Problem(
                 req.path,
                 f"{req.reason} needs cdiVersion {req.version} or newer, and {r.name} "
@@ -355,6 +419,10 @@ class Ceiling:
             )
             for req in too_new(reqs, self.limit)
         ]
+        if not problems and self.net_devices is not None:
+            # Read, and ignored: the pod would start without its interface.
+            problems = [Problem(q.path, self.net_devices) for q in reqs if q.reason == NET_DEVICES]
+        return problems
 
 
 def too_new(reqs: Iterable[Requirement], limit: str) -> list[Requirement]:
@@ -372,7 +440,8 @@ def ceiling_of(runtimes: Iterable[Runtime]) -> Ceiling | None:
         return None
     least = min(known, key=lambda r: KNOWN_VERSIONS.index(r.limit or ""))
     assert least.limit is not None
-    return Ceiling(least.limit, least)
+    net = next((p for r in known if (p := net_devices_problem(r)) is not None), None)
+    return Ceiling(least.limit, least, net)
 
 
 def readability_problems(spec: Spec, runtime: Runtime) -> list[Problem]:

@@ -203,10 +203,22 @@ def _net_device_problems(nets: Sequence[Mapping[str, Any]], where: str) -> list[
             at = f"{where}[{i}].{field}"
             if not value:
                 problems.append(Problem(at, f"{field} must not be empty"))
+            elif (why := _interface_name_problem(value)) is not None:
+                # Both ends are kernel interface names: the runtime renames the interface to
+                # ``name`` in the pod and fails the container on a name the kernel refuses.
+                problems.append(Problem(at, why))
             elif value in seen:
                 problems.append(Problem(at, f"duplicate {field} {quote(value)}"))
             seen.add(value)
     return problems
+
+
+def _interface_name_problem(value: str) -> str | None:
+    try:
+        names.validate_interface_name(value)
+    except InvalidNameError as exc:
+        return str(exc)
+    return None
 
 
 def _edits_empty(edits: Mapping[str, Any]) -> bool:

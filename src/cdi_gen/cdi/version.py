@@ -35,6 +35,9 @@ KNOWN_VERSIONS: tuple[str, ...] = (
 #: The oldest version a producer emits: the first tagged specification.
 BASE_VERSION = "0.3.0"
 _ORDER = {v: i for i, v in enumerate(KNOWN_VERSIONS)}
+#: The reason of the requirement ``netDevices`` imposes: a runtime that reads 1.1.0 must also
+#: run an OCI runtime that applies the field (see cdi_gen.cdi.runtimes.net_devices_problem).
+NET_DEVICES = "netDevices"
 #: containerEdits keys that need no more than the base version whatever their content.
 _BASE_EDIT_KEYS = frozenset({"env", "hooks"})
 
@@ -84,7 +87,7 @@ def edits_requirements(edits: Mapping[str, Any], where: str) -> Iterator[Require
     if edits.get("additionalGids"):
         yield Requirement("0.7.0", f"{where}.additionalGids", "additionalGids")
     if edits.get("netDevices"):
-        yield Requirement("1.1.0", f"{where}.netDevices", "netDevices")
+        yield Requirement("1.1.0", f"{where}.netDevices", NET_DEVICES)
 
 
 def _rdt_requirements(rdt: Mapping[str, Any], where: str) -> Iterator[Requirement]:

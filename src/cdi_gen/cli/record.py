@@ -16,7 +16,8 @@ from cdi_gen.cli import options
     "--subsystem",
     "subsystems",
     multiple=True,
-    help="Only devices of this subsystem (repeatable). Default: every device with a node.",
+    help="Only devices of this subsystem (repeatable). Default: every device with a node, "
+    "and every network interface.",
 )
 @click.option(
     "--attribute",
@@ -44,12 +45,13 @@ def record(
 ) -> None:
     """Record this machine's udev devices as JSON for --records.
 
-    Every device with a device node, with its properties, parents, drivers, NUMA node and
-    the sysfs attributes the config reads (rules, health checks, templates) plus those
-    named here: the same reads as the agent and `discover` make, so `discover --records
-    FILE` finds what `discover` finds here. Only named attributes are read, never all of
-    them: some are megabytes, some block or have side effects. The header lists them, and
-    a class reading another one is warned about where the recording is used.
+    Every device with a device node and every network interface, with its properties,
+    parents, drivers, NUMA node and the sysfs attributes the config reads (rules, health
+    checks, templates) plus those named here: the same reads as the agent and `discover`
+    make, so `discover --records FILE` finds what `discover` finds here. Only named
+    attributes are read, never all of them: some are megabytes, some block or have side
+    effects. The header lists them, and a class reading another one is warned about where
+    the recording is used.
     """
     from cdi_gen.cli.inputs import emit
     from cdi_gen.config.loader import load_config

@@ -9,10 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from cdi_gen import names
 from cdi_gen.config.configmodel import ConfigModel
 from cdi_gen.config.filemodes import FileMode
-from cdi_gen.config.templates import EditTemplate, Template
-from cdi_gen.errors import quote
+from cdi_gen.config.templates import EditTemplate, Template, parse_template
+from cdi_gen.errors import InvalidNameError, quote
 
 __all__ = [
     "INT64_MAX",
@@ -20,6 +21,7 @@ __all__ = [
     "DeviceNodeConfig",
     "HookConfig",
     "MountConfig",
+    "NetDeviceOptions",
     "NodeOptions",
 ]
 
@@ -69,6 +71,36 @@ class NodeOptions(ConfigModel):
     @classmethod
     def _perms(cls, value: str | None) -> str | None:
         return _check_permissions(value)
+
+
+class NetDeviceOptions(ConfigModel):
+    """How each matched network interface (a ``net`` record: no device node) appears in the
+    spec: a ``netDevices`` entry moving the interface, by its current kernel name, into the
+    container under ``name`` (needs cdiVersion 1.1.0)."""
+
+    name: EditTemplate = Field(
+        default_factory=lambda: parse_template("{kernel}"),
+        description="the interface's name inside the container (template; at most 15 bytes, "
+        "no '/', ':' or whitespace, not '.' or '..'); default: its name on the host",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: Template) -> Template:
+        # The literal text is known now: a '/' or a space in it breaks every rendered name,
+        # and a template without fields renders exactly itself.
+        literal = "".join(p for p in value.parts if isinstance(p, str))
+        try:
+            if not value.fields:
+                names.validate_interface_name(literal)
+            elif literal:
+                # Each field renders at least one character.
+                names.validate_interface_name(literal.replace(".", "_") + "x" * len(value.fields))
+        except InvalidNameError as exc:
+            raise ValueError(
+                f"template {quote(value.source)} renders no valid interface name: {exc.rule}"
+            ) from None
+        return value
 
 
 class DeviceNodeConfig(ConfigModel):

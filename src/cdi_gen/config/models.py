@@ -34,7 +34,7 @@ from cdi_gen.config.deviceattributes import (
     STANDARD,
     STANDARD_DOMAIN,
 )
-from cdi_gen.config.edits import ContainerEditsConfig, NodeOptions
+from cdi_gen.config.edits import ContainerEditsConfig, NetDeviceOptions, NodeOptions
 from cdi_gen.config.rules import GroupConfig, HealthConfig, MatchRule
 from cdi_gen.config.templates import (
     DEVICE_NAME_FIELDS,
@@ -109,6 +109,11 @@ class ClassConfig(ConfigModel):
     )
     group: GroupConfig | None = None
     node: NodeOptions = NodeOptions()
+    net_device: NetDeviceOptions = Field(
+        default_factory=NetDeviceOptions,
+        description="for the network interfaces a rule with subsystem: net matches: how each "
+        "is moved into the container (netDevices, cdiVersion 1.1.0)",
+    )
     container_edits: ContainerEditsConfig = ContainerEditsConfig()
     sharing: SharingConfig = SharingConfig()
     cdi_version: str | None = Field(
@@ -281,6 +286,7 @@ class ClassConfig(ConfigModel):
         yield self.device_name
         if self.node.path is not None:
             yield self.node.path
+        yield self.net_device.name
         edits = self.container_edits
         yield from edits.env
         for n in edits.device_nodes:

@@ -217,11 +217,22 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
     opts = cls.node
     nodes: list[NodeInfo] = []
     own: list[dict[str, Any]] = []
+    nets: list[dict[str, str]] = []
     for record, rule in cand.members:
-        assert record.devnode is not None
         member_ctx = dataclasses.replace(
             ctx, record=record, devnode_pattern=cls.match[rule].devnode
         )
+        if record.devnode is None:
+            # A network interface (the only match without a node): the runtime moves it by
+            # its current kernel name, which is why that name, never a template, is the host
+            # end; a re-plug that renames it re-renders the device.
+            nets.append(
+                {
+                    "hostInterfaceName": record.sys_name,
+                    "name": render_template(cls.net_device.name, member_ctx),
+                }
+            )
+            continue
         path = render_template(opts.path, member_ctx) if opts.path is not None else record.devnode
         info = NodeInfo(
             host_path=record.devnode,
@@ -246,7 +257,7 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
                 gid=opts.gid,
             )
         )
-    edits = render_edits(cls, ctx, own)
+    edits = render_edits(cls, ctx, own, nets)
     # DRA attributes are descriptive: one that cannot be rendered is left out (the pool
     # says which), it does not cost the device its place in the spec.
     attributes: dict[str, str] = {}

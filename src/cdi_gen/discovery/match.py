@@ -21,6 +21,7 @@ from cdi_gen.config.rules import HealthConfig, MatchRule
 from cdi_gen.discovery.links import LINK_FOLDERS, any_link_matches, device_links, link_match
 from cdi_gen.errors import quote
 from cdi_gen.model import (
+    NET_SUBSYSTEM,
     DeviceRecord,
 )
 
@@ -78,9 +79,10 @@ def _chain_match(wanted: Mapping[str, str], record: DeviceRecord) -> bool:
 
 
 def is_healthy(health: HealthConfig | None, record: DeviceRecord) -> bool:
-    """Whether ``record`` is a healthy member of its device: its node exists and it passes
+    """Whether ``record`` is a healthy member of its device: its node exists (a network
+    interface has none: present is enough) and it passes
     the class's health check (:class:`~cdi_gen.config.rules.HealthConfig`), if any."""
-    if not record.node_exists:
+    if record.devnode is not None and not record.node_exists:
         return False
     if health is None:
         return True
@@ -92,12 +94,15 @@ def is_healthy(health: HealthConfig | None, record: DeviceRecord) -> bool:
 def match_record(cls: ClassConfig, record: DeviceRecord) -> int | None:
     """Index of the first rule of ``cls`` that ``record`` satisfies, or None.
 
-    Only devices with a device node can be handed to a container, so only they match.
+    Only devices with a device node can be handed to a container, so only they match; and
+    network interfaces (no node: the runtime moves them by name, ``netDevices``), but only
+    rules that name ``subsystem: net`` take them, so that a rule written for nodes never
+    starts moving a node's network interface out of the host.
     """
-    if not record.devnode:
+    if not record.devnode and record.subsystem != NET_SUBSYSTEM:
         return None
     for i, rule in enumerate(cls.match):
-        if matches(rule, record):
+        if (record.devnode or rule.subsystem == NET_SUBSYSTEM) and matches(rule, record):
             return i
     return None
 

@@ -186,10 +186,13 @@ def render_template(template: Template, ctx: RenderContext) -> str:
 
 
 def render_edits(
-    cls: ClassConfig, ctx: RenderContext, nodes: Sequence[dict[str, Any]] = ()
+    cls: ClassConfig,
+    ctx: RenderContext,
+    nodes: Sequence[dict[str, Any]] = (),
+    nets: Sequence[dict[str, str]] = (),
 ) -> dict[str, Any]:
     """The ``containerEdits`` of one device in wire form: its own device ``nodes`` first,
-    then the class's edits rendered for it.
+    then the class's edits rendered for it, and its own network interfaces (``nets``).
 
     camelCase keys in the spec models' field order, unset fields left out: the dict the spec
     holds (and its bytes are those the models would dump), so a device keeps this one dict
@@ -246,6 +249,8 @@ def render_edits(
         edits["hooks"] = hooks
     if mounts:
         edits["mounts"] = mounts
+    if nets:
+        edits["netDevices"] = list(nets)
     if e.additional_gids:
         edits["additionalGids"] = list(e.additional_gids)
     return edits

@@ -10,7 +10,9 @@ A device, never its class, is left out when its entry breaks a runtime rule
 (``invalid-device``) or needs a newer cdiVersion than the class is pinned to, or, unpinned,
 than the node's runtimes read when they are known (``version``, see
 :class:`~cdi_gen.cdi.runtimes.Ceiling`): a runtime that reads only that version refuses the
-whole file, which would lose every device of the class for one. A device is also left out
+whole file, which would lose every device of the class for one; pinned or not, a device
+moving a network interface is left out (``version``) where a runtime's runc is known to
+ignore ``netDevices``. A device is also left out
 (``invalid-device``) when a host path of its extra ``deviceNodes`` or bind ``mounts`` is
 missing and not marked ``optional``: a container asking for it would fail at creation. The
 caller says how to look (``exists``), so this module does no I/O itself; paths are checked
@@ -24,12 +26,13 @@ assembly (:mod:`cdi_gen.cdi.builder`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from cdi_gen.cdi.builder import DeviceEntry, assemble, build_entry
-from cdi_gen.cdi.version import Requirement, choose_version, spec_requirements
+from cdi_gen.cdi.version import KNOWN_VERSIONS, Requirement, choose_version, spec_requirements
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.discovery.sharing import expand_devices
 from cdi_gen.errors import Problem, SpecError, VersionError, quote
@@ -127,21 +130,26 @@ def class_spec(
 
     ``cdiVersion`` is ``cdi_version`` when given, else the class's pin, else the minimum the
     devices kept need; unpinned, a device needing more than ``ceiling`` (the node's runtimes)
-    is left out. With ``exists``, a device whose required host path it denies is left out
-    (see :func:`missing_host_paths`). With ``cache``, a device whose edits and target are
-    those of its cached verdict is not judged again, and each new verdict is stored; the
-    caller drops a device's verdict when the device goes (so that it is judged, and logged,
-    afresh when it comes back). Pure otherwise: no I/O but ``exists``, no logging.
+    is left out, and pinned or not, one moving a network interface that a runtime's runc
+    would ignore (``Ceiling.net_devices``). With ``exists``, a device whose required host
+    path it denies is left out (see :func:`missing_host_paths`). With ``cache``, a device
+    whose edits and target are those of its cached verdict is not judged again, and each new
+    verdict is stored; the caller drops a device's verdict when the device goes (so that it
+    is judged, and logged, afresh when it comes back). Pure otherwise: no I/O but ``exists``,
+    no logging.
 
     Raises :class:`~cdi_gen.errors.SpecError` only when the devices kept cannot share one
     document (two with one name, or fields no single cdiVersion allows together).
     """
     kind = f"{vendor}/{cls.name}"
     target = cdi_version or cls.cdi_version
-    # A pin is the user's word: the ceiling bounds only the version chosen for them.
+    # A pin is the user's word: the ceiling bounds only the version chosen for them. Not
+    # whether a runc moves interfaces: a pinned spec moving them would be read and ignored.
     limit = None if target is not None else ceiling
+    if limit is None and ceiling is not None and ceiling.net_devices is not None:
+        limit = dataclasses.replace(ceiling, limit=KNOWN_VERSIONS[-1])
     # The verdict's key: the same target under another ceiling is judged again.
-    key = target if limit is None else f"<={limit.limit}"
+    key = target if limit is None else f"{target}<={limit.limit};{limit.net_devices}"
     # The spec's own fields count for each device: a class name with a dot (0.6.0) under an
     # older pin leaves out every device, each naming ``kind``, rather than failing the class.
     own = tuple(spec_requirements(kind, None, None))

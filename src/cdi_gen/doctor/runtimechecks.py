@@ -1,16 +1,22 @@
 """The node's container runtimes, and the cdiVersion each reads: the runtimes named, else
 those on PATH, else (in a pod) the ones answering on a CRI socket; each spec file a runtime
-would refuse for its ``cdiVersion`` is a FAIL naming the file and the runtime's limit."""
+would refuse for its ``cdiVersion`` is a FAIL naming the file and the runtime's limit, and
+each file moving a network interface (``netDevices``) that the runtime's runc would ignore
+is a FAIL naming the runc (a WARN when the runc is unknown)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cdi_gen.cdi import runtimes as rt
 from cdi_gen.cdi.registry import Registry
-from cdi_gen.cdi.runtimes import Lookup, Runtime, readability_problems
+from cdi_gen.cdi.runtimes import Lookup, Runtime, net_devices_problem, readability_problems
 from cdi_gen.doctor.check import Check
 from cdi_gen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cdi_gen.cdi.spec import Spec
 
 __all__ = ["check_runtimes", "find_runtimes"]
 
@@ -56,6 +62,7 @@ def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
                         f"--cdi-version runtime) or upgrade {runtime.name}",
                     )
                 )
+        checks += _net_device_checks(runtime, reg)
         readable = sum(1 for f in reg.files if f.loaded) - unreadable
         if not unreadable:
             checks.append(
@@ -66,6 +73,37 @@ def check_runtimes(runtimes: Sequence[Runtime], reg: Registry) -> list[Check]:
                 )
             )
     return checks
+
+
+def _moves_interfaces(spec: Spec) -> bool:
+    edits = [spec.container_edits, *(d.container_edits for d in spec.devices)]
+    return any(e is not None and e.net_devices for e in edits)
+
+
+def _net_device_checks(runtime: Runtime, reg: Registry) -> list[Check]:
+    """A FAIL per spec file whose ``netDevices`` this runtime's runc would ignore (the pod
+    starts without its interface, silently); one WARN when its runc is unknown."""
+    files = [f for f in reg.files if f.loaded and f.spec is not None and _moves_interfaces(f.spec)]
+    if not files:
+        return []
+    if runtime.runc is None:
+        return [
+            Check(
+                "WARN",
+                "netDevices",
+                f"{len(files)} spec file(s) move network interfaces, and the runc under "
+                f"{runtime.name} {runtime.version} is not known: runc applies netDevices "
+                "from 1.4.0",
+                f"name it: --runtime {runtime.name}@{runtime.version},runc@VERSION",
+            )
+        ]
+    why = net_devices_problem(runtime)
+    if why is None:
+        return [Check("OK", "netDevices", f"{runtime.describe()} moves network interfaces")]
+    return [
+        Check("FAIL", "netDevices", f"{f.path}: {why}", "upgrade runc to 1.4.0 or newer")
+        for f in files
+    ]
 
 
 def find_runtimes(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyudev
 
 from cdi_gen.errors import DiscoveryError
-from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants
+from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants, servable
 from cdi_gen.paths import UDEV_RUN_DIR
 from cdi_gen.sources import RecordBatch, property_int
 
@@ -182,7 +182,8 @@ def enumerate_records(
     interest: Interest = _everything,
     wants: RecordWants = RecordWants(),
 ) -> list[DeviceRecord]:
-    """Every device with a device node, as records. Raises DiscoveryError if sysfs is unreadable.
+    """Every device with a device node, and every network interface, as records. Raises
+    DiscoveryError if sysfs is unreadable.
 
     ``subsystems`` narrows the enumeration (libudev does the filtering, which is safe for
     enumeration, unlike for a kernel monitor).
@@ -195,7 +196,9 @@ def enumerate_records(
         else:
             devices = (d for s in sorted(set(subsystems)) for d in ctx.list_devices(subsystem=s))
         for device in devices:
-            if not device.device_node or not interest(device.subsystem or "", device.sys_name):
+            if not servable(device.subsystem, device.device_node) or not interest(
+                device.subsystem or "", device.sys_name
+            ):
                 continue
             try:
                 out.append(record_from_device(device, wants))
@@ -366,7 +369,7 @@ class UdevWatcher:
                         action="remove",
                     )
                 )
-        if device.device_node and self._wanted(device):
+        if servable(device.subsystem, device.device_node) and self._wanted(device):
             try:
                 record = record_from_device(device, self.wants, action)
             except (OSError, pyudev.DeviceNotFoundError) as exc:
