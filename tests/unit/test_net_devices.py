@@ -266,7 +266,8 @@ def test_containerd_on_path_brings_the_runc_on_path(
     monkeypatch.setenv("PATH", str(tmp_path))
     runtime = rt.detect("containerd")
     assert runtime is not None and runtime.runc == "1.3.4"
-    assert "with runc 1.3.4" in runtime.describe()
+    assert runtime.describe().startswith("containerd 2.3.7 (reads cdiVersion <= ")
+    assert runtime.describe().endswith("; runs runc 1.3.4)")
     assert rt.net_devices_problem(runtime) is not None
 
 

@@ -159,10 +159,13 @@ class Runtime:
     runc: str | None = None
 
     def describe(self) -> str:
-        shown = f"{self.name} {self.version}" + (f" with runc {self.runc}" if self.runc else "")
+        # The runc goes last, inside the brackets: "<name> <version> (" starts every line
+        # that names a runtime, whatever is known of its runc.
+        runc = f"; runs runc {self.runc}" if self.runc else ""
+        shown = f"{self.name} {self.version}"
         if self.limit is None:
-            return f"{shown} (no CDI support; {self.source})"
-        return f"{shown} (reads cdiVersion <= {self.limit}; {self.source})"
+            return f"{shown} (no CDI support; {self.source}{runc})"
+        return f"{shown} (reads cdiVersion <= {self.limit}; {self.source}{runc})"
 
 
 def canonical_name(name: str) -> str:

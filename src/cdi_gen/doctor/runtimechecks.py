@@ -99,7 +99,8 @@ def _net_device_checks(runtime: Runtime, reg: Registry) -> list[Check]:
         ]
     why = net_devices_problem(runtime)
     if why is None:
-        return [Check("OK", "netDevices", f"{runtime.describe()} moves network interfaces")]
+        shown = f"{runtime.name} {runtime.version} with runc {runtime.runc}"
+        return [Check("OK", "netDevices", f"{shown} moves network interfaces")]
     return [
         Check("FAIL", "netDevices", f"{f.path}: {why}", "upgrade runc to 1.4.0 or newer")
         for f in files
