@@ -6,10 +6,11 @@ the event records. :mod:`cdi_gen.cdi.folderwatch` watches spec folders with it,
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
 from collections.abc import Callable, Iterator
+
+from cdi_gen.libc import function, gil_holding_function
 
 __all__ = [
     "IN_ATTRIB",
@@ -57,17 +58,13 @@ class Inotify:
     """The three inotify calls through libc, and ``ioctl`` for FIONREAD."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self._init1: Callable[[int], int] = libc.inotify_init1
-        self._add = libc.inotify_add_watch
-        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-        self._rm = libc.inotify_rm_watch
-        self._rm.argtypes = (ctypes.c_int, ctypes.c_int)
+        self._init1: Callable[[int], int] = function("inotify_init1", (ctypes.c_int,))
+        self._add = function("inotify_add_watch", (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32))
+        self._rm = function("inotify_rm_watch", (ctypes.c_int, ctypes.c_int))
         # Through PyDLL, which keeps the GIL: folderwatch calls it on every Allocate, from a
         # gRPC thread, and releasing the GIL for a call that never blocks lets grpc's own
         # threads take it, which costs more than the call (os.read and select.poll release it).
-        self.ioctl = ctypes.PyDLL(libc._name).ioctl
-        self.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+        self.ioctl = gil_holding_function("ioctl", (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p))
 
     def init(self) -> int:
         """A new non-blocking, close-on-exec inotify descriptor."""

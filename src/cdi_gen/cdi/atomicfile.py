@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import functools
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from cdi_gen.errors import SpecWriteError
 from cdi_gen.files import FileId, file_id
+from cdi_gen.libc import optional_function
 from cdi_gen.modes import make_folder
 
 __all__ = [
@@ -131,18 +131,9 @@ def atomic_replace(
 
 @functools.cache
 def _renameat2() -> Callable[..., int] | None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    call = getattr(libc, "renameat2", None)  # glibc 2.28 and later
-    if call is not None:
-        call.argtypes = (
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_uint,
-        )
-        call.restype = ctypes.c_int
-    return call
+    return optional_function(  # glibc 2.28 and later
+        "renameat2", (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    )
 
 
 #: renameat2's flag: swap the two names, atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs).

@@ -10,6 +10,8 @@ import ctypes
 import errno
 import os
 
+from cdi_gen.libc import function
+
 __all__ = [
     "CLONE_NEWNS",
     "RESOLVE_BENEATH",
@@ -34,13 +36,8 @@ _SYS_PIDFD_SEND_SIGNAL = 424
 #: No link of any kind, nothing above the starting folder.
 _SAFE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
-#: libc as the interpreter loaded it (``dlopen(NULL)``): ``find_library`` would run ldconfig.
-_libc = ctypes.CDLL(None, use_errno=True)
-_setns = _libc.setns
-_setns.argtypes = (ctypes.c_int, ctypes.c_int)
-_setns.restype = ctypes.c_int
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_setns = function("setns", (ctypes.c_int, ctypes.c_int))
+_syscall = function("syscall", restype=ctypes.c_long)
 
 
 class _OpenHow(ctypes.Structure):

@@ -10,13 +10,13 @@ start with one line. Every descriptor a call opens is the caller's to close; eac
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
 import struct
 
 from cdi_gen.devcgroup.errors import DeviceCgroupError
+from cdi_gen.libc import function
 
 __all__ = ["BPF_F_ALLOW_MULTI", "BPF_F_REPLACE", "Bpf"]
 
@@ -73,10 +73,9 @@ class Bpf:
                 f"only for {', '.join(sorted(SYSCALL_NUMBERS))}"
             )
         self._number = number
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self._syscall = libc.syscall
-        self._syscall.restype = ctypes.c_long
-        self._syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint)
+        self._syscall = function(
+            "syscall", (ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint), ctypes.c_long
+        )
 
     def _call(self, command: int, attr: ctypes.Array[ctypes.c_char]) -> int:
         """One call; the kernel may write back into ``attr``. Raises with the errno."""

@@ -8,7 +8,6 @@ way the rest of the package reaches the cgroup.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -17,6 +16,7 @@ from contextlib import contextmanager
 
 from cdi_gen.devcgroup.errors import DeviceCgroupError
 from cdi_gen.errors import quote
+from cdi_gen.libc import function
 
 __all__ = [
     "CGROUP2_SUPER_MAGIC",
@@ -36,9 +36,7 @@ _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 #: Larger than ``struct statfs`` on every machine; ``f_type`` is its first field (a long).
 _STATFS_SIZE = 256
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_fstatfs = _libc.fstatfs
-_fstatfs.argtypes = (ctypes.c_int, ctypes.c_void_p)
+_fstatfs = function("fstatfs", (ctypes.c_int, ctypes.c_void_p))
 
 
 def quote_path(path: str) -> str:
