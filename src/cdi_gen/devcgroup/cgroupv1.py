@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from contextlib import ExitStack
-from types import TracebackType
 
 from cdi_gen.devcgroup.errors import DeviceCgroupError
-from cdi_gen.devcgroup.folders import CGROUP_SUPER_MAGIC, cgroup_folder, quote_path
+from cdi_gen.devcgroup.folders import CGROUP_SUPER_MAGIC, CgroupFolder, quote_path
 from cdi_gen.devcgroup.rules import DeviceRule, parse_list_line
 
 __all__ = ["DEVICES_HIERARCHY", "DevicesCgroup"]
@@ -25,27 +23,11 @@ DEVICES_HIERARCHY = "/sys/fs/cgroup/devices"
 LIST_LIMIT = 1 << 20
 
 
-class DevicesCgroup:
+class DevicesCgroup(CgroupFolder):
     """One cgroup of the devices controller, held open from ``__init__`` to :meth:`close`."""
 
     def __init__(self, path: str, hierarchy: str = DEVICES_HIERARCHY) -> None:
-        self.path = path
-        self._stack = ExitStack()
-        self._fd = self._stack.enter_context(cgroup_folder(path, hierarchy, CGROUP_SUPER_MAGIC))
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self) -> DevicesCgroup:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        super().__init__(path, hierarchy, CGROUP_SUPER_MAGIC)
 
     def _write(self, name: str, text: str) -> None:
         try:

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from contextlib import ExitStack
-from types import TracebackType
 
 from cdi_gen.devcgroup.access import DeviceAccess
 from cdi_gen.devcgroup.bpf import Bpf
 from cdi_gen.devcgroup.errors import DeviceCgroupError
-from cdi_gen.devcgroup.folders import CGROUP2_SUPER_MAGIC, cgroup_folder, quote_path
+from cdi_gen.devcgroup.folders import CGROUP2_SUPER_MAGIC, CgroupFolder, quote_path
 from cdi_gen.devcgroup.program import assemble, encode
 from cdi_gen.devcgroup.rules import DeviceRule
 
@@ -31,30 +29,14 @@ __all__ = ["UNIFIED_HIERARCHY", "ProgramCgroup"]
 UNIFIED_HIERARCHY = "/sys/fs/cgroup/unified"
 
 
-class ProgramCgroup:
+class ProgramCgroup(CgroupFolder):
     """One cgroup v2 cgroup, held open from ``__init__`` to :meth:`close`."""
 
     def __init__(
         self, path: str, hierarchy: str = UNIFIED_HIERARCHY, bpf: Bpf | None = None
     ) -> None:
-        self.path = path
         self._bpf = bpf or Bpf()
-        self._stack = ExitStack()
-        self._fd = self._stack.enter_context(cgroup_folder(path, hierarchy, CGROUP2_SUPER_MAGIC))
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self) -> ProgramCgroup:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        super().__init__(path, hierarchy, CGROUP2_SUPER_MAGIC)
 
     def _fail(self, what: str, error: DeviceCgroupError) -> DeviceCgroupError:
         return DeviceCgroupError(f"cgroup {quote_path(self.path)}: {what}: {error}", error.errno)

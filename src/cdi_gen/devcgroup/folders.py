@@ -2,7 +2,8 @@
 is checked to be a cgroup file system of the expected version, every component below it is
 opened with ``O_NOFOLLOW`` from its parent's descriptor and must be a folder on the same file
 system, and ``.``, ``..`` or an empty component is refused. The descriptor it gives is the only
-way the rest of the package reaches the cgroup.
+way the rest of the package reaches the cgroup; :class:`CgroupFolder` holds it open for the
+v1 and v2 device cgroups.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import errno
 import os
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from types import TracebackType
+from typing import Self
 
 from cdi_gen.devcgroup.errors import DeviceCgroupError
 from cdi_gen.errors import quote
@@ -118,3 +121,27 @@ def cgroup_folder(path: str, hierarchy: str, magic: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+class CgroupFolder:
+    """A cgroup folder held open (:func:`cgroup_folder`) from ``__init__`` to :meth:`close`:
+    what the v1 and v2 device cgroups share."""
+
+    def __init__(self, path: str, hierarchy: str, magic: int) -> None:
+        self.path = path
+        self._stack = ExitStack()
+        self._fd = self._stack.enter_context(cgroup_folder(path, hierarchy, magic))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
