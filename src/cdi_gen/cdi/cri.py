@@ -11,7 +11,6 @@ the doctor).
 from __future__ import annotations
 
 import functools
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import grpc
 
 from cdi_gen._proto.cri.v1 import api_pb2, api_pb2_grpc
 from cdi_gen.cdi.runtimes import Lookup, Runtime, from_cri
-from cdi_gen.errors import ConfigError, quote
+from cdi_gen.errors import ConfigError
+from cdi_gen.localclient import LocalCallError, call_failure, local_channel
 
 __all__ = ["CRI_API_VERSION", "TIMEOUT_SECONDS", "CriError", "ask", "lookup", "runtimes_at_sockets"]
 
@@ -37,28 +37,14 @@ class CriError(Exception):
 def ask(socket: Path, timeout: float = TIMEOUT_SECONDS) -> Runtime:
     """The runtime serving the CRI at ``socket``. Raises :class:`CriError`."""
     try:
-        mode = socket.stat().st_mode
-    except FileNotFoundError:
-        raise CriError(f"CRI socket {socket}: no such socket") from None
-    except OSError as exc:
-        raise CriError(f"CRI socket {socket}: {exc.strerror or exc}") from None
-    if not stat.S_ISSOCK(mode):
-        raise CriError(f"CRI socket {socket}: not a socket")
-    # No proxy and one attempt: a local socket answers now or is not the runtime.
-    options = [("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)]
-    try:
-        with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
+        with local_channel(socket, "CRI") as channel:
             stub = api_pb2_grpc.RuntimeServiceStub(channel)
             answer = stub.Version(api_pb2.VersionRequest(version=CRI_API_VERSION), timeout=timeout)
+    except LocalCallError as exc:
+        raise CriError(str(exc)) from None
     except grpc.RpcError as exc:
-        code = exc.code() if isinstance(exc, grpc.Call) else None
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            why = f"no answer to RuntimeService/Version within {timeout:g} s"
-        else:
-            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            name = code.name if code is not None else "error"
-            why = f"RuntimeService/Version failed: {name}: {quote(details or '')}"
-        raise CriError(f"CRI socket {socket}: {why}") from None
+        why = call_failure(socket, "CRI", "RuntimeService/Version", exc, timeout)
+        raise CriError(why) from None
     try:
         return from_cri(answer.runtime_name, answer.runtime_version, str(socket))
     except ConfigError as exc:

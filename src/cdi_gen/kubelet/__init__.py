@@ -12,8 +12,8 @@ to the kubelet over gRPC.
 * :mod:`~cdi_gen.kubelet.podresources`: which containers hold a device, from the kubelet's
   pod-resources socket;
 * :mod:`~cdi_gen.kubelet.containers`: those containers' processes and OCI specs, from the
-  runtime's CRI socket;
-* :mod:`~cdi_gen.kubelet.localclient`: the short-lived, bounded client both of them use.
+  runtime's CRI socket,
+  both through :mod:`cdi_gen.localclient`, the short-lived, bounded client of a local socket.
 
 grpc reads ``GRPC_EXPERIMENTS`` once, when it is first imported: a process that serves
 kubelet plugins calls :func:`apply_grpc_experiments` before anything loads grpc (``cdi-gen

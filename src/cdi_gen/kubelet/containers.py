@@ -26,8 +26,8 @@ import grpc
 
 from cdi_gen._proto.cri.v1 import api_pb2, api_pb2_grpc
 from cdi_gen.errors import quote
-from cdi_gen.kubelet.localclient import Deadline, LocalCallError, call_failure, local_channel
 from cdi_gen.kubelet.podresources import ContainerRef
+from cdi_gen.localclient import Deadline, LocalCallError, call_failure, local_channel
 
 __all__ = [
     "MAX_INFO_BYTES",

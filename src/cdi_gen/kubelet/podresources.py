@@ -21,7 +21,7 @@ import grpc
 
 from cdi_gen._proto.podresources.v1 import api_pb2, api_pb2_grpc
 from cdi_gen.errors import quote
-from cdi_gen.kubelet.localclient import LocalCallError, call_failure, local_channel
+from cdi_gen.localclient import LocalCallError, call_failure, local_channel
 
 __all__ = [
     "POD_RESOURCES_SOCKET",
