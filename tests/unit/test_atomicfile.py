@@ -69,3 +69,27 @@ def test_a_folder_at_the_name_is_left_where_it_is(tmp_path: Path) -> None:
         replace_file(target, b"ours", durable=False)
     assert (target / "inside").read_bytes() == b"x"
     assert _temps(tmp_path) == []
+
+
+def test_an_old_file_that_cannot_be_removed_after_the_swap_leaves_the_write_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once swapped, the new file is in place: failing to remove the old one (now at the
+    temporary name) is no failed write; the old file is a stale temporary, removed at the
+    next start like any other."""
+    target = tmp_path / "f"
+    replace_file(target, b"old", durable=False)
+    real_unlink = os.unlink
+
+    def refusing(path: str, *, dir_fd: int | None = None) -> None:
+        if str(path).endswith(TEMP_SUFFIX):
+            raise PermissionError(1, "Operation not permitted", path)
+        real_unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(atomicfile.os, "unlink", refusing)
+    replace_file(target, b"new", durable=False)
+    monkeypatch.undo()
+    assert target.read_bytes() == b"new"
+    [stale] = _temps(tmp_path)
+    assert (tmp_path / stale).read_bytes() == b"old"
+    assert atomicfile.remove_stale_temps(tmp_path) == 1 and _temps(tmp_path) == []

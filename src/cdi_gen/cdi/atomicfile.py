@@ -169,6 +169,10 @@ def _exchanged(dir_fd: int, tmp: str, filename: str) -> bool:
         # and the swap): put it back where it was; the rename then fails as it would have.
         call(dir_fd, tmp.encode(), dir_fd, filename.encode(), _RENAME_EXCHANGE)
         return False
+    except OSError:
+        # The new file is in place: the write is done. The old one, left at the temporary
+        # name, is a stale temporary like a killed writer's (remove_stale_temps).
+        pass
     return True
 
 
