@@ -72,11 +72,11 @@ async def test_two_instances_serve_side_by_side_and_the_old_one_hands_over(
                 await asyncio.wait_for(new.wait_registered(), 5)
                 # Both registered, both served: the newer is the old one's successor, and
                 # no instance is the newer one's. Each says it is registered beside its socket.
-                assert await asyncio.wait_for(old.superseded(), 5) == to_new.socket
+                assert await asyncio.wait_for(old.handover.superseded(), 5) == to_new.socket
                 plugins = short_dir / "plugins" / DRIVER
                 assert (plugins / f"{DRIVER}-{NEW}-reg.sock.registered").exists()
                 assert (plugins / f"{DRIVER}-{OLD}-reg.sock.registered").exists()
-                assert new.successors() == []
+                assert new.handover.successors() == []
                 # The claim the old one prepared: answered by the new one from the shared
                 # checkpoint, its device held against another claim there.
                 again = await to_new.prepare([c1])
@@ -110,7 +110,7 @@ async def test_without_a_pod_uid_there_is_nobody_to_hand_over_to(short_dir: Path
     async with FakeDraKubelet(short_dir / "registry") as kubelet, plugin:
         connection = await kubelet.next_registration()
         assert connection.socket == short_dir / "registry" / f"{DRIVER}-reg.sock"
-        assert plugin.successors() == []
+        assert plugin.handover.successors() == []
         assert not await plugin.hand_over(within=5)  # at once: one instance per node
 
 
@@ -132,7 +132,7 @@ async def test_a_newer_socket_not_yet_registered_is_no_successor(short_dir: Path
             await until(lambda: len(kubelet.notified) >= 2, "both registrations refused")
             newer = short_dir / "registry" / f"{DRIVER}-{NEW}-reg.sock"
             assert newer.is_socket()
-            assert old.successors() == []
+            assert old.handover.successors() == []
             assert not await old.hand_over(within=0.1)
 
 
@@ -149,9 +149,9 @@ async def test_the_old_one_sees_its_successor_stop_and_no_longer_counts_it(
         async with new:
             await kubelet.next_registration()
             await asyncio.wait_for(new.wait_registered(), 5)
-            assert await asyncio.wait_for(old.superseded(), 5) == new.registration_socket
-            gone = asyncio.create_task(old.successors_gone())
-            assert old.successors() == [new.registration_socket]
+            assert await asyncio.wait_for(old.handover.superseded(), 5) == new.registration_socket
+            gone = asyncio.create_task(old.handover.successors_gone())
+            assert old.handover.successors() == [new.registration_socket]
         await asyncio.wait_for(gone, 5)
-        assert old.successors() == []
+        assert old.handover.successors() == []
         assert not await old.hand_over(within=0.1)

@@ -196,7 +196,7 @@ class Offering:
         wait that grows while it keeps failing (one traceback per doubling of the attempts)."""
         try:
             if self.plugin is not None:
-                await self._unless_closed(self.plugin.predecessors_yielded())
+                await self._unless_closed(self.plugin.handover.predecessors_yielded())
             await self._run_publisher(publisher)
         finally:
             out.set()
@@ -240,14 +240,14 @@ class Offering:
         Should that one go while this one still runs (killed: out of memory, a bad release
         crashing), this one takes them back: nobody else would publish them again."""
         while True:
-            found = await plugin.superseded()
+            found = await plugin.handover.superseded()
             log.info("a newer instance publishes the ResourceSlices now: %s", found)
             self.offered.close()
             # Said only once our last write is done: the newer one publishes after it, and
             # so has the last word.
             await self._published_out.wait()
-            plugin.mark_yielded()
-            await plugin.successors_gone()
+            plugin.handover.mark_yielded()
+            await plugin.handover.successors_gone()
             if self._closed or self._client is None:
                 return
             log.warning(
@@ -255,7 +255,7 @@ class Offering:
                 found,
                 extra=fields(driver=self.driver),
             )
-            plugin.mark_yielded(False)
+            plugin.handover.mark_yielded(False)
             self._take_back(self._client)
 
     def _take_back(self, client: ApiClient) -> None:

@@ -199,32 +199,6 @@ class DraPlugin(SupervisedPlugin):
         if ours:
             self.handover.yielded_file.unlink(missing_ok=True)
 
-    def mark_yielded(self, yielded: bool = True) -> None:
-        """See :meth:`Handover.mark_yielded <cdi_gen.dra.plugin.handover.Handover.mark_yielded>`."""
-        self.handover.mark_yielded(yielded)
-
-    def successors(self) -> list[Path]:
-        """See :meth:`Handover.successors <cdi_gen.dra.plugin.handover.Handover.successors>`."""
-        return self.handover.successors()
-
-    def predecessors(self) -> list[Path]:
-        """See :meth:`Handover.predecessors <cdi_gen.dra.plugin.handover.Handover.predecessors>`."""
-        return self.handover.predecessors()
-
-    async def predecessors_yielded(self) -> None:
-        """See :meth:`Handover.predecessors_yielded
-        <cdi_gen.dra.plugin.handover.Handover.predecessors_yielded>`."""
-        await self.handover.predecessors_yielded()
-
-    async def superseded(self) -> Path:
-        """See :meth:`Handover.superseded <cdi_gen.dra.plugin.handover.Handover.superseded>`."""
-        return await self.handover.superseded()
-
-    async def successors_gone(self) -> None:
-        """See :meth:`Handover.successors_gone
-        <cdi_gen.dra.plugin.handover.Handover.successors_gone>`."""
-        await self.handover.successors_gone()
-
     async def hand_over(self, within: float = HANDOVER_SECONDS) -> bool:
         """Before a stop: keep serving until a newer instance has registered beside us, at
         most ``within`` seconds; whether one did. At once False without a pod UID (one
@@ -233,7 +207,7 @@ class DraPlugin(SupervisedPlugin):
             return False
         try:
             async with asyncio.timeout(within):
-                found = await self.superseded()
+                found = await self.handover.superseded()
         except TimeoutError:
             log.info(
                 "DRA driver %s stopping: no newer instance registered within %gs",
