@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from cdi_gen._proto.deviceplugin.v1beta1 import api_pb2
 from cdi_gen.cdi.codec import dump_document
 from cdi_gen.cdi.specnames import spec_filename
 from cdi_gen.cdi.validation import check_document
@@ -28,11 +29,15 @@ from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.model import AdvertisedDevice
 from cdi_gen.sources.udev import UdevWatcher
+from tests.agentrun import running_agent
+from tests.fakes.kubelet import FakeKubelet
 from tests.waiting import until
 
 pytestmark = pytest.mark.kernel
 
 TIMEOUT = 5.0
+#: A runtime that moves interfaces (this machine's may not).
+RUNTIME = "containerd@2.3.7,runc@1.4.0"
 #: Test-owned names, unique per process (at most 15 bytes: IFNAMSIZ).
 PREFIX = f"cgn{os.getpid() % 100000}"
 
@@ -181,8 +186,7 @@ def test_render_writes_net_devices_for_the_real_interface(
         main(
             [
                 "render", "--config", str(config), "--class", "veth",
-                # A runtime that moves interfaces: this machine's may not.
-                "--runtime", "containerd@2.3.7,runc@1.4.0",
+                "--runtime", RUNTIME,
             ]
         )  # fmt: skip
     out, err = capsys.readouterr()
@@ -252,3 +256,39 @@ async def test_interface_deleted_on_the_host_is_gone(veths: list[str], tmp_path:
         )
         assert seen.discovery.advertised("veth") == (gone,)
         assert not seen.watcher.nets.away
+
+
+async def test_device_plugin_allocates_the_interface_and_keeps_it_while_in_a_pod(
+    veths: list[str], netns: str, short_dir: Path
+) -> None:
+    """The whole agent (kernel uevents, a device plugin, the fake kubelet): Allocate answers
+    the interface's CDI name and nothing else; while the interface is in a namespace it
+    stays advertised, healthy, with no new ListAndWatch message; destroyed with the
+    namespace, it is withdrawn."""
+    host = _add(veths, 0)
+    async with (
+        FakeKubelet(short_dir / "dp") as kubelet,
+        running_agent(short_dir, _config(), runtime=(RUNTIME,)) as (agent, _),
+    ):
+        plugin = await kubelet.next_registration(within=10)
+        assert plugin.request.resource_name == "example.com/veth"
+        listed = await plugin.next_devices(within=5)
+        assert {i: d.health for i, d in listed.items()} == {host: "Healthy"}
+        response = await plugin.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[host])]
+            )
+        )
+        (container,) = response.container_responses
+        assert [d.name for d in container.cdi_devices] == [f"example.com/veth={host}"]
+        assert not container.devices and not container.mounts and not container.envs
+
+        away = agent.metrics.udev_events.labels("away")
+        _ip("set", host, "netns", netns, "name", "net-0")  # as runc does at container start
+        await until(lambda: away._value.get() == 1, f"{host} seen leaving", TIMEOUT)
+        assert plugin.updates.empty()  # nothing withdrawn, nothing marked unhealthy
+        assert _nets(short_dir / "cdi") == [{"hostInterfaceName": host, "name": "net-0"}]
+
+        _run("ip", "netns", "del", netns)  # the pod ends; the veth goes with its namespace
+        assert await plugin.next_devices(within=TIMEOUT) == {}
+        await until(lambda: _spec(short_dir / "cdi") is None, "the spec removed", TIMEOUT)
