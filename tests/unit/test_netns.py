@@ -154,3 +154,48 @@ def test_a_veth_end_destroyed_with_its_namespace_ends_and_is_withdrawn(tmp_path:
     assert ended.action == ENDED
     (change,) = discovery.apply([ended])
     assert change.removed == ("cgh0",) and change.devices == ()
+
+
+def test_a_sibling_interface_of_the_same_adapter_is_not_taken_for_the_one_away(
+    tmp_path: Path,
+) -> None:
+    """A two-channel CAN adapter: both interfaces sit in one ``net/`` folder. A change of the
+    channel that stayed is not the other's return; the other comes back by its ifindex,
+    or, alone away, under any name and ifindex the pod's namespace left it."""
+    nic = _usb_nic(tmp_path)
+    folder = Path(nic.sys_path).parent
+    can = [
+        dataclasses.replace(
+            nic,
+            sys_path=str(folder / name),
+            sys_name=name,
+            properties={**nic.properties, "IFINDEX": str(index), "INTERFACE": name},
+        )
+        for name, index in (("can0", 7), ("can1", 8))
+    ]
+    for record in can:
+        Path(record.sys_path).mkdir()
+    nets = NetWhereabouts(str(tmp_path))
+    nets.enumerated([nic, *can])
+    Path(can[0].sys_path).rmdir()
+    assert nets.removed(_removed(can[0])).action == AWAY
+    assert nets.seen(dataclasses.replace(can[1], action="change")) == [
+        dataclasses.replace(can[1], action="change")
+    ]
+    assert list(nets.away) == [can[0].sys_path]
+    # Two away: the one back is told by its ifindex.
+    Path(can[1].sys_path).rmdir()
+    assert nets.removed(_removed(can[1])).action == AWAY
+    back = dataclasses.replace(can[1], sys_path=str(folder / "dev8"), sys_name="dev8", action="add")
+    old, _ = nets.seen(back)
+    assert old.sys_path == can[1].sys_path
+    # One away, back under another name and ifindex: still that one.
+    other = dataclasses.replace(
+        can[0],
+        sys_path=str(folder / "dev12"),
+        properties={**can[0].properties, "IFINDEX": "12"},
+        action="add",
+    )
+    old, _ = nets.seen(other)
+    assert old.sys_path == can[0].sys_path
+    assert not nets.away

@@ -21,7 +21,8 @@ The kernel returns a physical interface to the host when the namespace is destro
 it. :class:`NetWhereabouts` turns a ``remove`` of an interface that lives on into an
 ``away`` record (its last record, kept as it was: the device stays published), re-checks
 the interfaces away on every later ``remove`` uevent and on each enumeration, and reports
-one that returned under another name as removed under its old one, one whose device is gone
+one that returned under another name (told by its ifindex, or as the one interface of its
+device away; a ``change`` of a sibling interface is no return) as removed under its old one, one whose device is gone
 as ``remove`` (an unplug: the class's ``whenGone``) and a virtual one destroyed with its
 namespace as ``ended`` (withdrawn, whatever ``whenGone`` says).
 """
@@ -84,12 +85,13 @@ def lives_elsewhere(sys_path: str, ifindex: int | None, sysfs: str = "/sys") -> 
     return False
 
 
-def _identity(record: DeviceRecord, sysfs: str) -> tuple[str, object]:
-    """What stays of an interface across a move: its device (the parent's ``net/`` folder)
-    or, for a virtual one, its ifindex."""
-    if _virtual(record.sys_path, sysfs):
-        return ("ifindex", property_int(record.properties.get("IFINDEX")))
-    return ("device", os.path.dirname(record.sys_path))
+def _ifindex(record: DeviceRecord) -> int | None:
+    return property_int(record.properties.get("IFINDEX"))
+
+
+#: The actions of an interface (re)appearing on the host: a return is an ``add`` (and a
+#: ``move`` when udev or the runtime renames it); a ``change`` is of one that stayed.
+_ARRIVALS = frozenset({None, "add", "move"})
 
 
 class NetWhereabouts:
@@ -111,17 +113,34 @@ class NetWhereabouts:
         if record.subsystem != NET_SUBSYSTEM:
             return [record]
         out = []
-        if self.away:
-            mine = _identity(record, self.sysfs)
-            for path, old in list(self.away.items()):
-                if path == record.sys_path or _identity(old, self.sysfs) == mine:
-                    del self.away[path]
-                    log.info("network interface %s is back on the host", record.sys_name)
-                    if path != record.sys_path:
-                        out.append(self._gone(old, "remove"))
+        path = self._returned(record)
+        if path is not None:
+            old = self.away.pop(path)
+            log.info("network interface %s is back on the host", record.sys_name)
+            if path != record.sys_path:
+                out.append(self._gone(old, "remove"))
         self._last[record.sys_path] = record
         out.append(record)
         return out
+
+    def _returned(self, record: DeviceRecord) -> str | None:
+        """The path of the interface away that ``record`` is, back: the same path; else the
+        same ifindex (a move keeps it where it is free) of the same kind (virtual) or device
+        (its ``net/`` folder); else, for a device with one interface away, that one (the
+        pod's namespace may have given it another ifindex)."""
+        if record.sys_path in self.away or record.action not in _ARRIVALS:
+            return record.sys_path if record.sys_path in self.away else None
+        virtual = _virtual(record.sys_path, self.sysfs)
+        folder = os.path.dirname(record.sys_path)
+        same = [
+            p
+            for p in self.away
+            if _virtual(p, self.sysfs) == virtual and (virtual or os.path.dirname(p) == folder)
+        ]
+        by_index = [p for p in same if _ifindex(self.away[p]) == _ifindex(record)]
+        if by_index:
+            return by_index[0]
+        return same[0] if len(same) == 1 and not virtual else None
 
     def removed(self, record: DeviceRecord) -> DeviceRecord:
         """An interface's ``remove``: its last record as ``away`` when it lives on in another
@@ -129,8 +148,7 @@ class NetWhereabouts:
         last = self._last.pop(record.sys_path, None)
         if record.subsystem != NET_SUBSYSTEM or last is None:
             return record
-        ifindex = property_int(record.properties.get("IFINDEX"))
-        if not lives_elsewhere(record.sys_path, ifindex, self.sysfs):
+        if not lives_elsewhere(record.sys_path, _ifindex(record), self.sysfs):
             return record
         log.info("network interface %s left the host's network namespace", record.sys_name)
         self.away[record.sys_path] = last
@@ -144,8 +162,7 @@ class NetWhereabouts:
         """The interfaces away that no longer exist anywhere, as their final records."""
         out = []
         for path, last in list(self.away.items()):
-            ifindex = property_int(last.properties.get("IFINDEX"))
-            if not lives_elsewhere(path, ifindex, self.sysfs):
+            if not lives_elsewhere(path, _ifindex(last), self.sysfs):
                 del self.away[path]
                 out.append(self._gone(last, ENDED if _virtual(path, self.sysfs) else "remove"))
         return out
