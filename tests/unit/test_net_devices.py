@@ -351,3 +351,25 @@ def test_network_data_of_the_recorded_usb_nic_can_and_wwan(tmp_path: Path) -> No
     assert network_data({"deviceNodes": [{"path": "/dev/x"}]}, sysfs) == {}
     assert hardware_address("bad", sysfs) is None
     assert hardware_address("../../etc", sysfs) is None  # not an interface name
+
+
+def test_a_recorded_candlelight_can_adapter_is_matched_rendered_and_has_no_address(
+    tmp_path: Path,
+) -> None:
+    """A real candleLight's udev record (net-can-recorded.json): the class written for the
+    hand-written one takes it by its USB IDs, names it by its serial, and its claim status
+    shows only the name: the kernel gives a CAN interface an empty ``address``."""
+    spec = _specs("net-can-recorded.json", CAN)["can"]
+    assert spec["devices"] == [
+        {
+            "name": "002A002D4730511420303650",
+            "containerEdits": {"netDevices": [{"hostInterfaceName": "can0", "name": "can0"}]},
+        }
+    ]
+    (record,) = load_recording(DATA / "net-can-recorded.json").records
+    (tmp_path / "class" / "net" / "can0").mkdir(parents=True)
+    (tmp_path / "class" / "net" / "can0" / "address").write_text(
+        record.attributes["address"] + "\n"
+    )
+    edits = spec["devices"][0]["containerEdits"]
+    assert network_data(edits, str(tmp_path)) == {"interfaceName": "can0"}
