@@ -9,22 +9,25 @@ host can still see, read from sysfs alone (no namespace entered):
 - an interface with a device behind it (a USB NIC, a CAN adapter, a PCI function): the
   parent device's ``net/`` folder. The kernel keeps that folder while any interface of the
   device exists, in any namespace, and removes it with the last one (an unplug, an unbind);
-  so an empty ``net/`` under a present parent is an interface that lives on elsewhere.
+  so the folder still there when the interface left it is an interface that lives on
+  elsewhere. (A device's interface cannot be deleted alone, but through its driver; with a
+  sibling interface on the host the folder says nothing of the one removed.)
 - a virtual interface (``/sys/devices/virtual/net``): an interface left on the host that
   links to it (its ``iflink``): a veth's peer. The kernel deletes a veth's two ends together
   and keeps the ifindex across a move, so a host interface whose ``iflink`` is the moved
   one's ifindex means it exists in another namespace. A virtual interface without such a
   peer (a macvlan, a VLAN) cannot be told from a deleted one and counts as gone.
 
-The kernel returns a physical interface to the host when the namespace is destroyed (an
-``add`` under the name it had there, or ``dev<ifindex>``) and destroys a virtual one with
-it. :class:`NetWhereabouts` turns a ``remove`` of an interface that lives on into an
-``away`` record (its last record, kept as it was: the device stays published), re-checks
-the interfaces away on every later ``remove`` uevent and on each enumeration, and reports
-one that returned under another name (told by its ifindex, or as the one interface of its
-device away; a ``change`` of a sibling interface is no return) as removed under its old one, one whose device is gone
-as ``remove`` (an unplug: the class's ``whenGone``) and a virtual one destroyed with its
-namespace as ``ended`` (withdrawn, whatever ``whenGone`` says).
+The kernel returns a physical interface (and a CAN one, whose link type asks for it) to the
+host when the namespace is destroyed (an ``add`` under the name it had there, or
+``dev<ifindex>`` if that is taken) and destroys a virtual one with it. :class:`NetWhereabouts`
+turns a ``remove`` of an interface that lives on into an ``away`` record (its last record, kept
+as it was: the device stays published), re-checks the interfaces away on every later ``remove``
+uevent and on each enumeration, and reports one that returned under another name (told by its
+ifindex, or as the one interface of its device away; a ``change`` of a sibling interface is no
+return) as removed under its old one, one whose device is gone as ``remove`` (an unplug: the
+class's ``whenGone``) and a virtual one destroyed with its namespace as ``ended`` (withdrawn,
+whatever ``whenGone`` says).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ AWAY = "away"
 #: The action of a record of a virtual interface destroyed with the namespace it was in.
 ENDED = "ended"
 
-#: At most this many interfaces are read to find a veth's peer (a host has tens).
-_MAX_INTERFACES = 4096
+#: At most this many interfaces are read to find a veth's peer: a node has one per pod
+#: (the CNI's veth ends) and a few more; the kernel's bound is far above.
+_MAX_INTERFACES = 1 << 16
 
 
 def _read_int(path: str) -> int | None:
@@ -78,11 +82,12 @@ def lives_elsewhere(sys_path: str, ifindex: int | None, sysfs: str = "/sys") -> 
         names = os.listdir(class_net)[:_MAX_INTERFACES]
     except OSError:
         return False
-    for name in names:
-        own = _read_int(f"{class_net}/{name}/ifindex")
-        if own != ifindex and _read_int(f"{class_net}/{name}/iflink") == ifindex:
-            return True
-    return False
+    # One read per interface: only one that links to it has its own ifindex read.
+    return any(
+        _read_int(f"{class_net}/{name}/iflink") == ifindex
+        and _read_int(f"{class_net}/{name}/ifindex") != ifindex
+        for name in names
+    )
 
 
 def _ifindex(record: DeviceRecord) -> int | None:
