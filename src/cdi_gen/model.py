@@ -259,8 +259,10 @@ class DeviceRecord:
     ``attributes`` holds only the sysfs attributes the config asks for (reading every
     attribute of every device costs more than the rest together); ``parents`` runs from
     the immediate parent up. ``action`` is None for enumerated devices, else the uevent
-    action (add, remove, change, bind, unbind, move). A ``remove`` record carries only what
-    the uevent said: sysfs is already gone.
+    action (add, remove, change, bind, unbind, move), or one of
+    :mod:`cdi_gen.sources.netns` for a network interface: ``away`` (moved into another
+    network namespace; its last record, kept) or ``ended`` (destroyed with that namespace).
+    A ``remove`` record carries only what the uevent said: sysfs is already gone.
     """
 
     sys_path: str

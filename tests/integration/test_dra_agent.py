@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from cdi_gen.agent.agent import Agent
 from cdi_gen.config.loader import parse_config
 from cdi_gen.config.settings import Settings
 from cdi_gen.metrics import Metrics, serve_http
+from cdi_gen.sources.udev import enumerate_records
 from tests.agentrun import dra_settings
 from tests.fakes.apiserver import FakeApiServer, Obj
 from tests.fakes.drakubelet import FakeDraKubelet
@@ -384,3 +386,71 @@ async def test_in_a_rolling_update_the_two_agents_never_write_the_slices_at_once
                 assert all(_ever_offered([w]) == {"loop-loop0"} for w in written[first:])
         assert _offered(api) == {"loop-loop0"}
         assert all(_ever_offered([w]) == {"loop-loop0"} for w in written[first:])
+
+
+@pytest.fixture
+def veth() -> Iterator[str]:
+    """A veth pair made for the test (host end ``cgd<pid>h``), deleted after."""
+    host = f"cgd{os.getpid() % 100000}h"
+    subprocess.run(
+        ["ip", "link", "add", host, "type", "veth", "peer", "name", f"{host[:-1]}p"],
+        check=True,
+        capture_output=True,
+    )
+    yield host
+    subprocess.run(["ip", "link", "del", host], capture_output=True, check=False)
+
+
+def _address(interface: str) -> str:
+    return Path(f"/sys/class/net/{interface}/address").read_text().strip()
+
+
+@pytest.mark.kernel
+async def test_a_prepared_interface_shows_its_network_data_in_the_claim_status(
+    short_dir: Path, veth: str
+) -> None:
+    """KEP-4817 ``networkData``: the name the interface gets in the pod (the class's
+    ``netDevice.name``) and its hardware address, read from the real interface at prepare."""
+    config = {
+        "vendor": DRIVER,
+        "classes": [
+            {
+                "name": "nic",
+                "match": {"subsystem": "net", "kernel": veth},
+                "netDevice": {"name": "lan1"},
+                "api": "dra",
+            }
+        ],
+    }
+    records = enumerate_records(subsystems=["net"], interest=lambda _s, name: name == veth)
+    uid = str(uuid.uuid4())
+    async with FakeApiServer() as api, FakeDraKubelet(short_dir / "reg") as kubelet:
+        _api(api)
+        claim = _allocated_claim(uid)
+        claim["status"]["allocation"]["devices"]["results"][0]["device"] = f"nic-{veth}"
+        api.claims[("default", "c")] = claim
+        settings = dra_settings(
+            short_dir, api.kubeconfig(short_dir), NODE, runtime=["containerd@2.3.7,runc@1.4.0"]
+        )
+        source = PipeSource(records)
+        agent = Agent(parse_config(config, "test.yaml"), Settings(**settings), source=source)
+        task = asyncio.create_task(agent.run())
+        try:
+            connection = await kubelet.next_registration(within=10)
+            await api.until(lambda: _offered(api) == {f"nic-{veth}"})
+            answer = (await connection.prepare([("default", "c", uid)])).claims[uid]
+            assert answer.error == ""
+            assert answer.devices[0].cdi_device_ids[0] == f"{DRIVER}/nic={veth}"
+
+            def entries() -> list[Obj]:
+                return list(api.claims[("default", "c")]["status"].get("devices") or [])
+
+            await api.until(lambda: bool(entries()))
+            [entry] = entries()
+            address = _address(veth)
+            assert entry["networkData"] == {"interfaceName": "lan1", "hardwareAddress": address}
+            assert "deviceNodes" not in entry["data"]
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 10)
+            source.release()

@@ -4,6 +4,7 @@ API client against the fake API server (server-side apply of the status subresou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import threading
@@ -238,3 +239,17 @@ async def test_an_answer_that_is_not_the_claim_is_retried_and_switches_nothing_o
     _from_thread(status.prepared, "ns", "c2", "u2", device_entries(DRIVER, [DEVICE], POOL, {}))
     await _settle(status)
     assert api.claims[("ns", "c2")]["status"]["devices"][-1]["device"] == "fpga-0"
+
+
+def test_an_interface_entry_carries_its_network_data() -> None:
+    """KEP-4817 ``networkData`` beside ``data``; a device without an interface has none."""
+    network = {"interfaceName": "lan1", "hardwareAddress": "00:e0:4c:68:00:01"}
+    [entry, plain] = device_entries(
+        DRIVER,
+        [DEVICE, dataclasses.replace(DEVICE, device="fpga-1")],
+        POOL,
+        {},
+        {"fpga-0": network},
+    )
+    assert entry["networkData"] == network
+    assert "networkData" not in plain

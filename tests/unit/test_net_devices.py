@@ -21,6 +21,7 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.config.models import AgentConfig
 from cdi_gen.discovery.inventory import Discovery
 from cdi_gen.discovery.match import match_record
+from cdi_gen.dra.driver.netdata import hardware_address, network_data
 from cdi_gen.errors import ConfigError, InvalidNameError, quote
 from cdi_gen.model import DeviceRecord
 from cdi_gen.sources.records import load_recording
@@ -319,3 +320,56 @@ def test_a_pin_does_not_write_interfaces_a_runc_would_ignore() -> None:
     # The same runtime with a runc that applies them: written, the verdict not reused.
     good = rt.ceiling_of([rt.parse_reference("containerd@2.3.7,runc@1.4.0")])
     assert discovery.class_spec("can", ceiling=good).document is not None
+
+
+def test_network_data_of_the_recorded_usb_nic_can_and_wwan(tmp_path: Path) -> None:
+    """A claim's ``networkData`` (KEP-4817) from each rendered device's spec entry: the
+    interface's name in the pod and its hardware address as the host's sysfs shows it at
+    prepare; a CAN interface has none (its ``address`` is empty)."""
+    specs = _specs("net-handwritten.json", USB_NIC, CAN, WWAN)
+    for name, address in (
+        ("enx00e04c680001", "00:e0:4c:68:00:01"),
+        ("can0", ""),
+        ("wwan0", "6a:1b:2c:3d:4e:5f"),
+        ("bad", "not a mac"),
+    ):
+        (tmp_path / "class" / "net" / name).mkdir(parents=True)
+        (tmp_path / "class" / "net" / name / "address").write_text(f"{address}\n")
+    edits = {d["name"]: d["containerEdits"] for doc in specs.values() for d in doc["devices"]}
+    sysfs = str(tmp_path)
+    assert network_data(edits["enx00e04c680001"], sysfs) == {
+        "interfaceName": "lan1",
+        "hardwareAddress": "00:e0:4c:68:00:01",
+    }
+    assert network_data(edits["004C0034524657"], sysfs) == {"interfaceName": "can0"}
+    assert network_data(edits["modem-0123456789"], sysfs) == {
+        "interfaceName": "wwan0",
+        "hardwareAddress": "6a:1b:2c:3d:4e:5f",
+    }
+    # usb0 is not on this host (moved away already, or gone): its name only.
+    assert network_data(edits["enx00249b8d2f8a"], sysfs) == {"interfaceName": "lan1"}
+    assert network_data({"deviceNodes": [{"path": "/dev/x"}]}, sysfs) == {}
+    assert hardware_address("bad", sysfs) is None
+    assert hardware_address("../../etc", sysfs) is None  # not an interface name
+
+
+def test_a_recorded_candlelight_can_adapter_is_matched_rendered_and_has_no_address(
+    tmp_path: Path,
+) -> None:
+    """A real candleLight's udev record (net-can-recorded.json): the class written for the
+    hand-written one takes it by its USB IDs, names it by its serial, and its claim status
+    shows only the name: the kernel gives a CAN interface an empty ``address``."""
+    spec = _specs("net-can-recorded.json", CAN)["can"]
+    assert spec["devices"] == [
+        {
+            "name": "002A002D4730511420303650",
+            "containerEdits": {"netDevices": [{"hostInterfaceName": "can0", "name": "can0"}]},
+        }
+    ]
+    (record,) = load_recording(DATA / "net-can-recorded.json").records
+    (tmp_path / "class" / "net" / "can0").mkdir(parents=True)
+    (tmp_path / "class" / "net" / "can0" / "address").write_text(
+        record.attributes["address"] + "\n"
+    )
+    edits = spec["devices"][0]["containerEdits"]
+    assert network_data(edits, str(tmp_path)) == {"interfaceName": "can0"}

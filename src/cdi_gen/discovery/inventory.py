@@ -133,12 +133,21 @@ class Discovery:
         return self._rebuild(self._states.values(), report_all=first)
 
     def apply(self, records: Iterable[DeviceRecord]) -> list[ClassChange]:
-        """Apply events in order (``remove`` drops a device; any other action adds/updates)."""
+        """Apply events in order (``remove`` drops a device; any other action adds/updates).
+
+        ``ended`` drops one too, but never keeps it as gone (``whenGone``): a virtual network
+        interface destroyed with the pod's namespace it was moved into was not unplugged.
+        ``away`` (an interface moved out of the host's namespace, its last record) keeps the
+        device as it was (see :mod:`cdi_gen.sources.netns`).
+        """
         touched: dict[str, _ClassState] = {}
+        ended: set[str] = set()
         for r in records:
+            if r.action == "ended":
+                ended.add(r.sys_path)
             for name, state in self._states.items():
                 was = r.sys_path in state.matched
-                if r.action == "remove":
+                if r.action in ("remove", "ended"):
                     if was:
                         del state.matched[r.sys_path]
                         touched[name] = state
@@ -150,7 +159,7 @@ class Discovery:
                 elif was:
                     del state.matched[r.sys_path]
                     touched[name] = state
-        return self._rebuild(touched.values(), report_all=False)
+        return self._rebuild(touched.values(), report_all=False, ended=ended)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -200,7 +209,13 @@ class Discovery:
             known = ", ".join(self._states) or "none"
             raise KeyError(f"class {cls!r} is not discovered here (known: {known})") from None
 
-    def _rebuild(self, states: Iterable[_ClassState], *, report_all: bool) -> list[ClassChange]:
+    def _rebuild(
+        self,
+        states: Iterable[_ClassState],
+        *,
+        report_all: bool,
+        ended: frozenset[str] | set[str] = frozenset(),
+    ) -> list[ClassChange]:
         changes = []
         for state in states:
             cls = state.config
@@ -212,7 +227,7 @@ class Discovery:
             new = {d.name: d for d in devices}
             if cls.when_gone != "withdraw":
                 for old in before:
-                    if old.name not in new:
+                    if old.name not in new and not any(r.sys_path in ended for r in old.records):
                         state.gone[old.name] = as_gone(old)
                 for n in new:
                     state.gone.pop(n, None)

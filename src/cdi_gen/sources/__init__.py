@@ -5,7 +5,9 @@ The agent reads records from a :class:`RecordSource`: a full enumeration from
 source (:mod:`cdi_gen.sources.udev`, the only pyudev user); tests use a pipe-backed fake fed
 from recorded data (``tests/fakes/source.py``), so nothing but the tests meant for it reads
 this machine's udev database. Recordings themselves (``udevadm info --export-db`` text, the
-JSON of ``cdi-gen record``, read by ``--records``) are :mod:`cdi_gen.sources.records`.
+JSON of ``cdi-gen record``, read by ``--records``) are :mod:`cdi_gen.sources.records`. An
+interface that left the host for a pod's network namespace is not a device gone
+(:mod:`cdi_gen.sources.netns`, which the udev watcher asks).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from cdi_gen.errors import DiscoveryError
 from cdi_gen.model import DeviceRecord, ParentRecord, RecordWants, servable
 from cdi_gen.paths import UDEV_RUN_DIR
 from cdi_gen.sources import RecordBatch, property_int
+from cdi_gen.sources.netns import NetWhereabouts
 
 if TYPE_CHECKING:
     # The monitor runs on a loop; the one-shot commands only enumerate and never pay for
@@ -57,19 +58,14 @@ RECEIVE_BUFFER = 16 * 1024 * 1024
 _DRIVER_ACTIONS = frozenset({"bind", "unbind", "change", "move"})
 
 
-# ---------------------------------------------------------------------------------------------
 # Records from pyudev
-# ---------------------------------------------------------------------------------------------
 
 
 def _text(raw: Any) -> str | None:
     if raw is None:
         return None
     if isinstance(raw, bytes):
-        try:
-            return raw.decode("utf-8", "replace").rstrip("\n")
-        except Exception:  # pragma: no cover - bytes.decode with "replace" does not raise
-            return None
+        return raw.decode("utf-8", "replace").rstrip("\n")  # "replace" never raises
     return str(raw)
 
 
@@ -251,9 +247,7 @@ def resolve_source(source: Source, run_dir: Path = UDEV_RUN_DIR) -> Literal["ude
     return source
 
 
-# ---------------------------------------------------------------------------------------------
 # The watcher
-# ---------------------------------------------------------------------------------------------
 
 
 class UdevWatcher:
@@ -267,9 +261,10 @@ class UdevWatcher:
             ...                             # batch.full: replace; else apply the events
         watcher.close()
 
-    Only devices with a device node are reported. A bind/unbind/change/move of a device
-    without one (a PCI function getting its driver) is turned into ``change`` records of the
-    known devices below it, since their DRIVERS and ATTRS may have changed with it.
+    Only devices with a device node, and interfaces, are reported (an interface that left
+    the host for another network namespace as ``away``, see :mod:`cdi_gen.sources.netns`). A
+    bind/unbind/change/move of another device (a PCI function getting its driver) is turned
+    into ``change`` records of the known devices below it (their DRIVERS and ATTRS).
     """
 
     def __init__(
@@ -292,6 +287,7 @@ class UdevWatcher:
         self._context = context if context is not None else pyudev.Context()
         self._monitor: Any | None = None
         self._known: set[str] = set()
+        self.nets = NetWhereabouts()  # an interface moved into a pod is not gone
         self._pending: list[DeviceRecord] = []
         self._resync = False
         self._wakeup: asyncio.Event | None = None
@@ -324,7 +320,7 @@ class UdevWatcher:
             self._context, subsystems=self.subsystems, interest=self.interest, wants=self.wants
         )
         self._known = {r.sys_path for r in records}
-        return records
+        return self.nets.enumerated(records)
 
     def fileno(self) -> int:
         if self._monitor is None:
@@ -357,10 +353,13 @@ class UdevWatcher:
     def _handle(self, device: Any) -> None:
         action = device.action or "change"
         sys_path = device.sys_path
+        if action == "remove":
+            self._pending += self.nets.recheck()
         if action == "move":
             old = device.properties.get("DEVPATH_OLD")
             if old and f"/sys{old}" in self._known:
                 self._known.discard(f"/sys{old}")
+                self.nets.forget(f"/sys{old}")
                 self._pending.append(
                     DeviceRecord(
                         sys_path=f"/sys{old}",
@@ -382,9 +381,10 @@ class UdevWatcher:
                 )
             if record.action == "remove":
                 self._known.discard(sys_path)
+                self._pending.append(self.nets.removed(record))
             else:
                 self._known.add(sys_path)
-            self._pending.append(record)
+                self._pending += self.nets.seen(record)
             return
         if action in _DRIVER_ACTIONS or action == "remove":
             prefix = sys_path + "/"

@@ -1,7 +1,9 @@
 """Writes net-handwritten.json: HAND-WRITTEN records of network interfaces this CI machine
 lacks (two USB NICs, two CAN adapters, a WWAN modem with its control node), as udev
 (systemd 252) reports them. The veth pair and macvlan of net-veth-macvlan.json are the
-recorded ones (``cdi-gen record --subsystem net --attribute address --attribute ifindex``).
+recorded ones (``cdi-gen record --subsystem net --attribute address --attribute ifindex``);
+net-can-recorded.json is a real candleLight CAN adapter's udev record, published by its owner
+(the file says where), against which the hand-written gs_usb record below was checked.
 
 Sysfs layouts follow the kernel drivers (r8152, cdc_ether, gs_usb, peak_usb, cdc_mbim): the
 interface sits under its USB interface, under the USB device. Run it after editing; the JSON

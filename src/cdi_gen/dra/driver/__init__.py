@@ -18,6 +18,7 @@
   start;
 * :mod:`~cdi_gen.dra.driver.devicemetadata` and :mod:`~cdi_gen.dra.driver.metadatafiles`:
   device metadata for the pod, built and written;
+* :mod:`~cdi_gen.dra.driver.netdata`: a network interface's data in its claim's status;
 * :mod:`~cdi_gen.dra.driver.deviceclasses`: the DeviceClasses of the configured classes.
 
 The admission webhook that checks claims' configuration at ``kubectl apply`` is a package of

@@ -72,6 +72,7 @@ from cdi_gen.dra.driver.claimspec import (
 from cdi_gen.dra.driver.claimsweep import ClaimSweep
 from cdi_gen.dra.driver.devicemetadata import container_path, metadata_mount, metadata_stream
 from cdi_gen.dra.driver.metadatafiles import MetadataFolder
+from cdi_gen.dra.driver.netdata import network_data
 from cdi_gen.dra.driver.preparedclaim import PreparedClaim, SpecName
 from cdi_gen.dra.driver.refusal import DriverRefusal
 from cdi_gen.dra.plugin.claims import ClaimRefused, PreparedDevice
@@ -236,8 +237,10 @@ class ClaimFiles:
         driver: str = "",
         metadata_dir: Path | None = None,
         read_mode: HostMode = host_mode,
+        sysfs: str = "/sys",
     ) -> None:
         self.spec_dir = Path(spec_dir)
+        self.sysfs = sysfs
         self.instance = instance
         self.driver = driver
         self.metadata = None if metadata_dir is None else MetadataFolder(Path(metadata_dir))
@@ -394,17 +397,27 @@ class ClaimFiles:
         self._indexed[written.path] = (written, index)
         return doc, index
 
-    def device_nodes(self, cdi_name: str) -> tuple[str, ...]:
-        """The host device nodes the class's spec gives device ``cdi_name`` (what a claim's
-        status shows); empty when the spec cannot say."""
+    def _edits(self, cdi_name: str) -> Mapping[str, Any]:
+        """The ``containerEdits`` the class's spec gives device ``cdi_name``; empty when the
+        spec cannot say."""
         try:
             vendor, cls, name = parse_qualified_name(cdi_name)
             _, by_name = self._class_spec(vendor, cls)
         except (SpecWriteError, InvalidNameError, OSError, ValueError):
-            return ()
-        edits = (by_name.get(name) or {}).get("containerEdits") or {}
-        nodes = edits.get("deviceNodes") or []
+            return {}
+        edits = (by_name.get(name) or {}).get("containerEdits")
+        return edits if isinstance(edits, Mapping) else {}
+
+    def device_nodes(self, cdi_name: str) -> tuple[str, ...]:
+        """The host device nodes the class's spec gives device ``cdi_name`` (what a claim's
+        status shows); empty when the spec cannot say."""
+        nodes = self._edits(cdi_name).get("deviceNodes") or []
         return tuple(str(n.get("hostPath") or n.get("path")) for n in nodes if isinstance(n, dict))
+
+    def network_data(self, cdi_name: str) -> dict[str, str]:
+        """What a claim's status shows of device ``cdi_name``'s interface (see
+        :func:`~cdi_gen.dra.driver.netdata.network_data`); empty without one."""
+        return network_data(self._edits(cdi_name), self.sysfs)
 
     def remove(self, label: str, uid: str, claim: PreparedClaim) -> None:
         """Remove the claim's specs (one already gone is fine; a record of ours at its name

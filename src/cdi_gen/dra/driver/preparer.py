@@ -205,18 +205,23 @@ class PoolPreparer:
                 error=f"{label}: internal error of driver {self.driver}: {exc}", reason="internal"
             )
         log.info("prepared %s: %s", label, _describe(devices))
-        return PrepareResult(devices, device_nodes=self._device_nodes(devices))
+        nodes, networks = self._shown(devices)
+        return PrepareResult(devices, device_nodes=nodes, network_data=networks)
 
-    def _device_nodes(self, devices: tuple[PreparedDevice, ...]) -> dict[str, tuple[str, ...]]:
-        """The host device nodes of each pool device (what the claim's status shows)."""
+    def _shown(
+        self, devices: tuple[PreparedDevice, ...]
+    ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
+        """The host device nodes and the network data of each pool device (what the claim's
+        status shows)."""
         specs, pool = self.claim_files, self.pool.devices
         if specs is None:
-            return {}
-        return {
-            d.device: specs.device_nodes(pool[d.device].cdi_name)
-            for d in devices
-            if d.device in pool
+            return {}, {}
+        names = {d.device: pool[d.device].cdi_name for d in devices if d.device in pool}
+        nodes = {device: specs.device_nodes(cdi) for device, cdi in names.items()}
+        networks = {
+            device: net for device, cdi in names.items() if (net := specs.network_data(cdi))
         }
+        return nodes, networks
 
     def _prepare_checked(
         self, label: str, claim: ClaimView, timeout: float

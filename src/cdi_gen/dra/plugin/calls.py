@@ -224,7 +224,7 @@ class ClaimCalls:
         if self.status is None:
             return
         entries = device_entries(
-            self.driver, result.devices, self.pool.devices, result.device_nodes
+            self.driver, result.devices, self.pool.devices, result.device_nodes, result.network_data
         )
         self.status.prepared(claim.namespace, claim.name, claim.uid, entries)
 

@@ -75,12 +75,14 @@ class PrepareResult:
     and the rule; ``""`` when prepared) and ``reason``, the ``on_prepare`` metrics reason
     (``""``, a :class:`Refusal` value, ``"claim-read"``, ``"checkpoint"`` or
     ``"internal"``). ``device_nodes``, for a claim prepared by this call, names the host
-    device nodes of each pool device (what its status shows); not part of the answer."""
+    device nodes of each pool device (what its status shows), ``network_data`` the
+    ``networkData`` of each that moves a network interface; neither is part of the answer."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
     reason: str = ""
     device_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    network_data: Mapping[str, Mapping[str, str]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 After a prepare, each of our devices of the claim gets an entry (driver, pool, device and
 shareID; a ``Ready=True`` condition; ``data`` naming the CDI device IDs, the host device nodes
-and the device's udev identity), so ``kubectl get resourceclaim -o yaml`` shows what a pod got
+and the device's udev identity; ``networkData`` for a network interface: its name in the pod
+and its hardware address), so ``kubectl get resourceclaim -o yaml`` shows what a pod got
 without a login on the node; at unprepare our entries are cleared. Written by server-side
 apply of the status subresource under a field manager named after the driver: each driver
 owns its entries, and applying none releases ours.
@@ -60,10 +61,15 @@ class StatusClient(Protocol):
 
 
 def status_entry(
-    driver: str, device: PreparedDevice, found: PoolDevice | None, nodes: Sequence[str]
+    driver: str,
+    device: PreparedDevice,
+    found: PoolDevice | None,
+    nodes: Sequence[str],
+    network: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``status.devices`` entry of one prepared device: ``found`` its pool entry (None:
-    gone since), ``nodes`` the host device nodes its class's spec gives it."""
+    gone since), ``nodes`` the host device nodes its class's spec gives it, ``network`` its
+    interface's ``networkData`` (KEP-4817), if it moves one."""
     data: dict[str, Any] = {"cdiDeviceIDs": list(device.cdi_device_ids)}
     if nodes:
         data["deviceNodes"] = list(nodes)
@@ -88,6 +94,8 @@ def status_entry(
         }
     ]
     entry["data"] = data
+    if network:
+        entry["networkData"] = dict(network)
     return entry
 
 
@@ -215,6 +223,12 @@ def device_entries(
     devices: Sequence[PreparedDevice],
     pool: Mapping[str, PoolDevice],
     nodes: Mapping[str, Sequence[str]],
+    networks: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The entries of a prepared claim's ``devices`` (``nodes``: host nodes by pool device)."""
-    return [status_entry(driver, d, pool.get(d.device), nodes.get(d.device, ())) for d in devices]
+    """The entries of a prepared claim's ``devices`` (``nodes``: host nodes by pool device;
+    ``networks``: the network data of those that move an interface)."""
+    nets = networks or {}
+    return [
+        status_entry(driver, d, pool.get(d.device), nodes.get(d.device, ()), nets.get(d.device))
+        for d in devices
+    ]
