@@ -19,8 +19,8 @@
 
 Every lane builds or fetches into its own folder ``/var/cache/cdi-gen-test/<lane>/``; etcd (Debian
 13's 3.5, which both releases support) and the built runc (``/var/cache/cdi-gen-test/runc/``) are
-shared. A lane whose parts cannot be had fails the
-tests that run on it, naming the lane and the part; nothing skips.
+shared. A lane whose parts cannot be had fails the tests that run on it, naming the lane and
+the part; nothing skips.
 """
 
 from __future__ import annotations
