@@ -63,8 +63,9 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 # python3-venv: Debian's python3 makes no virtual environment without it.
 run_packages=(python3 python3-venv libudev1)
 # The crio lane builds CRI-O with cgo against libseccomp (gcc, libc6-dev, pkg-config,
-# libseccomp-dev) and its static pinns helper (gcc); its node runs Debian's conmon and runc, and
-# images reach CRI-O's store through podman.
+# libseccomp-dev) and its static pinns helper (gcc), and the current and crio lanes' runc 1.5 is
+# built the same way; the crio node runs Debian's conmon, images reach CRI-O's store through
+# podman, and the oldest lane (and the e2e tier) run Debian's runc.
 test_packages=(
     ca-certificates make git util-linux mount udev busybox-static iptables
     podman runc conmon containernetworking-plugins catatonit mmdebstrap
@@ -288,7 +289,7 @@ ensure_cluster() {
     # The real nodes (tests/cluster): etcd from Debian 13 and every lane, Kubernetes 1.37 with
     # containerd 2.3, Kubernetes 1.35 with containerd 1.7 and Kubernetes 1.36 with CRI-O 1.36,
     # built from their Go modules (cold about 20, 15 and 35 minutes on 2 busy cores; cached per
-    # lane outside the checkout), then the agent image from deploy/Containerfile on a base made
+    # lane outside the checkout), runc 1.5 for two of them (1 to 3 minutes), then the agent image from deploy/Containerfile on a base made
     # from Debian's packages. Both scripts check their caches first and print what they found.
     "$VENV/bin/python" tests/cluster/setup.py >&2 || fail "the Kubernetes node could not be prepared (output above)"
     "$VENV/bin/python" tests/cluster/image.py >&2 || fail "the agent image could not be built (output above)"

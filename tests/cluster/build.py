@@ -4,8 +4,10 @@ No registry ships kubelet or kube-apiserver binaries, nor a static containerd 2.
 of the release Kubernetes 1.36 pairs with, so they are built from the Go module proxy:
 ``k8s.io/kubernetes`` plus every staging module pinned by a replace
 (``lanes/<lane>/kubernetes/go.mod``), ``github.com/containerd/containerd/v2``
-(``lanes/current/containerd/go.mod``) and ``github.com/cri-o/cri-o`` (``lanes/crio/crio/go.mod``;
-with cgo against Debian's libseccomp). The output goes to a cache outside the checkout,
+(``lanes/current/containerd/go.mod``), ``github.com/cri-o/cri-o`` (``lanes/crio/crio/go.mod``;
+with cgo against Debian's libseccomp) and ``github.com/opencontainers/runc``
+(``tools/runc/go.mod``, cgo and libseccomp too: Debian 12's runc 1.1 ignores OCI
+``linux.netDevices``, which runc applies from 1.4). The output goes to a cache outside the checkout,
 ``/var/cache/cdi-gen-test/<lane>/<program>/<release>-<hash of go.mod, go.sum and flags>``: a
 warm run builds nothing, and changing a pin (or CRI-O's tags) builds into a new folder. The
 cold build's duration is recorded next to the binaries, so later runs can still report what a
@@ -142,6 +144,16 @@ CRIO_TAGS = (
 )
 
 
+#: The tags of runc's Makefile but ``libpathrs`` (a Rust library Debian 12 does not ship; without
+#: it runc uses its pure Go path resolution, as its Makefile's ``RUNC_BUILDTAGS=-libpathrs``).
+RUNC_TAGS = ("seccomp", "urfave_cli_no_docs")
+
+
+def runc_ldflags(version: str) -> str:
+    # runc embeds its VERSION file; only the symbols go.
+    return "-s -w"
+
+
 def kubernetes(directory: Path) -> GoProgram:
     return GoProgram(
         "kubernetes",
@@ -178,6 +190,21 @@ def crio(directory: Path) -> GoProgram:
         tags=CRIO_TAGS,
         # CRI-O pins every pod's namespaces with this small C helper of its repository.
         c_programs=("pinns",),
+    )
+
+
+def runc(directory: Path) -> GoProgram:
+    return GoProgram(
+        "runc",
+        "github.com/opencontainers/runc",
+        directory,
+        ("github.com/opencontainers/runc",),
+        runc_ldflags,
+        # Where Debian puts it.
+        out="usr/sbin",
+        # seccomp needs libseccomp, and runc's nsexec is C in any case.
+        cgo=True,
+        tags=RUNC_TAGS,
     )
 
 

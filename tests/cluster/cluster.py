@@ -496,8 +496,12 @@ class Cluster:
 
         step = time.monotonic()
         self._cni(node)
+        # Built by setup.py with the lane's other programs; never here.
+        runc = self.lane.runc(allow_build=False)
         if self.lane.runtime == "cri-o":
-            node.runtime = Crio(self.runtime_root, node.work, IMAGE_NAME, node.namespace.enter([]))
+            node.runtime = Crio(
+                self.runtime_root, node.work, IMAGE_NAME, node.namespace.enter([]), runc=runc
+            )
         else:
             node.runtime = Containerd(
                 self.runtime_root,
@@ -507,6 +511,7 @@ class Cluster:
                 IMAGE_NAME,
                 command_prefix=node.namespace.enter([]),
                 config_version=self.lane.containerd_config_version,
+                runc=runc,
             )
         try:
             node.runtime.start()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ def _running(lane: Lane, nodes: int) -> Iterator[Cluster]:
         etcd = fetch_etcd()
         runtime = lane.runtime_root(allow_build=False)
         binaries = lane.binaries(allow_build=False)
+        lane.runc(allow_build=False)  # the node's runtime runs it (cluster.py)
     except FetchError as exc:
         pytest.fail(f"lane {lane.name}: cannot get etcd: {exc}", False)
     except LaneError as exc:
@@ -161,20 +162,22 @@ def pods(cluster: Cluster) -> Iterator[Pods]:
         p.delete_all()
 
 
-AgentFactory = Callable[[str], NodeAgent]
+#: ``(config text, more cdi-gen run flags)`` → the registered agent.
+AgentFactory = Callable[..., NodeAgent]
 
 
 @pytest.fixture
 def node_agent(cluster: Cluster, tmp_path: Path) -> Iterator[AgentFactory]:
-    """Start ``cdi-gen run`` on the node with a config text; stopped (SIGTERM) at the end, and
-    the specs it left for running pods removed once the pods are gone."""
+    """Start ``cdi-gen run`` on the node with a config text (and more flags, e.g.
+    ``--runtime``); stopped (SIGTERM) at the end, and the specs it left for running pods
+    removed once the pods are gone."""
     started: list[NodeAgent] = []
 
-    def factory(config: str) -> NodeAgent:
+    def factory(config: str, args: Sequence[str] = ()) -> NodeAgent:
         n = len(started)
         path = tmp_path / f"agent{n}.yaml"
         path.write_text(config)
-        agent = NodeAgent(cluster, path, tmp_path / f"agent{n}.log")
+        agent = NodeAgent(cluster, path, tmp_path / f"agent{n}.log", tuple(args))
         agent.start()
         started.append(agent)
         _TEST_LOGS.append((f"cdi-gen run #{n}", agent.log))
@@ -245,7 +248,8 @@ def _kubelet_connected(cluster: Cluster, driver: str, since: int) -> bool:
 def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraAgentFactory]:
     """Start ``cdi-gen run --api dra`` on the node with a config text and return once the
     kubelet has connected to its DRA socket (registration done). ``state_dir`` (default: one
-    per test) is where prepared claims are kept: pass the same one to a restarted agent.
+    per test) is where prepared claims are kept: pass the same one to a restarted agent;
+    ``args`` are more ``cdi-gen run`` flags.
 
     At the end the pods are deleted (their claims unprepared), the agents stopped (SIGTERM),
     the specs they left removed, and whatever ResourceSlices of the driver remain deleted, so
@@ -253,7 +257,11 @@ def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraA
     started: list[NodeAgent] = []
 
     def factory(
-        config: str, state_dir: Path | None = None, driver: str = DRIVER, wait: bool = True
+        config: str,
+        state_dir: Path | None = None,
+        driver: str = DRIVER,
+        wait: bool = True,
+        args: Sequence[str] = (),
     ) -> NodeAgent:
         n = len(started)
         path = tmp_path / f"dra-agent{n}.yaml"
@@ -261,7 +269,10 @@ def dra_agent(cluster: Cluster, claims: Claims, tmp_path: Path) -> Iterator[DraA
         state = state_dir or tmp_path / "state"
         since = _kubelet_log_size(cluster)
         agent = NodeAgent(
-            cluster, path, tmp_path / f"dra-agent{n}.log", dra_args(cluster, state, driver)
+            cluster,
+            path,
+            tmp_path / f"dra-agent{n}.log",
+            (*dra_args(cluster, state, driver), *args),
         )
         agent.start()
         started.append(agent)

@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from containerd.config import to_toml
+from containerd.config import DEBIAN_RUNC, to_toml
 from containerd.cri import CRIClient, stop_runtime
 from podman_store import PodmanStore
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 START_TIMEOUT = 30.0
-#: Debian 12's runtime and monitor (crun refuses the machine's hybrid cgroup layout).
-RUNC = Path("/usr/sbin/runc")
+#: Debian 12's monitor (crun refuses the machine's hybrid cgroup layout, so the runtime is a
+#: runc: the lane's, ``Crio.runc``).
 CONMON = Path("/usr/bin/conmon")
-#: What CRI-O runs as runc: Debian's, after two edits of the bundle's config.json that make
+#: What CRI-O runs as runc: the lane's runc, after two edits of the bundle's config.json that make
 #: CRI-O's container specs fit this VM, as containerd's config does for its own:
 #: - oom_score_adj: CRI-O gives every infra container -998 (and the kubelet a Guaranteed
 #:   pod's containers -997); lowering it needs CAP_SYS_RESOURCE, which this VM withholds even
@@ -45,7 +45,7 @@ CONMON = Path("/usr/bin/conmon")
 #:   use: every container would fail with "cannot set hugetlb limit". containerd drops them
 #:   by default (``disable_hugetlb_controller``); so do we.
 #: Nothing the tests check depends on either.
-RUNC_WRAPPER = f"""#!/bin/sh
+_RUNC_WRAPPER = """#!/bin/sh
 bundle=""
 previous=""
 for arg in "$@"; do
@@ -67,8 +67,13 @@ with open(path, "w") as f:
     json.dump(spec, f)
 ' "$bundle/config.json" || exit 1
 fi
-exec {RUNC} "$@"
+exec {runc} "$@"
 """
+
+
+def runc_wrapper(runc: Path) -> str:
+    """The wrapper script around ``runc`` (the lane's)."""
+    return _RUNC_WRAPPER.format(runc=runc)
 
 
 class CrioError(RuntimeError):
@@ -102,6 +107,8 @@ class Crio:
     sandbox_image: str
     #: Put before every command line: enters the node's mount namespace.
     command_prefix: list[str] = field(default_factory=list)
+    #: The runc that the wrapper runs (``Lane.runc``).
+    runc: Path = DEBIAN_RUNC
     process: subprocess.Popen[bytes] | None = None
     cri: CRIClient | None = None
     cgroup_parent: str = ""
@@ -202,7 +209,7 @@ class Crio:
         self.store.write_conf()
         (self.home / "mounts.conf").write_text("")
         wrapper = self.home / "runc-wrapper"
-        wrapper.write_text(RUNC_WRAPPER)
+        wrapper.write_text(runc_wrapper(self.runc))
         wrapper.chmod(0o755)
         # Images come only from the store (imagePullPolicy: Never); nothing is pulled.
         (self.home / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}')
@@ -265,7 +272,7 @@ class Crio:
         runc_root = self.home / "runc"
         for state in runc_root.glob("*/state.json"):
             subprocess.run(
-                [str(RUNC), "--root", str(runc_root), "delete", "-f", state.parent.name],
+                [str(self.runc), "--root", str(runc_root), "delete", "-f", state.parent.name],
                 capture_output=True,
                 check=False,
             )

@@ -2,20 +2,25 @@
 
 - ``current`` (the default of every cluster test): Kubernetes 1.37 and containerd 2.3 (the LTS),
   both built from their Go modules, containerd's config in its native version 4 with CDI left at
-  its default (on), and **no feature gates**: a cluster as users run it at the end of 2026.
+  its default (on), runc 1.5 built from its Go module (it applies OCI ``linux.netDevices``:
+  network interfaces move into pods), and **no feature gates**: a cluster as users run it at
+  the end of 2026.
 - ``oldest``: Kubernetes 1.35 with Debian 13's containerd 1.7 (config version 2, CDI switched on
-  as ``deploy/containerd/containerd-1.7-cdi.toml`` says) and the DRA alpha gates of 1.35: the
-  oldest pair we support. The device-plugin scenarios and one DRA scenario run here too
+  as ``deploy/containerd/containerd-1.7-cdi.toml`` says), Debian 12's runc 1.1 and the DRA alpha
+  gates of 1.35: the oldest pair we support (neither moves network interfaces). The
+  device-plugin scenarios and one DRA scenario run here too
   (``@pytest.mark.lanes("current", "oldest")``).
 - ``crio``: Kubernetes 1.36 with CRI-O 1.36, both built from their Go modules (CRI-O with cgo
-  against Debian's libseccomp; conmon and runc from Debian), cgroupfs, CDI at CRI-O's defaults
-  and no feature gates (every DRA feature the tests use is on by default in 1.36: see
-  DRA_FEATURES). The runtime reads images from containers-storage, so images reach the node
-  through ``podman load`` into CRI-O's own store (``crio.py``), not ``ctr images import``.
+  against Debian's libseccomp; conmon from Debian, runc the current lane's), cgroupfs, CDI at
+  CRI-O's defaults and no feature gates (every DRA feature the tests use is on by default in
+  1.36: see DRA_FEATURES). The runtime reads images from containers-storage, so images reach
+  the node through ``podman load`` into CRI-O's own store (``crio.py``), not ``ctr images
+  import``.
 
 Every lane builds or fetches into its own folder ``/var/cache/cdi-gen-test/<lane>/``; etcd (Debian
-13's 3.5, which both releases support) is shared. A lane whose parts cannot be had fails the
-tests that run on it, naming the lane and the part; nothing skips.
+13's 3.5, which both releases support) and the built runc (``/var/cache/cdi-gen-test/runc/``) are
+shared. A lane whose parts cannot be had fails the tests that run on it, naming the lane and
+the part; nothing skips.
 """
 
 from __future__ import annotations
@@ -27,7 +32,17 @@ from typing import Literal
 
 from containerd.fetch import CACHE_ROOT
 
-from .build import HERE, Binaries, BuildError, GoProgram, build, containerd, crio, kubernetes
+from .build import (
+    HERE,
+    Binaries,
+    BuildError,
+    GoProgram,
+    build,
+    containerd,
+    crio,
+    kubernetes,
+    runc,
+)
 from .dist import FetchError, fetch_containerd
 
 #: The features the DRA scenarios use, and where each matters: the apiserver keeps the
@@ -71,6 +86,9 @@ class Lane:
     #: Set in every component; an unknown gate makes a component refuse to start, so each
     #: was checked against the release's pkg/features/kube_features.go.
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    #: The runc the runtime runs, built from its Go module into ``RUNC_CACHE`` (shared by the
+    #: lanes that run it); None: Debian 12's ``DEBIAN_RUNC``.
+    runc_program: GoProgram | None = None
 
     @property
     def cache(self) -> Path:
@@ -116,6 +134,27 @@ class Lane:
         except FetchError as exc:
             raise LaneError(f"lane {self.name}: containerd 1.7: {exc}") from exc
 
+    def runc_build(self, *, allow_build: bool = True) -> Binaries | None:
+        """The lane's built runc (None: Debian's; raises :class:`LaneError` naming the lane)."""
+        if self.runc_program is None:
+            return None
+        try:
+            return build(self.runc_program, RUNC_CACHE, allow_build=allow_build)
+        except BuildError as exc:
+            raise LaneError(f"lane {self.name}: runc: {exc}") from exc
+
+    def runc(self, *, allow_build: bool = True) -> Path:
+        """The ``runc`` binary the lane's runtime runs."""
+        built = self.runc_build(allow_build=allow_build)
+        return DEBIAN_RUNC if built is None else built.path("runc")
+
+
+#: Debian 12's runc (1.1.5): it ignores ``linux.netDevices``.
+DEBIAN_RUNC = Path("/usr/sbin/runc")
+#: <root>/runc/runc: the layout of a lane's program (<root>/<lane>/<program>), so build.py finds
+#: the shared Go toolchain folder <root>/go two levels up.
+RUNC_CACHE = CACHE_ROOT / "runc" / "runc"
+
 
 class LaneError(RuntimeError):
     """A part of a lane could not be had; the message names the lane and the part."""
@@ -125,14 +164,18 @@ _LANES_DIR = HERE / "lanes"
 
 CURRENT = Lane(
     "current",
-    "Kubernetes 1.37 + containerd 2.3 (LTS), no feature gates: what users run",
+    "Kubernetes 1.37 + containerd 2.3 (LTS) + runc 1.5, no feature gates: what users run",
     kubernetes(_LANES_DIR / "current/kubernetes"),
     "containerd",
     containerd(_LANES_DIR / "current/containerd"),
+    runc_program=runc(HERE / "tools/runc"),
 )
 OLDEST = Lane(
     "oldest",
-    "Kubernetes 1.35 + containerd 1.7 with the DRA alpha gates: the oldest pair supported",
+    (
+        "Kubernetes 1.35 + containerd 1.7 (Debian's runc 1.1) with the DRA alpha gates: "
+        "the oldest pair supported"
+    ),
     kubernetes(_LANES_DIR / "oldest/kubernetes"),
     "containerd",
     None,
@@ -140,10 +183,11 @@ OLDEST = Lane(
 )
 CRIO = Lane(
     "crio",
-    "Kubernetes 1.36 + CRI-O 1.36 (cgroupfs, conmon and runc from Debian), no feature gates: "
+    "Kubernetes 1.36 + CRI-O 1.36 (cgroupfs, conmon from Debian, runc 1.5), no feature gates: "
     "the other runtime users run",
     kubernetes(_LANES_DIR / "crio/kubernetes"),
     "cri-o",
     crio(_LANES_DIR / "crio/crio"),
+    runc_program=runc(HERE / "tools/runc"),
 )
 LANES = {lane.name: lane for lane in (CURRENT, OLDEST, CRIO)}

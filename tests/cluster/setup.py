@@ -7,9 +7,11 @@ kube-controller-manager and kubectl from the release pinned in
 tests/cluster/lanes/<lane>/kubernetes/go.mod, containerd 2.3 (current lane) from
 tests/cluster/lanes/current/containerd/go.mod and CRI-O 1.36 with its pinns (crio lane) from
 tests/cluster/lanes/crio/crio/go.mod, into /var/cache/cdi-gen-test/<lane>/ (nothing when
-already built); unpacks Debian 13's etcd (every lane) and containerd 1.7 (oldest lane);
-checks the host tools the nodes need. Helm 3 and Helm 4, for the chart's tests, are built from
-tests/cluster/tools/helm{,4}/go.mod into /var/cache/cdi-gen-test/helm/ (tests/cluster/helm.py).
+already built), and runc 1.5 (current and crio lanes) from tests/cluster/tools/runc/go.mod
+into /var/cache/cdi-gen-test/runc/; unpacks Debian 13's etcd (every lane) and containerd 1.7
+(oldest lane); checks the host tools the nodes need. Helm 3 and Helm 4, for the chart's tests,
+are built from tests/cluster/tools/helm{,4}/go.mod into /var/cache/cdi-gen-test/helm/
+(tests/cluster/helm.py).
 Exits 1 naming the lane and what is missing or failed (after trying the other lanes); a second
 run does nothing but check.
 """
@@ -61,6 +63,9 @@ def prepare(lane: Lane) -> None:
     where = f"built, {_state(built)}" if built is not None else "Debian 13's package"
     daemon = "crio" if lane.runtime == "cri-o" else "containerd"
     print(f"  {_version([str(root / 'usr/bin' / daemon), '--version'])} ({where})")
+    runc = lane.runc_build()
+    shown = f"built, {_state(runc)}" if runc is not None else "Debian 12's package"
+    print(f"  {_version([str(lane.runc()), '--version'])} ({shown})", flush=True)
     print("  Kubernetes: from the build cache, or built (15 min cold, 2 busy cores)", flush=True)
     binaries = lane.binaries()
     print(f"  Kubernetes {binaries.version} in {binaries.bin} ({_state(binaries)})")

@@ -1,4 +1,4 @@
-"""Each lane runs what it says: the pinned Kubernetes and runtime on the Node, containerd's
+"""Each lane runs what it says: the pinned Kubernetes, runtime and runc on the Node, containerd's
 config in the lane's format with CDI on as users get it (CRI-O's with CDI at its defaults), the
 lane's feature gates only, and the doctor reading the runtime's release and CDI folders."""
 
@@ -38,6 +38,24 @@ def test_the_node_runs_the_lanes_releases(cluster: Cluster, lane: Lane) -> None:
         assert runtime == f"{lane.runtime}://{release}", runtime
 
 
+def test_the_runtime_runs_the_lanes_runc(cluster: Cluster, lane: Lane) -> None:
+    """runc 1.5 built from its Go module under containerd 2.3 and CRI-O (it applies
+    ``linux.netDevices``: test_net_devices.py), Debian 12's 1.1 under containerd 1.7."""
+    runc = lane.runc(allow_build=False)
+    if isinstance(cluster.runtime, Crio):
+        assert f"exec {runc} " in (cluster.runtime.home / "runc-wrapper").read_text()
+    else:
+        assert cluster.containerd is not None
+        cri = cluster.containerd.config["plugins"]
+        cri = cri.get("io.containerd.cri.v1.runtime") or cri["io.containerd.grpc.v1.cri"]
+        assert cri["containerd"]["runtimes"]["runc"]["options"]["BinaryName"] == str(runc)
+    version = subprocess.run(
+        [str(runc), "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.splitlines()[0]
+    wanted = "runc version 1.1." if lane.runc_program is None else "runc version 1.5."
+    assert version.startswith(wanted), version
+
+
 @pytest.mark.lanes("current", "oldest")
 def test_containerd_runs_the_lanes_config(cluster: Cluster, lane: Lane) -> None:
     assert cluster.containerd is not None
@@ -55,8 +73,8 @@ def test_containerd_runs_the_lanes_config(cluster: Cluster, lane: Lane) -> None:
 
 @pytest.mark.lanes("crio")
 def test_crio_runs_the_lanes_config(cluster: Cluster) -> None:
-    """CRI-O as the issue asks: cgroupfs, conmon in the pod's cgroup, Debian's runc, CDI
-    reading the standard folders (its defaults; CDI has no switch in CRI-O)."""
+    """CRI-O as the issue asks: cgroupfs, conmon in the pod's cgroup, a runc, CDI reading the
+    standard folders (its defaults; CDI has no switch in CRI-O)."""
     assert isinstance(cluster.runtime, Crio)
     crio = cluster.runtime.config["crio"]
     assert crio["runtime"]["cgroup_manager"] == "cgroupfs"

@@ -19,6 +19,9 @@ SNIPPET_17 = REPO / "deploy/containerd/containerd-1.7-cdi.toml"
 SNIPPET_2X = REPO / "deploy/containerd/containerd-2.x-cdi.toml"
 CRI_17 = "io.containerd.grpc.v1.cri"
 CRI_2X = "io.containerd.cri.v1.runtime"
+#: Debian 12's runc, which the shim runs unless a test names another (the cluster's current
+#: lane runs a runc 1.5 built from its Go module: tests/cluster/lane.py).
+DEBIAN_RUNC = Path("/usr/sbin/runc")
 
 
 def load_snippet(path: Path = SNIPPET_17) -> dict[str, Any]:
@@ -42,11 +45,12 @@ def daemon_config(
     sandbox_image: str,
     *,
     enable_cdi: bool | None = None,
+    runc: Path = DEBIAN_RUNC,
 ) -> dict[str, Any]:
     """The whole config: the deploy snippet, the test's folders, private everything else.
 
     ``enable_cdi`` left as None keeps the snippet's value; False reproduces a node where
-    nobody turned CDI on.
+    nobody turned CDI on. ``runc`` is the binary the shim runs.
     """
     snippet = load_snippet()
     cri: dict[str, Any] = {
@@ -62,7 +66,7 @@ def daemon_config(
             "runtimes": {
                 "runc": {
                     "runtime_type": "io.containerd.runc.v2",
-                    "options": {"BinaryName": "/usr/sbin/runc", "Root": str(work / "runc")},
+                    "options": {"BinaryName": str(runc), "Root": str(work / "runc")},
                 }
             },
         },
@@ -85,10 +89,12 @@ def daemon_config(
 CRI_IMAGES_2X = "io.containerd.cri.v1.images"
 
 
-def daemon_config_v4(work: Path, spec_dirs: list[Path], sandbox_image: str) -> dict[str, Any]:
+def daemon_config_v4(
+    work: Path, spec_dirs: list[Path], sandbox_image: str, runc: Path = DEBIAN_RUNC
+) -> dict[str, Any]:
     """containerd 2.3's native config (version 4) for a private daemon, built on
     ``deploy/containerd/containerd-2.x-cdi.toml`` as :func:`daemon_config` is on the 1.7
-    snippet: only its folder list is replaced.
+    snippet: only its folder list is replaced; the shim runs ``runc``.
 
     CDI is left at its default, on: the snippet writes no ``enable_cdi`` (only ``false`` is
     deprecated, and a node as users get it has no such line).
@@ -117,7 +123,7 @@ def daemon_config_v4(work: Path, spec_dirs: list[Path], sandbox_image: str) -> d
                         "runc": {
                             "runtime_type": "io.containerd.runc.v2",
                             "options": {
-                                "BinaryName": "/usr/sbin/runc",
+                                "BinaryName": str(runc),
                                 "Root": str(work / "runc"),
                             },
                         }

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from .config import daemon_config, daemon_config_v4, to_toml
+from .config import DEBIAN_RUNC, daemon_config, daemon_config_v4, to_toml
 from .cri import CRIClient, stop_runtime
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -86,6 +86,8 @@ class Containerd:
     command_prefix: list[str] = field(default_factory=list)
     #: 2: containerd 1.7 from the deploy snippet; 4: containerd 2.3's native format.
     config_version: int = 2
+    #: The runc the shim runs.
+    runc: Path = DEBIAN_RUNC
     process: subprocess.Popen[bytes] | None = None
     cri: CRIClient | None = None
     cgroup_parent: str = ""
@@ -130,10 +132,14 @@ class Containerd:
         for d in ("root", "state", "runc", "opt", "cni/bin", "cni/conf", "logs"):
             (self.work / d).mkdir(parents=True, exist_ok=True)
         if self.config_version == 4:
-            self.config = daemon_config_v4(self.work, self.spec_dirs, self.sandbox_image)
+            self.config = daemon_config_v4(self.work, self.spec_dirs, self.sandbox_image, self.runc)
         else:
             self.config = daemon_config(
-                self.work, self.spec_dirs, self.sandbox_image, enable_cdi=self.enable_cdi
+                self.work,
+                self.spec_dirs,
+                self.sandbox_image,
+                enable_cdi=self.enable_cdi,
+                runc=self.runc,
             )
         self.config_path.write_text(to_toml(self.config))
         with open(self.log_path, "wb") as log:
