@@ -14,8 +14,7 @@ import pytest
 from cdi_gen.agent.comebacks import Comebacks
 from cdi_gen.agent.follow import Hierarchies
 from cdi_gen.agent.privileges import (
-    CAP_MKNOD,
-    CAP_SYS_ADMIN,
+    FOLLOW_CAPABILITIES,
     Privileges,
     effective_capabilities,
     effective_policy,
@@ -25,7 +24,8 @@ from cdi_gen.config.loader import parse_config
 from cdi_gen.dra.driver.poolentries import device_name
 from cdi_gen.model import ClassChange, DiscoveredDevice, NodeInfo
 
-ALL = (1 << CAP_SYS_ADMIN) | (1 << CAP_MKNOD)
+ALL = sum(1 << bit for bit, _ in FOLLOW_CAPABILITIES.values())
+MKNOD = 1 << FOLLOW_CAPABILITIES["CAP_MKNOD"][0]
 
 
 def _device(name: str, minor: int, path: str = "/dev/held") -> DiscoveredDevice:
@@ -99,9 +99,14 @@ def test_without_sockets_follow_and_restart_run_as_keep_in_one_line(
 
 
 def test_without_capabilities_or_a_writable_cgroup_follow_lacks_them(tmp_path: Path) -> None:
-    lacks = _privileges(tmp_path, caps=1 << CAP_MKNOD).follow_lacks
-    assert "no CAP_SYS_ADMIN in the effective capabilities" in lacks
-    assert not any("CAP_MKNOD" in why for why in lacks)
+    lacks = _privileges(tmp_path, caps=ALL & ~MKNOD).follow_lacks
+    assert "no CAP_MKNOD in the effective capabilities" in lacks
+    lacks = _privileges(tmp_path, caps=MKNOD).follow_lacks
+    assert (
+        "no CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SYS_PTRACE, CAP_CHOWN, CAP_FOWNER in the "
+        "effective capabilities"
+    ) in lacks
+    assert _privileges(tmp_path).follow_lacks == _privileges(tmp_path).restart_lacks
     lacks = _privileges(tmp_path, mounted=False).follow_lacks
     assert any("no writable cgroup hierarchy" in why for why in lacks)
 
@@ -128,7 +133,7 @@ def test_host_mode_runs_every_policy_as_keep(caplog: pytest.LogCaptureFixture) -
 
 
 def test_the_effective_capabilities_are_read_from_the_status() -> None:
-    assert effective_capabilities("Name:\tx\nCapEff:\t0000000008200000\n") == ALL
+    assert effective_capabilities("Name:\tx\nCapEff:\t00000000082c0009\n") == ALL
     assert effective_capabilities("Name:\tx\n") == 0
 
 

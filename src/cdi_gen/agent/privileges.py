@@ -4,8 +4,8 @@ each class runs with.
 ``follow`` changes a holding container's device cgroup and makes a node in its mount
 namespace: it needs the node's PID namespace (the runtime's PIDs mean the same processes
 here: the runtime answering on the CRI socket is a process of the agent's own PID namespace),
-``CAP_SYS_ADMIN`` (``setns``, ``bpf``) and ``CAP_MKNOD`` in the effective set, a cgroup
-hierarchy mounted writable, and both sockets. ``restart`` needs the kubelet's pod-resources
+the capabilities of :data:`FOLLOW_CAPABILITIES` in the effective set, a cgroup hierarchy
+mounted writable, and both sockets. ``restart`` needs the kubelet's pod-resources
 socket (who holds the device) and a CRI socket (to stop the holders). A class whose policy
 lacks something runs as the next one down (``follow`` → ``restart`` → ``keep``), said in one
 line at start naming what is missing.
@@ -27,14 +27,33 @@ from typing import Literal
 from cdi_gen.agent.follow import Hierarchies
 from cdi_gen.errors import quote
 
-__all__ = ["CAP_MKNOD", "CAP_SYS_ADMIN", "Policy", "Privileges", "effective_policy"]
+__all__ = [
+    "FOLLOW_CAPABILITIES",
+    "Policy",
+    "Privileges",
+    "effective_capabilities",
+    "effective_policy",
+]
 
 log = logging.getLogger("cdi_gen.agent.agent")
 
 Policy = Literal["keep", "restart", "follow"]
 #: Capability bits (linux/capability.h).
+CAP_CHOWN = 0
+CAP_FOWNER = 3
+CAP_SYS_CHROOT = 18
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
 CAP_MKNOD = 27
+#: What ``follow`` uses each for (docs/security.md names them too).
+FOLLOW_CAPABILITIES: dict[str, tuple[int, str]] = {
+    "CAP_SYS_ADMIN": (CAP_SYS_ADMIN, "setns into a mount namespace, bpf(2), devices.allow"),
+    "CAP_SYS_CHROOT": (CAP_SYS_CHROOT, "setns into a mount namespace"),
+    "CAP_SYS_PTRACE": (CAP_SYS_PTRACE, "setns by the pidfd of a process of another user"),
+    "CAP_MKNOD": (CAP_MKNOD, "the node made in the container"),
+    "CAP_CHOWN": (CAP_CHOWN, "the node given the spec's owner and group"),
+    "CAP_FOWNER": (CAP_FOWNER, "the node given the spec's mode once another user's"),
+}
 #: How long the CRI socket's peer may take to accept the connection that names it.
 _CONNECT_SECONDS = 0.5
 
@@ -120,9 +139,9 @@ class Privileges:
         if cri is not None and (why := _same_pid_namespace(cri)) is not None:
             follow.append(why)
         caps = capabilities()
-        for bit, name in ((CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (CAP_MKNOD, "CAP_MKNOD")):
-            if not caps & (1 << bit):
-                follow.append(f"no {name} in the effective capabilities")
+        missing = [n for n, (bit, _) in FOLLOW_CAPABILITIES.items() if not caps & (1 << bit)]
+        if missing:
+            follow.append(f"no {', '.join(missing)} in the effective capabilities")
         where = hierarchies()
         roots = [r for r in (where.v1, where.v2) if r is not None]
         if not any(_writable(r) for r in roots):
