@@ -121,7 +121,10 @@ class Node:
         """Pod ``name`` whose container ``c`` is ``held`` (its process, cgroup and rules)."""
         self.kubelet.pods.append(pod("ns", name, container("c", devices, claims)))
         self.cri.add_sandbox(f"sb-{name}", "ns", name, uid=f"uid-{name}")
-        spec = runtime_spec(held.cgroup, held.oci_rules)
+        # As CDI injection leaves it: the node at its path with the numbers of the container's
+        # creation (a later follow changes the container, never its spec).
+        created = {"path": PATH, "type": "b", "major": 7, "minor": held.oci_rules[1]["minor"]}
+        spec = runtime_spec(held.cgroup, held.oci_rules, [created])
         process = held.process.pid if pid is None else pid
         start = (
             wall_start(process_start(held.process.pid) or 0) if started_at is None else started_at
@@ -200,6 +203,16 @@ async def test_follow_gives_the_holder_the_device_again_and_touches_no_other(
                     lambda: _lines(caplog, "came back", "ns/app/c"), "the holder's line"
                 )
                 assert ": done" in line, line
+                # Again: the runtime's spec still names the first numbers, the container the
+                # second; the follow starts from what the container has.
+                newer = reattached(loops, new, backing)
+                lines = await until(
+                    lambda: (x := _lines(caplog, "came back", "ns/app/c"))[1:] and x,
+                    "the holder's second line",
+                )
+                assert ": done" in lines[1], lines[1]
+                assert holder.read() == READ
+                assert holder.run(rdev) == os.makedev(7, newer.number)
                 assert (other.listed(), other.programs(), other.run(rdev)) == untouched
                 assert not _lines(caplog, "came back", "bystander")
                 assert not task.done() and not node.cri.stopped
@@ -207,7 +220,7 @@ async def test_follow_gives_the_holder_the_device_again_and_touches_no_other(
                     "cdi_gen_when_back_total",
                     {"resource": f"{VENDOR}/held", "policy": "follow", "outcome": "done"},
                 )
-                assert metrics == 1
+                assert metrics == 2
     finally:
         holder.stop()
         other.stop()

@@ -13,6 +13,7 @@ but the runtime does not run, or whose answer cannot be trusted, is one line in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,12 @@ from cdi_gen.agent.follow import Holder
 from cdi_gen.containernode.linux import process_start
 from cdi_gen.containernode.node import ContainerProcess
 from cdi_gen.devcgroup.errors import DeviceRuleError
-from cdi_gen.devcgroup.rules import parse_oci_devices, with_runc_defaults
+from cdi_gen.devcgroup.rules import DeviceType, moved, parse_oci_devices, with_runc_defaults
 from cdi_gen.kubelet.containers import RunningContainer, find_running
 from cdi_gen.kubelet.localclient import Deadline
 from cdi_gen.kubelet.podresources import Assignments, ContainerRef, read_assignments
 
-__all__ = ["DeviceKeys", "FoundHolder", "Holders", "find_holders", "wall_start"]
+__all__ = ["DeviceKeys", "FoundHolder", "Holders", "as_followed", "find_holders", "wall_start"]
 
 #: A process may start this long after its container's recorded start (the runtime records
 #: the start after the process exists; the clocks are read apart): later, it is another.
@@ -124,3 +125,26 @@ def find_holders(keys: DeviceKeys, pod_resources: Path, cri: Path, deadline: Dea
     running = find_running(cri, refs, round(deadline.remaining(), 2))
     found = tuple(_holder(r) for r in running.containers)
     return Holders(found, (*assignments.notes, *running.notes))
+
+
+def as_followed(
+    found: FoundHolder, path: str, type_: DeviceType, old: tuple[int, int]
+) -> Holder | None:
+    """``found``'s holder with its rules as an earlier follow left them: the runtime's spec
+    still names the numbers the container was created with (its ``linux.devices`` entry at
+    ``path``); when the device has come back before and was followed, the container's
+    cgroup names ``old`` instead, and so must the rules a follow starts from."""
+    holder = found.holder
+    if holder is None:
+        return None
+    created = None
+    for device in found.running.devices:
+        major, minor = device.get("major"), device.get("minor")
+        if device.get("path") == path and isinstance(major, int) and isinstance(minor, int):
+            created = (major, minor)
+    if created is None or created == old:
+        return holder
+    try:
+        return dataclasses.replace(holder, rules=moved(holder.rules, type_, created, old))
+    except DeviceRuleError:
+        return holder  # no rule names the created numbers: the follow step refuses it

@@ -28,11 +28,12 @@ from typing import Literal
 
 from cdi_gen.agent.comebacks import Comeback, MovedNode
 from cdi_gen.agent.follow import CameBack, Hierarchies, follow
-from cdi_gen.agent.holders import DeviceKeys, FoundHolder, find_holders
+from cdi_gen.agent.holders import DeviceKeys, FoundHolder, as_followed, find_holders
 from cdi_gen.agent.privileges import Policy, Privileges, effective_policy
 from cdi_gen.config.edits import NodeOptions
 from cdi_gen.config.models import ClassConfig
 from cdi_gen.containernode.node import DeviceNode
+from cdi_gen.devcgroup.rules import DeviceType
 from cdi_gen.discovery.sharing import slot_names
 from cdi_gen.errors import quote
 from cdi_gen.kubelet.containers import stop_container
@@ -223,8 +224,11 @@ class BackPolicy:
         worst: dict[str, ContainerOutcome] = {}
         for moved in comeback.moved:
             came = CameBack(comeback.name, spec_node(self.node_options, moved), moved.old)
-            holders = [f.holder for f in ready if f.holder is not None]
-            for found, result in zip(ready, follow(came, holders, where), strict=True):
+            type_: DeviceType = "b" if moved.node.type == "b" else "c"
+            holders = [as_followed(f, moved.node.container_path, type_, moved.old) for f in ready]
+            pairs = [(f, h) for f, h in zip(ready, holders, strict=True) if h is not None]
+            results = follow(came, [h for _, h in pairs], where)
+            for (found, _), result in zip(pairs, results, strict=True):
                 key = found.running.container_id
                 outcome = ContainerOutcome(
                     result.holder, key, result.status, _node_reason(moved, result.reason)
