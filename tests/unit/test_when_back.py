@@ -168,3 +168,24 @@ def test_the_node_given_is_the_specs_path_mode_and_owner() -> None:
     node = spec_node(cls.node, moved)  # type: ignore[attr-defined]
     assert (node.path, node.type, node.major, node.minor) == ("/dev/held", "b", 7, 9)
     assert (node.mode, node.uid, node.gid) == (0o640, 5, 6)
+
+
+def test_a_dra_class_pinning_numbers_is_told_its_claim_specs_keep_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim's own spec copies the class's nodes at prepare: with pinned numbers it keeps
+    the old ones after a comeback, said at start; without (the default) it names none."""
+    from cdi_gen.agent.whenback import class_policy
+    from cdi_gen.metrics import Metrics
+
+    privileges = Privileges((), (), Path("/x"))
+    for pin, lines in ((False, 0), (True, 1)):
+        caplog.clear()
+        cls = _class(api="dra", whenBack="follow", node={"pinNumbers": pin})
+        with caplog.at_level(logging.WARNING):
+            class_policy(
+                cls, "example.com", privileges, Path("/pr.sock"),  # type: ignore[arg-type]
+                driver=("example.com", "node-a", ["held"]), metrics=Metrics(),
+            )  # fmt: skip
+        found = [r.getMessage() for r in caplog.records if "pinNumbers" in r.getMessage()]
+        assert len(found) == lines, found

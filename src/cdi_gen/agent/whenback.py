@@ -283,6 +283,14 @@ def class_policy(
     ``privileges`` allow (None: no kubelet) with one line (see
     :func:`~cdi_gen.agent.privileges.effective_policy`)."""
     resource = f"{vendor}/{config.name}"
+    if config.api == "dra" and config.node.pin_numbers:
+        # The class spec is written anew; a claim's own spec (a claim with a DeviceConfig)
+        # copies the class's nodes once, at prepare, and is not.
+        log.warning(
+            "class %s: node.pinNumbers: the own spec of a claim with a DeviceConfig keeps the "
+            "numbers it was prepared with; a container restarted after a comeback gets them",
+            resource,
+        )
     return BackPolicy(
         resource,
         effective_policy(resource, config.when_back, privileges),
