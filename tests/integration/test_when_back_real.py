@@ -72,7 +72,9 @@ def attached(loops: LoopDevices, backing: Path) -> LoopDevice:
     return device
 
 
-def class_config(backing: Path, when_back: str, api: str = "devicePlugin") -> dict[str, Any]:
+def class_config(
+    backing: Path, when_back: str, api: str = "devicePlugin", replicas: int = 1
+) -> dict[str, Any]:
     """One class of the loop devices backed by files of ``backing``'s folder, named after
     the file (the same name whatever loop number it is attached to), at ``/dev/held``."""
     return {
@@ -89,6 +91,7 @@ def class_config(backing: Path, when_back: str, api: str = "devicePlugin") -> di
                 "deviceName": "{attribute[loop/backing_file]|basename|name}",
                 "node": {"path": PATH, "fileMode": "0660", "gid": 6},
                 "whenBack": when_back,
+                "sharing": {"replicas": replicas},
             }
         ],
     }
@@ -154,7 +157,7 @@ def reattached(loops: LoopDevices, old: LoopDevice, backing: Path) -> LoopDevice
 
 @asynccontextmanager
 async def agent_on(
-    short_dir: Path, backing: Path, when_back: str, node: Node
+    short_dir: Path, backing: Path, when_back: str, node: Node, replicas: int = 1
 ) -> AsyncIterator[tuple[Agent, asyncio.Task[None]]]:
     """The real agent on kernel uevents, its class ``whenBack`` ``when_back``, the device
     discovered."""
@@ -162,13 +165,15 @@ async def agent_on(
         FakeKubelet(short_dir / "dp"),
         running_agent(
             short_dir,
-            class_config(backing, when_back),
+            class_config(backing, when_back, replicas=replicas),
             pod_resources_socket=node.pod_resources,
             cri_socket=[node.cri_socket],
         ) as (agent, task),
     ):
+        # A shared device is in the runner as its slots.
+        names = {device_of(backing), f"{device_of(backing)}-0"}
         await until(
-            lambda: device_of(backing) in {d.name for d in agent.runners["held"].devices},
+            lambda: names & {d.name for d in agent.runners["held"].devices},
             "the device discovered",
         )
         yield agent, task
@@ -224,6 +229,32 @@ async def test_follow_gives_the_holder_the_device_again_and_touches_no_other(
     finally:
         holder.stop()
         other.stop()
+
+
+async def test_a_shared_device_is_followed_for_the_holder_of_one_slot(
+    short_dir: Path,
+    loops: LoopDevices,
+    backing: Path,
+    attached: LoopDevice,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A device shared in slots comes back once (not once per slot), and a container holding
+    one of its slots is its holder."""
+    caplog.set_level(logging.INFO)
+    holder = Container(attached.number)
+    try:
+        async with fake_node(short_dir) as node:
+            slot = f"{device_of(backing)}-1"
+            node.add("app", holder, devices=[plugin_devices(f"{VENDOR}/held", slot)])
+            async with agent_on(short_dir, backing, "follow", node, replicas=2):
+                reattached(loops, attached, backing)
+                await until(lambda: holder.read() == READ, "the holder reads the device again")
+                [line] = await until(
+                    lambda: _lines(caplog, "came back", "ns/app/c"), "the holder's line"
+                )
+                assert ": done" in line, line
+    finally:
+        holder.stop()
 
 
 async def test_keep_leaves_the_holder_without_its_device(
@@ -412,8 +443,9 @@ def _comeback(name: str, old: int, new: int) -> Comeback:
         node = NodeInfo(f"/dev/loop{minor}", PATH, 7, minor, "b", f"/sys/block/loop{minor}")
         return DiscoveredDevice(name, "held", "/sys/x", (node,), None, True, (), {})
 
-    change = ClassChange("held", (device(new),), changed=(name,))
-    found = Comebacks().of(change, {name: device(old)})
+    comebacks = Comebacks()
+    comebacks.of(ClassChange("held", (device(old),), added=(name,)))
+    found = comebacks.of(ClassChange("held", (device(new),), changed=(name,)))
     return found[0] if found else Comeback(name, device(new), ())
 
 

@@ -37,11 +37,17 @@ def _change(*devices: DiscoveredDevice, **names: tuple[str, ...]) -> ClassChange
     return ClassChange("held", tuple(devices), **names)
 
 
-def test_a_device_removed_and_added_with_other_numbers_came_back() -> None:
+def _seen(*devices: DiscoveredDevice) -> Comebacks:
+    """Comebacks that saw ``devices`` added."""
     comebacks = Comebacks()
-    old = _device("disk", 1)
-    assert comebacks.of(_change(removed=("disk",)), {"disk": old}) == []
-    [back] = comebacks.of(_change(_device("disk", 9), added=("disk",)), {})
+    assert comebacks.of(_change(*devices, added=tuple(d.name for d in devices))) == []
+    return comebacks
+
+
+def test_a_device_removed_and_added_with_other_numbers_came_back() -> None:
+    comebacks = _seen(_device("disk", 1))
+    assert comebacks.of(_change(removed=("disk",))) == []
+    [back] = comebacks.of(_change(_device("disk", 9), added=("disk",)))
     assert back.name == "disk"
     [moved] = back.moved
     assert (moved.old, moved.new, moved.node.container_path) == ((7, 1), (7, 9), "/dev/held")
@@ -49,29 +55,29 @@ def test_a_device_removed_and_added_with_other_numbers_came_back() -> None:
 
 
 def test_the_same_numbers_or_a_new_device_are_no_move() -> None:
-    comebacks = Comebacks()
-    comebacks.of(_change(removed=("disk",)), {"disk": _device("disk", 1)})
-    [same] = comebacks.of(_change(_device("disk", 1), added=("disk",)), {})
+    comebacks = _seen(_device("disk", 1))
+    comebacks.of(_change(removed=("disk",)))
+    [same] = comebacks.of(_change(_device("disk", 1), added=("disk",)))
     assert same.moved == ()
-    assert comebacks.of(_change(_device("new", 3), added=("new",)), {}) == []
+    assert comebacks.of(_change(_device("disk", 1), _device("new", 3), added=("new",))) == []
 
 
 def test_a_device_changed_within_one_batch_came_back() -> None:
     """Detached and attached again within one batch: discovery says changed."""
-    [back] = Comebacks().of(
-        _change(_device("disk", 9), changed=("disk",)), {"disk": _device("disk", 1)}
-    )
+    comebacks = _seen(_device("disk", 1))
+    [back] = comebacks.of(_change(_device("disk", 9), changed=("disk",)))
     assert [m.old for m in back.moved] == [(7, 1)]
 
 
 def test_the_removed_devices_remembered_are_bounded() -> None:
     comebacks = Comebacks(remembered=2)
+    devices = [_device(f"d{i}", i) for i in range(3)]
+    comebacks.of(_change(*devices, added=tuple(d.name for d in devices)))
     for i in range(3):
-        name = f"d{i}"
-        comebacks.of(_change(removed=(name,)), {name: _device(name, i)})
+        comebacks.of(_change(*devices[i + 1 :], removed=(f"d{i}",)))
     assert len(comebacks) == 2
-    assert comebacks.of(_change(_device("d0", 9), added=("d0",)), {}) == []
-    assert len(comebacks.of(_change(_device("d2", 9), added=("d2",)), {})) == 1
+    assert comebacks.of(_change(_device("d0", 9), added=("d0",))) == []
+    assert len(comebacks.of(_change(_device("d0", 9), _device("d2", 9), added=("d2",)))) == 1
 
 
 def _privileges(tmp: Path, caps: int = ALL, mounted: bool = True) -> Privileges:
@@ -160,11 +166,8 @@ def test_a_device_is_known_by_its_ids_and_slots_or_by_its_pool_and_cdi_names() -
 
 def test_the_node_given_is_the_specs_path_mode_and_owner() -> None:
     cls = _class(node={"path": "/dev/held", "fileMode": "0640", "uid": 5, "gid": 6})
-    [moved] = (
-        Comebacks()
-        .of(_change(_device("disk", 9), changed=("disk",)), {"disk": _device("disk", 1)})[0]
-        .moved
-    )
+    comebacks = _seen(_device("disk", 1))
+    [moved] = comebacks.of(_change(_device("disk", 9), changed=("disk",)))[0].moved
     node = spec_node(cls.node, moved)  # type: ignore[attr-defined]
     assert (node.path, node.type, node.major, node.minor) == ("/dev/held", "b", 7, 9)
     assert (node.mode, node.uid, node.gid) == (0o640, 5, 6)

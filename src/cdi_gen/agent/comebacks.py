@@ -11,7 +11,7 @@ changes). Nodes are paired by their path in the container.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cdi_gen.model import ClassChange, DiscoveredDevice, NodeInfo
@@ -61,19 +61,22 @@ def _moved(before: Iterable[NodeInfo], now: DiscoveredDevice) -> tuple[MovedNode
 
 
 class Comebacks:
-    """One class's removed devices' last nodes, and the comebacks of each change."""
+    """One class's devices' nodes now and its removed devices' last nodes, and the comebacks
+    of each change."""
 
     def __init__(self, remembered: int = REMEMBERED) -> None:
         self.remembered = remembered
+        #: The class's devices' nodes, by name, as the last change left them.
+        self._now: dict[str, tuple[NodeInfo, ...]] = {}
         self._gone: OrderedDict[str, tuple[NodeInfo, ...]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._gone)
 
-    def of(self, change: ClassChange, before: Mapping[str, DiscoveredDevice]) -> list[Comeback]:
-        """The devices of ``change`` (before sharing expands it) that came back; ``before``:
-        the class's devices by name before the change. Remembers what it removes."""
-        now = {d.name: d for d in change.devices}
+    def of(self, change: ClassChange) -> list[Comeback]:
+        """The devices of ``change`` (as discovery made it, before sharing expands it into
+        slots) that came back. Remembers what it removes."""
+        before, now = self._now, {d.name: d for d in change.devices}
         found: list[Comeback] = []
         for name in change.added:
             nodes = self._gone.pop(name, None)
@@ -84,14 +87,15 @@ class Comebacks:
             # taint): a comeback only when a node's numbers moved.
             old, new = before.get(name), now.get(name)
             if old is not None and new is not None and not new.gone:
-                moved = _moved(old.nodes, new)
+                moved = _moved(old, new)
                 if moved:
                     found.append(Comeback(name, new, moved))
         for name in change.removed:
-            old = before.get(name)
-            if old is not None and any(_numbers(n) for n in old.nodes):
+            nodes = before.get(name, ())
+            if any(_numbers(n) for n in nodes):
                 self._gone.pop(name, None)
-                self._gone[name] = old.nodes
+                self._gone[name] = nodes
                 while len(self._gone) > self.remembered:
                     self._gone.popitem(last=False)
+        self._now = {name: d.nodes for name, d in now.items()}
         return found

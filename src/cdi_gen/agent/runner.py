@@ -141,7 +141,7 @@ class ClassRunner:
         self._log_transitions(change)
         if self.back is not None:
             # Before sharing expands it: a device comes back, not each of its slots.
-            self.returned += self.comebacks.of(change, {d.name: d for d in self.devices})
+            self.returned += self.comebacks.of(change)
         change = expand_change(change, self.config.sharing.replicas)
         for name in change.removed:
             self.verdicts.pop(name, None)  # judged, and logged, afresh if it comes back
