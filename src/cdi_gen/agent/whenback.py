@@ -192,14 +192,16 @@ class BackPolicy:
             self.metrics.when_back.labels(self.resource, self.policy, "lookup-failed").inc()
             return []
         for note in holders.notes:
-            log.warning("class %s: device %s came back: %s", self.resource, comeback.name, note)
+            log.warning(
+                "class %s: device %s came back: %s", self.resource, quote(comeback.name), note
+            )
+        if self.policy == "restart":
+            # The runtime's container ID names what is stopped: its process is not touched,
+            # so what the follow step checks of it does not matter here.
+            return [self._stop(f, cri) for f in holders.found]
         outcomes = [self._problem(f) for f in holders.found if f.holder is None]
         ready = [f for f in holders.found if f.holder is not None]
-        if self.policy == "restart":
-            outcomes += [self._stop(f, cri) for f in ready]
-        else:
-            outcomes += self._follow(comeback, ready)
-        return outcomes
+        return outcomes + self._follow(comeback, ready)
 
     @staticmethod
     def _problem(found: FoundHolder) -> ContainerOutcome:
