@@ -98,6 +98,14 @@ class Metrics:
             ["driver"],
             registry=r,
         )
+        self.when_back = Counter(
+            "cdi_gen_when_back_total",
+            "Containers holding a device that came back with new numbers, by class, the "
+            "whenBack applied and outcome (done, restarted, skipped, refused; per device: "
+            "lookup-failed, timeout, error)",
+            ["resource", "policy", "outcome"],
+            registry=r,
+        )
         self.hotplug_latency = Histogram(
             "cdi_gen_hotplug_to_spec_seconds",
             "From a udev event's arrival to the spec on disk and the device list published",

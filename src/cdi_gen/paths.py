@@ -24,6 +24,8 @@ KUBELET_SOCKET_NAME = "kubelet.sock"
 PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 #: The kubelet's plugin folder: a DRA driver serves ``<driver>/dra.sock`` under it.
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+#: The kubelet's pod-resources socket: which container holds which device (``whenBack``).
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 #: cdi-gen's own state: the DRA driver's checkpoint of prepared claims.
 STATE_DIR = Path("/var/lib/cdi-gen")
 #: udevd's runtime folder: its control socket and the database with the ID_* properties.

@@ -204,7 +204,12 @@ def _overlay(tmp: Path, resources: str, component: str) -> Path:
 
 
 def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
-    for args in ([], ["--set", "api=dra"], ["--set", "metrics.serviceMonitor.enabled=true"]):
+    for args in (
+        [],
+        ["--set", "api=dra"],
+        ["--set", "metrics.serviceMonitor.enabled=true"],
+        ["--set", "follow.enabled=true"],
+    ):
         proc = _helm(chart.major, ["lint", "--strict", str(CHART), *args], chart.env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
@@ -217,8 +222,17 @@ def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
         ({"api": "dra"}, "dra"),
         ({"cdiVersion": "runtime"}, "base+runtime-pin"),
         ({"api": "dra", "cdiVersion": "runtime"}, "dra+runtime-pin"),
+        ({"follow": {"enabled": True}}, "base+when-back"),
+        ({"api": "dra", "follow": {"enabled": True}}, "dra+when-back"),
     ],
-    ids=["devicePlugin", "dra", "devicePlugin-runtime-pin", "dra-runtime-pin"],
+    ids=[
+        "devicePlugin",
+        "dra",
+        "devicePlugin-runtime-pin",
+        "dra-runtime-pin",
+        "devicePlugin-when-back",
+        "dra-when-back",
+    ],
 )
 def test_the_chart_renders_what_kustomize_renders(
     chart: Chart, kustomized: Callable[[str], list[Obj]], values: dict[str, str], folder: str

@@ -1,7 +1,7 @@
 """A fake container runtime's CRI socket: ``runtime.v1.RuntimeService`` (``Version``,
-``ListPodSandbox``, ``ListContainers``, ``ContainerStatus``) served over a real unix socket by
-a real gRPC server, answering what containerd or CRI-O answers (or what a test makes it
-answer). Every request it got lands in ``requests``.
+``ListPodSandbox``, ``ListContainers``, ``ContainerStatus``, ``StopContainer``) served over a
+real unix socket by a real gRPC server, answering what containerd or CRI-O answers (or what a
+test makes it answer). Every request it got lands in ``requests``.
 
 Use it as ``with FakeCri(socket, "containerd", "v2.3.7") as cri:``; give it pods with
 :meth:`FakeCri.add_container` and the verbose ``info`` of :func:`containerd_info` or
@@ -89,9 +89,23 @@ class _Runtime(api_pb2_grpc.RuntimeServiceServicer):
                 id=found.container.id,
                 metadata=found.container.metadata,
                 state=found.container.state,
+                started_at=found.started_at,
             ),
             info=found.info if request.verbose else {},
         )
+
+    def StopContainer(
+        self, request: api_pb2.StopContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.StopContainerResponse:
+        self.fake.requests.put(request)
+        found = self.fake.containers.get(request.container_id)
+        if found is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND, f"container {request.container_id!r} not found"
+            )
+        found.container.state = api_pb2.CONTAINER_EXITED
+        self.fake.stopped.append((request.container_id, request.timeout))
+        return api_pb2.StopContainerResponse()
 
 
 @dataclass
@@ -103,6 +117,7 @@ class _Sandbox:
 class _Container:
     container: api_pb2.Container
     info: dict[str, str]
+    started_at: int = 0
 
 
 def runtime_spec(
@@ -163,6 +178,8 @@ class FakeCri:
         self.honour_filters = True
         #: Containers listed but gone by the time their status is asked (they exited).
         self.status_gone: set[str] = set()
+        #: Every StopContainer asked for: (container ID, grace in seconds), in order.
+        self.stopped: list[tuple[str, int]] = []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         api_pb2_grpc.add_RuntimeServiceServicer_to_server(_Runtime(self), self._server)
         self._server.add_insecure_port(f"unix://{socket}")
@@ -184,15 +201,17 @@ class FakeCri:
             )
         )
 
-    def add_container(
+    def add_container(  # noqa: PLR0917 (the earlier callers pass the first five by position)
         self,
         container_id: str,
         sandbox_id: str,
         name: str,
         info: dict[str, str],
         state: int = api_pb2.CONTAINER_RUNNING,
+        started_at: int = 0,
     ) -> None:
-        """A container of sandbox ``sandbox_id`` whose verbose status answers ``info``."""
+        """A container of sandbox ``sandbox_id`` whose verbose status answers ``info``
+        (and ``started_at``, ns since the epoch)."""
         self.containers[container_id] = _Container(
             api_pb2.Container(
                 id=container_id,
@@ -202,6 +221,7 @@ class FakeCri:
                 labels={"io.kubernetes.container.name": name},
             ),
             info,
+            started_at,
         )
 
     def __enter__(self) -> FakeCri:

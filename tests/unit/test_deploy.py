@@ -150,3 +150,35 @@ def test_runtime_pin_component_mounts_the_cri_sockets_the_agent_asks_read_only()
     for variant in (BASE / "daemonset.yaml", K8S / "dra" / "daemonset-patch.yaml"):
         text = variant.read_text()
         assert "/run/containerd" not in text and "crio" not in text, variant
+
+
+def test_when_back_component_grants_what_follow_checks_and_the_variants_do_not() -> None:
+    """deploy/kubernetes/when-back gives the agent what a follow class checks at start
+    (src/cdi_gen/agent/privileges.py): the host's PID namespace, every capability follow
+    uses, /sys/fs/cgroup writable, the pod-resources socket's and the CRI sockets' folders at
+    the paths the agent asks by default; the shipped variants give none of it."""
+    from cdi_gen.agent.privileges import FOLLOW_CAPABILITIES
+    from cdi_gen.config.settings import load_settings
+
+    folder = K8S / "when-back"
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    (patch,) = _load(folder / kustomization["patches"][0]["path"])
+    spec = patch["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    (container,) = spec["containers"]
+    caps = container["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    assert sorted(f"CAP_{c}" for c in caps["add"]) == sorted(FOLLOW_CAPABILITIES)
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert not mounts["/sys/fs/cgroup"].get("readOnly", False)
+    settings = load_settings({})
+    for socket in (settings.kubelet.pod_resources_socket, *settings.runtimes.cri_sockets):
+        mount = mounts[str(socket.parent)]
+        assert mount["readOnly"] is True
+        assert hosts[mount["name"]] == str(socket.parent)
+    for variant in (BASE / "daemonset.yaml", K8S / "dra" / "daemonset-patch.yaml"):
+        text = variant.read_text()
+        assert "hostPID" not in text and "pod-resources" not in text, variant
+        assert "add:" not in text and "/sys/fs/cgroup" not in text, variant

@@ -142,6 +142,7 @@ def test_cri_wire_names_are_the_runtimes() -> None:
         "runtime.v1.RuntimeService.ListPodSandbox",
         "runtime.v1.RuntimeService.ListContainers",
         "runtime.v1.RuntimeService.ContainerStatus",
+        "runtime.v1.RuntimeService.StopContainer",
     ]
     assert {f.name: f.number for f in cri.VersionRequest.DESCRIPTOR.fields} == {"version": 1}
     assert {f.name: f.number for f in cri.VersionResponse.DESCRIPTOR.fields} == {
@@ -184,6 +185,8 @@ def test_cri_container_lookup_wire_numbers_are_the_runtimes() -> None:
     }
     assert numbers(cri.ContainerStatusRequest) == {"container_id": 1, "verbose": 2}
     assert numbers(cri.ContainerStatusResponse) == {"status": 1, "info": 2}
+    assert numbers(cri.ContainerStatus) == {"id": 1, "metadata": 2, "state": 3, "started_at": 5}
+    assert numbers(cri.StopContainerRequest) == {"container_id": 1, "timeout": 2}
     assert (cri.SANDBOX_READY, cri.CONTAINER_RUNNING, cri.CONTAINER_EXITED) == (0, 1, 2)
 
 

@@ -61,6 +61,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from cdi_gen.agent.frontend import DeviceSink, Frontend
+from cdi_gen.agent.privileges import Privileges
 from cdi_gen.agent.runner import ClassRunner
 from cdi_gen.cdi import atomicfile, writer
 from cdi_gen.cdi.registry import SpecCache
@@ -79,6 +80,7 @@ from cdi_gen.sources import RecordSource
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from cdi_gen.agent.whenback import BackPolicy, OnOutcomes
     from cdi_gen.cdi.runtimes import Ceiling
     from cdi_gen.dra.node import DraDriver
     from cdi_gen.dra.plugin.uninstall import Owner
@@ -107,8 +109,10 @@ class Agent:
         source: RecordSource | None = None,
         *,
         ceiling: Ceiling | None = None,
+        on_when_back: OnOutcomes | None = None,
     ) -> None:
         self.config = config
+        self.on_when_back = on_when_back  # each whenBack's outcomes (agent/whenback.py)
         #: The node's runtimes' newest cdiVersion, when known (cli/run.py finds it).
         self.ceiling = ceiling
         self.settings = settings
@@ -133,6 +137,12 @@ class Agent:
             from cdi_gen.dra.node import DraDriver
 
             self.dra = DraDriver(config, settings, self.tools, self.spec_cache, self.specs)
+        #: What it may do to a running container: asked once, if a class's whenBack is not keep.
+        self.privileges: Privileges | None = None
+        if settings.kubelet.enabled and any(c.when_back != "keep" for c in config.classes):
+            self.privileges = Privileges.now(
+                settings.kubelet.pod_resources_socket, settings.runtimes.cri_sockets
+            )
         self.runners = {c.name: self._runner(c) for c in config.classes}
         #: The DaemonSet running the agent: read at start by a DRA agent, asked at exit.
         self.owner: Owner | None = None
@@ -187,7 +197,21 @@ class Agent:
             specs=self.specs,
             frontend=frontend,
             ceiling=self.ceiling,
+            back=self._back(config),
         )
+
+    def _back(self, config: ClassConfig) -> BackPolicy | None:
+        """The class's ``whenBack`` as this agent can apply it (None: ``keep`` configured)."""
+        if config.when_back == "keep":
+            return None
+        from cdi_gen.agent.whenback import class_policy
+
+        dra = self.dra if config.api == "dra" else None
+        driver = None if dra is None else (dra.name, dra.node, self.config.class_names)
+        return class_policy(
+            config, self.config.vendor, self.privileges, self.settings.kubelet.pod_resources_socket,
+            driver=driver, metrics=self.metrics, on_outcomes=self.on_when_back,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Ask :meth:`run` to shut down (safe from a signal handler)."""

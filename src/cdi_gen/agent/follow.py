@@ -14,14 +14,13 @@ and the unified hierarchy of cgroup v2, both on a hybrid host (a v2 cgroup with 
 program attached enforces nothing, and is left alone).
 
 Each holder gets one :class:`FollowResult` (done, skipped: its process is gone, refused: a rule
-said no, with why); one holder's problem is never an exception, and the caller gets them all.
-Blocking (one process start per holder): call it from a worker thread. Not yet called by the
-agent's udev loop: a class's ``whenBack`` runs as ``keep`` in this build.
+said no, with why); one holder's problem is never an exception, and the caller gets them all
+and logs them (:mod:`~cdi_gen.agent.whenback`, for a class with ``whenBack: follow``).
+Blocking (one process start per holder): call it from a worker thread.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ from cdi_gen.devcgroup.rules import ALL_ACCESS, DeviceRule, DeviceType, moved
 from cdi_gen.errors import quote
 
 __all__ = ["CameBack", "FollowResult", "Hierarchies", "Holder", "cgroup_relative", "follow"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +238,9 @@ def follow(
     came: CameBack, holders: Iterable[Holder], where: Hierarchies | None = None
 ) -> list[FollowResult]:
     """Give each holder of ``came`` the device at its new numbers; one result per holder,
-    logged in one line unless done."""
+    in order (its :attr:`~FollowResult.line` for the caller to log)."""
     hierarchies = where or Hierarchies.now()
-    results = []
-    for holder in holders:
-        status, reason = _one(came, holder, hierarchies)
-        result = FollowResult(holder.name, came.device, status, reason)
-        if status != "done":
-            log.warning("%s", result.line)
-        results.append(result)
-    return results
+    return [
+        FollowResult(holder.name, came.device, *_one(came, holder, hierarchies))
+        for holder in holders
+    ]

@@ -16,6 +16,11 @@ Each step publishes once, to the class's one list: a device-plugin class's
 is retried through a :class:`~cdi_gen.retry.Retry` and leaves step 3 undone. The runner is
 given what it needs (its config, the spec folder, the agent's :class:`~cdi_gen.retry.Tools`,
 its frontend); it never holds the agent.
+
+A class with ``whenBack`` ``restart`` or ``follow`` is given a
+:class:`~cdi_gen.agent.whenback.BackPolicy`: each change's devices that came back with other
+numbers (:class:`~cdi_gen.agent.comebacks.Comebacks`) are handed to it once their new spec is
+written, as background work of their own, so the class's next change never waits for them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdi_gen.agent.comebacks import Comeback, Comebacks
 from cdi_gen.agent.frontend import DeviceSink, Frontend
 from cdi_gen.cdi import specnames
 from cdi_gen.cdi.codec import dump_document
@@ -44,6 +50,7 @@ from cdi_gen.model import AdvertisedDevice, ClassChange, DiscoveredDevice
 from cdi_gen.retry import Failures, Retry, Tools, describe
 
 if TYPE_CHECKING:
+    from cdi_gen.agent.whenback import BackPolicy
     from cdi_gen.cdi.runtimes import Ceiling
 
 __all__ = ["ClassRunner"]
@@ -97,6 +104,13 @@ class ClassRunner:
     #: The class's changes waiting for :meth:`follow`, in the order discovery made them.
     changes: asyncio.Queue[tuple[ClassChange, float | None]] = field(default_factory=asyncio.Queue)
 
+    #: The class's ``whenBack`` as this agent applies it (None: ``keep``, nothing watched).
+    back: BackPolicy | None = None
+    #: The removed devices' last nodes, and which devices came back.
+    comebacks: Comebacks = field(default_factory=Comebacks)
+    #: Devices that came back, handed to ``back`` after the next spec write that succeeds.
+    returned: list[Comeback] = field(default_factory=list)
+
     #: Counts and logs this class's failures (made from ``tools`` and the resource).
     fail: Failures = field(init=False)
 
@@ -125,6 +139,9 @@ class ClassRunner:
     async def _apply(self, change: ClassChange, received: float | None) -> None:
         # Logged per physical device: a shared device is one event, not one line per slot.
         self._log_transitions(change)
+        if self.back is not None:
+            # Before sharing expands it: a device comes back, not each of its slots.
+            self.returned += self.comebacks.of(change)
         change = expand_change(change, self.config.sharing.replicas)
         for name in change.removed:
             self.verdicts.pop(name, None)  # judged, and logged, afresh if it comes back
@@ -178,6 +195,7 @@ class ClassRunner:
             else self.target
         )
         self._publish(published)
+        self._hand_back()
         if received is not None:
             self.tools.metrics.hotplug_latency.observe(time.monotonic() - received)
         self._export_gauges()
@@ -191,6 +209,14 @@ class ClassRunner:
         if self.sink is None:
             return False
         return self.sink.publish(self.config, devices, {d.name: d for d in self.devices})
+
+    def _hand_back(self) -> None:
+        """The devices that came back, now in the spec, to the class's ``whenBack``."""
+        back, returned, self.returned = self.back, self.returned, []
+        if back is None:
+            return
+        for comeback in returned:
+            self.tools.spawn(_handled(back, comeback), f"whenBack {self.resource} {comeback.name}")
 
     def _retry(self) -> None:
         self.retry = None
@@ -308,3 +334,7 @@ class ClassRunner:
         """Stop the class's frontend; never raises."""
         if self.frontend is not None:
             await self.frontend.stop()
+
+
+async def _handled(back: BackPolicy, comeback: Comeback) -> None:
+    await back.handle(comeback)

@@ -35,6 +35,7 @@ from cdi_gen.cli import options
 @options.setting("plugins_registry_dir", "--plugins-registry-dir", type=click.Path(file_okay=False))
 @options.setting("kubelet_plugins_dir", "--kubelet-plugins-dir", type=click.Path(file_okay=False))
 @options.setting("state_dir", "--state-dir", type=click.Path(file_okay=False))
+@options.setting("pod_resources_socket", "--pod-resources-socket", type=click.Path(dir_okay=False))
 @options.KUBECONFIG
 @options.NODE_NAME
 @options.setting("pod_uid", "--pod-uid")

@@ -42,7 +42,6 @@ __all__ = [
     "parse_config",
     "pin_versions",
     "resolve_version",
-    "warn_when_back",
 ]
 
 log = logging.getLogger(__name__)
@@ -251,21 +250,7 @@ def load_config(path: Path | None) -> AgentConfig:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
     fmt: Literal["yaml", "json"] = "json" if path.suffix.lower() == ".json" else "yaml"
-    config = parse_config(_parse_text(text, source, fmt), source)
-    warn_when_back(config, source)
-    return config
-
-
-def warn_when_back(config: AgentConfig, source: str = "config") -> None:
-    """One warning line per class whose ``whenBack`` this build does not apply yet: the
-    setting is accepted, and runs as ``keep``, but never silently."""
-    for cls in config.classes:
-        if cls.when_back != "keep":
-            log.warning(
-                "%s: class %s: whenBack %s is not applied by this build: a device that comes "
-                "back runs as 'keep' (its containers keep the old node until they restart)",
-                source, quote(cls.name), quote(cls.when_back),
-            )  # fmt: skip
+    return parse_config(_parse_text(text, source, fmt), source)
 
 
 def config_json_schema() -> dict[str, Any]:

@@ -135,9 +135,10 @@ class ClassConfig(ConfigModel):
     when_back: Literal["keep", "restart", "follow"] = Field(
         default="keep",
         description="a device that comes back (new node numbers) while a container holds "
-        "it: 'keep' leaves the container as it is (today's behaviour, the only one this "
-        "build applies); 'restart' and 'follow' are accepted and run as 'keep', with a "
-        "warning at load, until the agent applies them",
+        "it: 'keep' leaves the container as it is; 'restart' stops the holding containers "
+        "through the CRI (the kubelet starts them with the current spec); 'follow' gives them "
+        "the new device in place (cgroup and node); without the privileges it needs, a class "
+        "runs as the next one down, said at start",
     )
     api: Literal["devicePlugin", "dra"] = Field(
         default="devicePlugin",

@@ -140,6 +140,11 @@ class KubeletSettings(_Group):
         default=paths.KUBELET_PLUGINS_DIR,
         description="the kubelet's plugin folder (DRA serves <driver>/dra.sock in it)",
     )
+    pod_resources_socket: Path = Field(
+        default=paths.POD_RESOURCES_SOCKET,
+        description="the kubelet's pod-resources socket: which containers hold a device that "
+        "came back (whenBack restart and follow)",
+    )
     cdi_annotations: bool = Field(
         default=False,
         description="also answer Allocate with cdi.k8s.io/ annotations (containerd "
@@ -151,7 +156,12 @@ class KubeletSettings(_Group):
     )
 
     _present = field_validator(
-        "device_plugin_dir", "socket", "plugins_registry_dir", "plugins_dir", mode="before"
+        "device_plugin_dir",
+        "socket",
+        "plugins_registry_dir",
+        "plugins_dir",
+        "pod_resources_socket",
+        mode="before",
     )(not_empty)
 
     @property
@@ -177,7 +187,8 @@ class RuntimeSettings(_Group):
     cri_sockets: tuple[Path, ...] = Field(
         default=paths.CRI_SOCKETS,
         description="CRI sockets asked for the runtime's name and version when no runtime "
-        "binary is on PATH (in a pod)",
+        "binary is on PATH (in a pod); the first present one is also where whenBack restart "
+        "and follow find and stop a class's holding containers",
     )
 
     _words = field_validator("refs", "cri_sockets", mode="before")(_split)

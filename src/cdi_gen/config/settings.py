@@ -73,6 +73,7 @@ NAMES: dict[str, tuple[str | None, str]] = {
     "kubelet_socket": ("kubelet", "socket"),
     "plugins_registry_dir": ("kubelet", "plugins_registry_dir"),
     "kubelet_plugins_dir": ("kubelet", "plugins_dir"),
+    "pod_resources_socket": ("kubelet", "pod_resources_socket"),
     "cdi_annotations": ("kubelet", "cdi_annotations"),
     "no_kubelet": ("kubelet", "disabled"),
     "cdi_version": ("runtimes", "cdi_version"),

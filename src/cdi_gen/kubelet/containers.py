@@ -1,6 +1,7 @@
 """A pod's running containers as the container runtime sees them, from its CRI socket: the
-init process and the OCI spec's cgroup path and device rules, for giving a running container
-a device that came back.
+init process, its start time and the OCI spec's cgroup path and device rules, for giving a
+running container a device that came back; and :func:`stop_container`, a container stopped so
+that the kubelet starts it again with the current spec.
 
 For each container the kubelet names (:class:`~cdi_gen.kubelet.podresources.ContainerRef`):
 ``ListPodSandbox`` (the pod's ready sandbox, by the kubelet's labels, checked against the
@@ -17,6 +18,7 @@ missing, broken or slow fails the whole lookup with one :class:`CriContainersErr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ __all__ = [
     "Found",
     "RunningContainer",
     "find_running",
+    "stop_container",
 ]
 
 #: How long one lookup (all its calls together) may take: a device that came back must reach
@@ -80,6 +83,9 @@ class RunningContainer:
     cgroups_path: str
     device_rules: tuple[dict[str, object], ...] = field(hash=False)
     devices: tuple[dict[str, object], ...] = field(hash=False)
+    #: When the runtime started it (``status.started_at``, ns since the epoch; 0: not said):
+    #: a process at ``pid`` that started later is another process given the same PID.
+    started_at: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +120,9 @@ def find_running(
                     method = "RuntimeService/ListContainers"
                     sandbox, container_id = _running_container(stub, ref, sandboxes[pod], deadline)
                     method = "RuntimeService/ContainerStatus"
-                    info = _verbose_info(stub, container_id, deadline)
-                    found.append(_running(ref, sandbox, container_id, info))
+                    info, started_at = _verbose_info(stub, container_id, deadline)
+                    running = _running(ref, sandbox, container_id, info)
+                    found.append(dataclasses.replace(running, started_at=started_at))
                 except _RefusedError as exc:
                     notes.append(f"{_WHAT} socket {socket}: container {ref}: {exc}")
     except LocalCallError as exc:
@@ -178,10 +185,11 @@ def _running_container(
 
 def _verbose_info(
     stub: api_pb2_grpc.RuntimeServiceStub, container_id: str, deadline: Deadline
-) -> Mapping[str, str]:
+) -> tuple[Mapping[str, str], int]:
     request = api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True)
     try:
-        return stub.ContainerStatus(request, timeout=deadline.remaining()).info
+        answer = stub.ContainerStatus(request, timeout=deadline.remaining())
+        return answer.info, answer.status.started_at
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else None
         if code in _SOCKET_CODES:
@@ -253,3 +261,24 @@ def _objects(parent: dict[str, object], key: str, where: str) -> tuple[dict[str,
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         raise _RefusedError(f"{where}.{key} {quote(value)} is not a list of JSON objects")
     return tuple(value)
+
+
+def stop_container(
+    socket: Path, container_id: str, grace_seconds: int, timeout: float = TIMEOUT_SECONDS
+) -> None:
+    """Stop container ``container_id`` (``StopContainer``: SIGTERM, then SIGKILL after
+    ``grace_seconds``); the kubelet then starts it again, with the spec as it is now.
+
+    The call may take the grace, so its bound is the grace and ``timeout``. Raises
+    :class:`CriContainersError` with one line.
+    """
+    bound = grace_seconds + timeout
+    request = api_pb2.StopContainerRequest(container_id=container_id, timeout=grace_seconds)
+    try:
+        with local_channel(socket, _WHAT) as channel:
+            api_pb2_grpc.RuntimeServiceStub(channel).StopContainer(request, timeout=bound)
+    except LocalCallError as exc:
+        raise CriContainersError(str(exc)) from None
+    except grpc.RpcError as exc:
+        method = f"RuntimeService/StopContainer of {quote(container_id)}"
+        raise CriContainersError(call_failure(socket, _WHAT, method, exc, bound)) from None

@@ -22,6 +22,7 @@ import grpc
 from cdi_gen._proto.podresources.v1 import api_pb2, api_pb2_grpc
 from cdi_gen.errors import quote
 from cdi_gen.localclient import LocalCallError, call_failure, local_channel
+from cdi_gen.paths import POD_RESOURCES_SOCKET
 
 __all__ = [
     "POD_RESOURCES_SOCKET",
@@ -36,8 +37,6 @@ __all__ = [
     "read_pod_assignments",
 ]
 
-#: Where the kubelet serves the pod-resources API (its root dir's ``pod-resources``).
-POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 #: How long one read may take: the kubelet answers from memory, and a device that came back
 #: must reach its containers within a second.
 TIMEOUT_SECONDS = 0.5

@@ -3,7 +3,8 @@
 isort:skip_file
 The calls of the Kubernetes Container Runtime Interface (CRI) cdi-gen makes: ask the node's
 runtime its name and version, where its binary is not visible (the agent in a pod), and find
-a pod's running container with its process and OCI spec (to give it a device that came back).
+a pod's running container with its process and OCI spec (to give it a device that came back),
+and stop a container so that the kubelet starts it again (whenBack: restart).
 Written from the CRI wire facts (kubernetes/cri-api pkg/apis/runtime/v1/api.proto): the
 package, service, method and field numbers are what containerd and CRI-O serve; everything
 else of the service is left out (protobuf skips the fields it does not know).
@@ -519,8 +520,11 @@ class ContainerStatus(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___ContainerState.ValueType
+    started_at: _builtins.int
+    """When the container started, in nanoseconds since the epoch (0: not started)."""
     @_builtins.property
     def metadata(self) -> Global___ContainerMetadata: ...
     def __init__(
@@ -529,10 +533,11 @@ class ContainerStatus(_message.Message):
         id: _builtins.str = ...,
         metadata: Global___ContainerMetadata | None = ...,
         state: Global___ContainerState.ValueType = ...,
+        started_at: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "metadata", b"metadata", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "metadata", b"metadata", "started_at", b"started_at", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -581,3 +586,41 @@ class ContainerStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContainerStatusResponse: _TypeAlias = ContainerStatusResponse  # noqa: Y015
+
+@_typing.final
+class StopContainerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    container_id: _builtins.str
+    timeout: _builtins.int
+    """Seconds to wait after SIGTERM before SIGKILL (0: SIGKILL at once)."""
+    def __init__(
+        self,
+        *,
+        container_id: _builtins.str = ...,
+        timeout: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopContainerRequest: _TypeAlias = StopContainerRequest  # noqa: Y015
+
+@_typing.final
+class StopContainerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopContainerResponse: _TypeAlias = StopContainerResponse  # noqa: Y015

@@ -54,6 +54,11 @@ class RuntimeServiceStub:
                 request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.SerializeToString,
                 response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.FromString,
                 _registered_method=True)
+        self.StopContainer = channel.unary_unary(
+                '/runtime.v1.RuntimeService/StopContainer',
+                request_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerRequest.SerializeToString,
+                response_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -87,6 +92,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StopContainer(self, request, context):
+        """Stop a running container: SIGTERM, then SIGKILL after `timeout` seconds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ContainerStatus,
                     request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.FromString,
                     response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.SerializeToString,
+            ),
+            'StopContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopContainer,
+                    request_deserializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerRequest.FromString,
+                    response_serializer=cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/ContainerStatus',
             cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusRequest.SerializeToString,
             cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.ContainerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StopContainer',
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerRequest.SerializeToString,
+            cdi__gen_dot___proto_dot_cri_dot_v1_dot_api__pb2.StopContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,

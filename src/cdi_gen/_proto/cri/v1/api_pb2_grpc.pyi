@@ -3,7 +3,8 @@
 isort:skip_file
 The calls of the Kubernetes Container Runtime Interface (CRI) cdi-gen makes: ask the node's
 runtime its name and version, where its binary is not visible (the agent in a pod), and find
-a pod's running container with its process and OCI spec (to give it a device that came back).
+a pod's running container with its process and OCI spec (to give it a device that came back),
+and stop a container so that the kubelet starts it again (whenBack: restart).
 Written from the CRI wire facts (kubernetes/cri-api pkg/apis/runtime/v1/api.proto): the
 package, service, method and field numbers are what containerd and CRI-O serve; everything
 else of the service is left out (protobuf skips the fields it does not know).
@@ -45,6 +46,8 @@ class RuntimeServiceStub:
     """The containers the runtime knows, filtered."""
     ContainerStatus: _grpc.UnaryUnaryMultiCallable[_api_pb2.ContainerStatusRequest, _api_pb2.ContainerStatusResponse]
     """One container's status; with verbose, the runtime's own view of it in `info`."""
+    StopContainer: _grpc.UnaryUnaryMultiCallable[_api_pb2.StopContainerRequest, _api_pb2.StopContainerResponse]
+    """Stop a running container: SIGTERM, then SIGKILL after `timeout` seconds."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -57,6 +60,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """The containers the runtime knows, filtered."""
     ContainerStatus: _aio.UnaryUnaryMultiCallable[_api_pb2.ContainerStatusRequest, _api_pb2.ContainerStatusResponse]  # type: ignore[assignment]
     """One container's status; with verbose, the runtime's own view of it in `info`."""
+    StopContainer: _aio.UnaryUnaryMultiCallable[_api_pb2.StopContainerRequest, _api_pb2.StopContainerResponse]  # type: ignore[assignment]
+    """Stop a running container: SIGTERM, then SIGKILL after `timeout` seconds."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -90,5 +95,13 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ContainerStatusResponse, _abc.Awaitable[_api_pb2.ContainerStatusResponse]]:
         """One container's status; with verbose, the runtime's own view of it in `info`."""
+
+    @_abc_1.abstractmethod
+    def StopContainer(
+        self,
+        request: _api_pb2.StopContainerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.StopContainerResponse, _abc.Awaitable[_api_pb2.StopContainerResponse]]:
+        """Stop a running container: SIGTERM, then SIGKILL after `timeout` seconds."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
