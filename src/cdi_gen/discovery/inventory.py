@@ -210,7 +210,7 @@ class Discovery:
                 self.config.vendor, cls, state.matched.values(), incumbents, state.cache
             )
             new = {d.name: d for d in devices}
-            if cls.when_gone != "withdraw":
+            if cls.keeps_gone:
                 for old in before:
                     if old.name not in new:
                         state.gone[old.name] = as_gone(old)
