@@ -158,8 +158,14 @@ def test_when_gone_taint_keeps_the_device_marked_gone() -> None:
     [
         # A DRA class whose devices come back keeps a gone device, whatever whenGone says:
         # NoSchedule keeps new claims off it; whenGone: taint keeps its NoExecute eviction.
-        ({"api": "dra", "whenBack": "follow"}, [{"key": "example.com/gone", "effect": "NoSchedule"}]),
-        ({"api": "dra", "whenBack": "restart"}, [{"key": "example.com/gone", "effect": "NoSchedule"}]),
+        (
+            {"api": "dra", "whenBack": "follow"},
+            [{"key": "example.com/gone", "effect": "NoSchedule"}],
+        ),
+        (
+            {"api": "dra", "whenBack": "restart"},
+            [{"key": "example.com/gone", "effect": "NoSchedule"}],
+        ),
         (
             {"api": "dra", "whenBack": "follow", "whenGone": "unhealthy"},
             [{"key": "example.com/gone", "effect": "NoSchedule"}],
