@@ -182,6 +182,8 @@ class DeviceNotices:
             self._loop.call_soon_threadsafe(functools.partial(call, tuple(lines), failed))
         except RuntimeError:
             pass  # the loop is closed: the agent stops
+        except Exception:
+            log.exception("an announcement of driver %s not queued", self.driver)
 
     def _announce_device(
         self, class_name: str, device_id: str, action: str, lines: Sequence[str], failed: bool
