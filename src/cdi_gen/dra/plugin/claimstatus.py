@@ -144,7 +144,10 @@ class ClaimStatus:
         if not self.enabled:
             return
         try:
-            asyncio.get_running_loop().create_task(self._write(namespace, name, uid, entries))
+            task = asyncio.get_running_loop().create_task(
+                self._write(namespace, name, uid, entries)
+            )
+            self.running.add(task)  # before it starts: a close now cancels it too
         except Exception:
             log.exception("the status of %s not written", claim_label(namespace, name, uid))
 
