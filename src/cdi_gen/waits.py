@@ -41,7 +41,13 @@ async def first_of(*awaitables: Awaitable[Any], timeout: float | None = None) ->
 
 async def set_within(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
     """Whether ``event`` is set within ``timeout`` seconds; a cancellation of the caller
-    always raises, even when the event is set in the same step."""
+    always raises, even when the event is set in the same step. A timeout that has passed
+    already (0 or less) is False whatever the event, as ``asyncio.wait_for`` answered it: a
+    timer that is due wins over a wakeup (the udev monitor's resync, under a storm of events,
+    would otherwise never come)."""
+    if timeout <= 0:
+        await asyncio.sleep(0)  # a step, as every wait gives the loop
+        return False
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

@@ -86,6 +86,8 @@ async def test_an_event_set_as_its_waiter_is_cancelled_still_cancels_it() -> Non
         await waiting
     assert await set_within(event, 0.01)
     assert not await set_within(asyncio.Event(), 0.01)
+    # A timeout already passed: False even for an event that is set (a due timer wins).
+    assert not await set_within(event, 0)
 
 
 async def test_the_publishers_wait_is_cancelled_even_when_the_pool_is_published_then() -> None:
