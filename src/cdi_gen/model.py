@@ -228,6 +228,9 @@ class ClaimView:
     #: The pod's name for the claim when a template made it (the claim's
     #: ``resource.kubernetes.io/pod-claim-name`` annotation), else None.
     pod_claim_name: str | None = None
+    #: The pods the claim is reserved for (``status.reservedFor``), as (name, UID): whom an
+    #: Event about its devices is for.
+    pods: tuple[tuple[str, str], ...] = ()
 
 
 #: The subsystem of network interfaces: the one kind of device served without a device node

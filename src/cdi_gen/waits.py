@@ -8,6 +8,11 @@ them to end, so that none outlives the wait with its connection or file open. Th
 step hands the awaitables' own ends (a result, an exception, a ``CancelledError``) back as
 values, while a cancellation of the waiting task itself (the agent stopping) still raises:
 suppressing ``CancelledError`` around that step once swallowed SIGTERM for good.
+
+:func:`set_within` is the one wait for an event with a timeout: ``asyncio.wait_for`` on
+Python 3.11 returns normally when the event is set in the same step as the waiting task is
+cancelled, and the cancellation is lost (the agent's stop then hung on a runner waiting for
+a slice write).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-__all__ = ["first_of"]
+__all__ = ["first_of", "set_within"]
 
 
 async def first_of(*awaitables: Awaitable[Any], timeout: float | None = None) -> list[Any]:  # noqa: ASYNC109
@@ -32,3 +37,20 @@ async def first_of(*awaitables: Awaitable[Any], timeout: float | None = None) ->
             task.cancel()
         ended = await asyncio.gather(*tasks, return_exceptions=True)
     return ended
+
+
+async def set_within(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+    """Whether ``event`` is set within ``timeout`` seconds; a cancellation of the caller
+    always raises, even when the event is set in the same step. A timeout that has passed
+    already (0 or less) is False whatever the event, as ``asyncio.wait_for`` answered it: a
+    timer that is due wins over a wakeup (the udev monitor's resync, under a storm of events,
+    would otherwise never come)."""
+    if timeout <= 0:
+        await asyncio.sleep(0)  # a step, as every wait gives the loop
+        return False
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

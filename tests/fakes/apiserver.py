@@ -3,7 +3,8 @@ plain, or HTTPS under a CA of its own (``FakeApiServer(tls=folder)``) as a real 
 
 It serves what the agent calls — the Node, ResourceClaims (read; their status.devices applied,
 :mod:`tests.fakes.devicestatus`), DaemonSets (the agent's own, asked
-about at exit), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
+about at exit), Events (events.k8s.io/v1: created, checked as the real one validates them,
+and merge-patched), and ResourceSlices (list with ``limit``/``continue``, watch as chunked JSON
 lines from now or from a resourceVersion, with bookmarks when asked, create, replace with
 resourceVersion conflicts, delete) — and refuses what the real API server refuses where the
 tests need it (a ``pool.generation`` outside int64 is a 400, as the real JSON decoder
@@ -42,6 +43,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/"
 NODES = "/api/v1/nodes/"
 DAEMONSETS = "/apis/apps/v1/namespaces/"
+EVENTS = "/apis/events.k8s.io/v1/namespaces/"
 INT64_MAX = (1 << 63) - 1
 
 Obj = dict[str, Any]
@@ -97,6 +99,8 @@ class FakeApiServer:
         self.nodes: dict[str, str] = {}
         #: DaemonSets by (namespace, name), answered as they are.
         self.daemonsets: dict[tuple[str, str], Obj] = {}
+        #: Events (events.k8s.io/v1) by (namespace, name), as created and patched.
+        self.events: dict[tuple[str, str], Obj] = {}
         #: Canned answers by (method, path): they win over the real handling (not watches).
         self.answers: dict[tuple[str, str], Answer] = {}
         #: Called right after a slice list is answered (a change "between" list and watch).
@@ -342,6 +346,8 @@ class FakeApiServer:
             return self._node(path[len(NODES) :])
         if method == "GET" and path.startswith(DAEMONSETS) and "/daemonsets/" in path:
             return self._daemonset(path)
+        if path.startswith(EVENTS) and "/events" in path:
+            return self._event_call(method, path, body or {})
         if method in ("GET", "PATCH") and path.startswith(CLAIMS):
             return self._claim(method, path, query, body)
         if path == SLICES or path.startswith(SLICES + "/"):
@@ -361,6 +367,48 @@ class FakeApiServer:
         if method != "GET" or claim is None:
             return _status(404, "NotFound", f'resourceclaims "{name}" not found')
         return 200, claim
+
+    def _event_call(self, method: str, path: str, body: Obj) -> tuple[int, Obj]:
+        """Create an Event, or merge a patch into one, checked as the real API server checks
+        what the agent sends (events.k8s.io/v1 validation)."""
+        namespace, _, name = path[len(EVENTS) :].partition("/events")
+        name = name.removeprefix("/")
+        if method == "POST" and not name:
+            meta = body.get("metadata") or {}
+            regarding = body.get("regarding") or {}
+            problems = [
+                f"{key}: Required value"
+                for key in (
+                    "eventTime",
+                    "reportingController",
+                    "reportingInstance",
+                    "action",
+                    "reason",
+                    "type",
+                )
+                if not body.get(key)
+            ]
+            if meta.get("namespace") != namespace or regarding.get("namespace") != namespace:
+                problems.append("metadata.namespace: does not match regarding.namespace")
+            if len(str(body.get("note", "")).encode()) > 1024:
+                problems.append("note: Too long: may not be longer than 1024")
+            series = body.get("series")
+            if series is not None and series.get("count", 0) < 2:
+                problems.append("series.count: Invalid value: should be at least 2")
+            if problems:
+                return _status(422, "Invalid", "; ".join(problems))
+            key = (namespace, meta["name"])
+            if key in self.events:
+                return _status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
+            self.events[key] = body
+            return 201, body
+        if method == "PATCH" and name:
+            event = self.events.get((namespace, name))
+            if event is None:
+                return _status(404, "NotFound", f'events "{name}" not found')
+            event.update(body)
+            return 200, event
+        return _status(405, "MethodNotAllowed", f"{method} on events")
 
     def _daemonset(self, path: str) -> tuple[int, Obj]:
         namespace, _, name = path[len(DAEMONSETS) :].partition("/daemonsets/")

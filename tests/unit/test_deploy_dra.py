@@ -158,6 +158,7 @@ def test_rbac_grants_what_the_agent_needs_and_no_more() -> None:
         ("resource.k8s.io", "resourceclaims/driver"): {
             "associated-node:patch", "associated-node:update",
         },
+        ("events.k8s.io", "events"): {"create", "patch"},
         ("", "nodes"): {"get"},
     }  # fmt: skip
     (driver_rule,) = [

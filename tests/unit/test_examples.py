@@ -51,11 +51,16 @@ def _consumers(folder: Path) -> list[dict[str, object]]:
 
 
 def _asked(doc: dict[str, object]) -> tuple[set[str], set[str]]:
-    """The extended resources a Pod's containers ask for, the DeviceClasses a claim names."""
+    """The extended resources a Pod's (or a Deployment's pods') containers ask for, the
+    DeviceClasses a claim names."""
     resources: set[str] = set()
     classes: set[str] = set()
     spec = doc.get("spec")
     assert isinstance(spec, dict)
+    if doc["kind"] == "Deployment":  # its pods' template is a Pod's
+        spec = spec["template"]["spec"]
+        assert isinstance(spec, dict)
+        doc = {"kind": "Pod"}
     if doc["kind"] == "Pod":
         for c in spec["containers"]:
             resources |= set(c.get("resources", {}).get("limits", {}))

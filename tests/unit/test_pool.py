@@ -19,6 +19,7 @@ from cdi_gen.discovery.sharing import expand_change
 from cdi_gen.discovery.topology import NUMA_NODE
 from cdi_gen.dra.driver.poolentries import device_name, pool_devices
 from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.slices import device_taints
 from cdi_gen.errors import ConfigError
 from cdi_gen.model import DeviceRecord, ParentRecord, PoolDevice
 
@@ -150,6 +151,71 @@ def test_when_gone_taint_keeps_the_device_marked_gone() -> None:
         "example.com", cls, change.after_write, {d.name: d for d in change.devices}, classes=()
     )
     assert (device.healthy, device.gone, device.taint_when_gone) == (False, True, True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "taints"),
+    [
+        # A DRA class whose devices come back keeps a gone device, whatever whenGone says:
+        # NoSchedule keeps new claims off it; whenGone: taint keeps its NoExecute eviction.
+        (
+            {"api": "dra", "whenBack": "follow"},
+            [{"key": "example.com/gone", "effect": "NoSchedule"}],
+        ),
+        (
+            {"api": "dra", "whenBack": "restart"},
+            [{"key": "example.com/gone", "effect": "NoSchedule"}],
+        ),
+        (
+            {"api": "dra", "whenBack": "follow", "whenGone": "unhealthy"},
+            [{"key": "example.com/gone", "effect": "NoSchedule"}],
+        ),
+        (
+            {"api": "dra", "whenBack": "restart", "whenGone": "taint"},
+            [{"key": "example.com/gone", "effect": "NoExecute"}],
+        ),
+        # whenBack: keep, or a device plugin's class: withdrawn as before.
+        ({"api": "dra", "whenBack": "keep"}, None),
+        ({"api": "devicePlugin", "whenBack": "follow"}, None),
+    ],
+)
+def test_a_gone_device_of_a_class_whose_devices_come_back_stays_in_the_slice_tainted(
+    extra: dict[str, Any], taints: list[dict[str, str]] | None
+) -> None:
+    config = _config({**LOOP, **extra})
+    discovery = Discovery(config)
+    discovery.replace([_loop(4)])
+    remove = DeviceRecord(
+        sys_path="/sys/devices/virtual/block/loop4",
+        subsystem="block",
+        sys_name="loop4",
+        action="remove",
+    )
+    (change,) = discovery.apply([remove])
+    devices = pool_devices(
+        "example.com",
+        config.classes[0],
+        change.after_write,
+        {d.name: d for d in change.devices},
+        classes=(),
+    )
+    if taints is None:
+        assert devices == []
+        return
+    (device,) = devices
+    assert (device.healthy, device.gone) == (False, True)
+    assert device_taints("example.com", device) == taints
+    # Back: the taint goes.
+    (change,) = discovery.apply([_loop(4)])
+    (device,) = pool_devices(
+        "example.com",
+        config.classes[0],
+        change.after_write,
+        {d.name: d for d in change.devices},
+        classes=(),
+    )
+    assert (device.healthy, device.gone) == (True, False)
+    assert device_taints("example.com", device) == []
 
 
 def test_pool_versions_wake_waiters_once_per_change() -> None:

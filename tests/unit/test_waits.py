@@ -1,13 +1,17 @@
 """first_of: the first of several awaitables, the others cancelled and ended before it returns,
-and a cancellation of the caller never swallowed."""
+and a cancellation of the caller never swallowed; set_within, an event's wait with a timeout
+that never loses a cancellation."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 import pytest
 
-from cdi_gen.waits import first_of
+from cdi_gen.dra.plugin.pool import DevicePool
+from cdi_gen.dra.plugin.publisher import SlicePublisher
+from cdi_gen.waits import first_of, set_within
 
 
 class Waiter:
@@ -67,3 +71,31 @@ async def test_a_cancelled_caller_raises_once_every_awaitable_has_ended() -> Non
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert a.ended and b.ended
+
+
+async def test_an_event_set_as_its_waiter_is_cancelled_still_cancels_it() -> None:
+    # asyncio.wait_for on 3.11 returns when the event is set in the step its waiter is
+    # cancelled, and the cancellation is lost: the agent's stop then hung on a runner
+    # waiting for a slice write (the publisher's wait below).
+    event = asyncio.Event()
+    waiting = asyncio.ensure_future(set_within(event, 10))
+    await asyncio.sleep(0)
+    event.set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await set_within(event, 0.01)
+    assert not await set_within(asyncio.Event(), 0.01)
+    # A timeout already passed: False even for an event that is set (a due timer wins).
+    assert not await set_within(event, 0)
+
+
+async def test_the_publishers_wait_is_cancelled_even_when_the_pool_is_published_then() -> None:
+    pool = DevicePool()
+    publisher = SlicePublisher(cast(Any, None), "example.com", "n", pool)
+    waiting = asyncio.ensure_future(publisher.published(1, 10))
+    await asyncio.sleep(0)
+    publisher._mark_published(1)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

@@ -204,14 +204,18 @@ class Agent:
         """The class's ``whenBack`` as this agent can apply it (None: ``keep`` configured)."""
         if config.when_back == "keep":
             return None
-        from cdi_gen.agent.whenback import class_policy
+        from cdi_gen.agent.whenback import announced, class_policy
 
         dra = self.dra if config.api == "dra" else None
         driver = None if dra is None else (dra.name, dra.node, self.config.class_names)
-        return class_policy(
+        policy = class_policy(
             config, self.config.vendor, self.privileges, self.settings.kubelet.pod_resources_socket,
             driver=driver, metrics=self.metrics, on_outcomes=self.on_when_back,
         )  # fmt: skip
+        if dra is not None:
+            # The claims and pods holding it are told what was done (Events, claim status).
+            policy.on_outcomes = announced(dra, config.name, policy.policy, self.on_when_back)
+        return policy
 
     def stop(self) -> None:
         """Ask :meth:`run` to shut down (safe from a signal handler)."""

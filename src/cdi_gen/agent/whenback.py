@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from cdi_gen.agent.comebacks import Comeback, MovedNode
 from cdi_gen.agent.follow import CameBack, Hierarchies, follow
@@ -44,9 +44,11 @@ from cdi_gen.metrics import Metrics
 __all__ = [
     "BOUND_SECONDS",
     "GRACE_SECONDS",
+    "Announcer",
     "BackPolicy",
     "ContainerOutcome",
     "OnOutcomes",
+    "announced",
     "class_policy",
     "device_keys",
     "spec_node",
@@ -80,6 +82,31 @@ class ContainerOutcome:
 
 #: The hook for other reports of the outcomes (see the module docstring).
 OnOutcomes = Callable[[str, str, Sequence[ContainerOutcome]], None]
+
+
+class Announcer(Protocol):
+    """Who tells the holders' claims and pods what was done (the DRA driver)."""
+
+    def announce(
+        self, class_name: str, device_id: str, action: str, lines: Sequence[str], *, failed: bool
+    ) -> None: ...
+
+
+def announced(
+    announcer: Announcer, class_name: str, action: str, then: OnOutcomes | None
+) -> OnOutcomes:
+    """The outcomes hook of a DRA class: ``announcer`` tells the claims and pods holding the
+    device what ``action`` did (one line per container; failed when one was refused), then
+    ``then`` gets the outcomes."""
+
+    def announce(resource: str, device: str, outcomes: Sequence[ContainerOutcome]) -> None:
+        lines = [o.line(resource, device) for o in outcomes]
+        failed = any(o.outcome == "refused" for o in outcomes)
+        announcer.announce(class_name, device, action, lines, failed=failed)
+        if then is not None:
+            then(resource, device, outcomes)
+
+    return announce
 
 
 def spec_node(options: NodeOptions, moved: MovedNode) -> DeviceNode:

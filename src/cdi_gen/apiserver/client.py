@@ -1,6 +1,7 @@
 """The API server calls the agent makes: claims (read, and their device status written),
 the Node's UID, this node's ResourceSlices
-(list, write, watch) and the agent's own DaemonSet (asked about at exit) — a thin async layer
+(list, write, watch), Events (created, their series patched) and the agent's own DaemonSet
+(asked about at exit) — a thin async layer
 over an HTTP client that lightkube configures.
 
 Everything goes in and out as plain dicts (the slices :mod:`~cdi_gen.dra.plugin.slices`
@@ -200,6 +201,20 @@ class ApiClient:
         )
         return all(_device_key(d) in have for d in devices)
 
+    async def create_event(self, namespace: str, event: Obj) -> Obj:
+        """POST ``event`` (``events.k8s.io/v1``) in ``namespace``; the stored Event."""
+        what = f"Event {namespace}/{event.get('metadata', {}).get('name', '?')}: create"
+        return await self._call("POST", _events_path(namespace), what, body=event)
+
+    async def patch_event(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """Merge ``patch`` into Event ``namespace/name`` (its ``series``);
+        :class:`ApiServerError` with status 404 when it expired meanwhile."""
+        what = f"Event {namespace}/{name}: patch"
+        path = f"{_events_path(namespace)}/{url_quote(name, safe='')}"
+        return await self._call(
+            "PATCH", path, what, body=patch, content_type="application/merge-patch+json"
+        )
+
     async def node_uid(self, node: str) -> str:
         """The UID of Node ``node`` (the owner of its slices)."""
         what = f"Node {node}"
@@ -315,6 +330,12 @@ class ApiClient:
                         del obj
         except (httpx2.HTTPError, OSError) as exc:
             raise ApiServerError(f"{what}: {first_line(exc)}") from None
+
+
+def _events_path(namespace: str) -> str:
+    if not is_dns_label(namespace):
+        raise ApiServerError(f"namespace {quote(namespace)}: not a namespace's name")
+    return f"/apis/events.k8s.io/v1/namespaces/{url_quote(namespace, safe='')}/events"
 
 
 def _selector(driver: str, node: str) -> dict[str, str]:

@@ -68,7 +68,24 @@ def claim_view(obj: object) -> ClaimView:
         results=results,
         config=config,
         pod_claim_name=pod_claim_name,
+        pods=_pods(status.get("reservedFor")),
     )
+
+
+def _pods(reserved: object) -> tuple[tuple[str, str], ...]:
+    """The pods of ``status.reservedFor`` as (name, UID). Only Events are addressed with
+    them, so an entry that is not a pod with a name and UID is passed over, never an error."""
+    if not isinstance(reserved, list):
+        return ()
+    out = []
+    for entry in reserved:
+        if not isinstance(entry, dict) or entry.get("resource") != "pods":
+            continue
+        name, uid = entry.get("name"), entry.get("uid")
+        core = entry.get("apiGroup") in ("", None)
+        if core and isinstance(name, str) and is_dns_subdomain(name) and isinstance(uid, str):
+            out += [(name, uid)] if uid else []
+    return tuple(out)
 
 
 _KINDS: dict[type[Any], str] = {

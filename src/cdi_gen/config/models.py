@@ -259,6 +259,16 @@ class ClassConfig(ConfigModel):
                 yield ("containerEdits", "hooks", i, "env", j), t
 
     @property
+    def keeps_gone(self) -> bool:
+        """Whether a device whose node disappeared is kept (gone, unhealthy) until it comes
+        back: ``whenGone`` other than ``withdraw``, or a DRA class whose ``whenBack`` is
+        ``restart`` or ``follow``: its claims keep the device, so the slice keeps it, tainted
+        ``gone``, rather than let the scheduler forget what running pods hold."""
+        if self.when_gone != "withdraw":
+            return True
+        return self.api == "dra" and self.when_back != "keep"
+
+    @property
     def wanted_attributes(self) -> frozenset[str]:
         """sysfs attributes of the device that rules or templates read."""
         keys = {k for r in self.match for k in r.attributes}

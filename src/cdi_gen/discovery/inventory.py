@@ -225,7 +225,7 @@ class Discovery:
                 self.config.vendor, cls, state.matched.values(), incumbents, state.cache
             )
             new = {d.name: d for d in devices}
-            if cls.when_gone != "withdraw":
+            if cls.keeps_gone:
                 for old in before:
                     if old.name not in new and not any(r.sys_path in ended for r in old.records):
                         state.gone[old.name] = as_gone(old)

@@ -14,9 +14,12 @@ node's ResourceSlices offering the pool while the plugin serves, runs the publis
 yields the slices in a rolling update; the :class:`~cdi_gen.dra.plugin.server.DraPlugin`
 answers the kubelet's NodePrepareResources, reading each claim through the API server and
 handing it to the driver part, a :class:`~cdi_gen.dra.driver.preparer.PoolPreparer` that
-checks it against the pool and records it in the checkpoint. This module is the one place the
-two parts and the agent's API client meet: the driver part itself imports no grpc, kubelet or
-API server (``.importlinter``).
+checks it against the pool and records it in the checkpoint. When a device that claims hold
+leaves the node or comes back, :class:`~cdi_gen.dra.plugin.notices.DeviceNotices` tells those
+claims (a status condition) and their pods (Events, :mod:`~cdi_gen.apiserver.events`);
+:meth:`DraDriver.announce` is the agent's hook for what it then did. This module is the one
+place the two parts and the agent's API client meet: the driver part itself imports no grpc,
+kubelet or API server (``.importlinter``).
 
 The start's retry loop is a :class:`~cdi_gen.retry.Retry` bounded by ``retry_max_seconds``.
 The API server client and the DRA gRPC services are imported only when a class uses DRA: an
@@ -26,8 +29,9 @@ agent serving device plugins alone loads neither.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cdi_gen.cdi.store import SpecStore
@@ -45,17 +49,36 @@ from cdi_gen.retry import Retry, Tools, describe
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
     from cdi_gen.cdi.resolution import SpecResolver
+    from cdi_gen.dra.driver.preparer import PoolPreparer
     from cdi_gen.dra.plugin.claimstatus import ClaimStatus
+    from cdi_gen.dra.plugin.notices import DeviceNotices
     from cdi_gen.dra.plugin.server import DraPlugin
 
-__all__ = ["DraDriver"]
+__all__ = ["Announcing", "DraDriver"]
 
 log = logging.getLogger("cdi_gen.dra.node")
 #: The start's failures are the agent's lines, as every frontend's are.
 agent_log = logging.getLogger("cdi_gen.agent.agent")
 
 
-class DraDriver:
+class Announcing:
+    """The driver's hook for what the agent did about a held device that came back."""
+
+    #: What claims holding a device that left or came back are told (made with the plugin).
+    notices: DeviceNotices | None = None
+
+    def announce(
+        self, class_name: str, device_id: str, action: str, lines: Sequence[str], *, failed: bool
+    ) -> None:
+        """What the agent did about a held device of class ``class_name`` that came back
+        (``device_id`` its CDI device name): see :meth:`DeviceNotices.announce_device
+        <cdi_gen.dra.plugin.notices.DeviceNotices.announce_device>`. From any thread; never
+        waits, never raises; nothing before the driver has started."""
+        if self.notices is not None:
+            self.notices.announce_device(class_name, device_id, action, lines, failed=failed)
+
+
+class DraDriver(Announcing):
     """One DRA driver for every ``api: dra`` class of the node."""
 
     def __init__(
@@ -246,6 +269,7 @@ class DraDriver:
                 metadata_dir=settings.kubelet.plugins_dir / self.name / "dra-device-metadata",
             ),
         )
+        self.notices = _notices(self, client, preparer)
         return DraPlugin(
             self.name,
             self.pool,
@@ -295,7 +319,29 @@ class DraDriver:
         # The publisher's last write, then the plugin (see Offering.close); then the
         # driver's own writers and the client they share.
         self.handed_over = await self.offering.close(successor=successor)
+        if self.notices is not None:
+            await self.notices.close()
         if self.claim_status is not None:
             await self.claim_status.close()
         if self.client is not None:
             await self.client.close()
+
+
+def _notices(driver: DraDriver, client: ApiClient, preparer: PoolPreparer) -> DeviceNotices:
+    """What the claims holding a device are told when it leaves and comes back, Events
+    through ``client`` (made on the loop; follows the pool)."""
+    from cdi_gen.apiserver.events import EventRecorder
+    from cdi_gen.dra.driver.preparer import holders
+    from cdi_gen.dra.plugin.notices import DeviceNotices
+
+    notices = DeviceNotices(
+        driver.name,
+        driver.node,
+        driver.pool,
+        functools.partial(holders, preparer),
+        status=driver.claim_status,
+        claims=client,
+        events=EventRecorder(client, driver.name, driver.node),
+    )
+    driver.pool.follow(notices.published)
+    return notices

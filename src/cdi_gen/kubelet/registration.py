@@ -56,7 +56,7 @@ from cdi_gen.kubelet.boundary import wake
 from cdi_gen.kubelet.socketwatch import SocketWatch
 from cdi_gen.kubelet.supervisor import UNWATCHED_INTERVAL, WATCH_INTERVAL
 from cdi_gen.kubelet.transport import MAX_SOCKET_PATH, listening
-from cdi_gen.waits import first_of
+from cdi_gen.waits import first_of, set_within
 
 __all__ = [
     "DRA_PLUGIN_TYPE",
@@ -348,9 +348,7 @@ class PluginWatcherRegistrar:
                 left = deadline - loop.time()
                 if left <= 0:
                     return self._silence()
-                try:
-                    await asyncio.wait_for(event.wait(), left)
-                except TimeoutError:
+                if not await set_within(event, left):
                     return self._silence()
             finally:
                 service.forget(event)

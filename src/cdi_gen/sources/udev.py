@@ -455,6 +455,8 @@ class UdevWatcher:
             raise DiscoveryError("call UdevWatcher.start() before batches()")
         import asyncio
 
+        from cdi_gen.waits import set_within
+
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._wakeup = asyncio.Event()
@@ -465,9 +467,7 @@ class UdevWatcher:
         try:
             while self._monitor is not None:
                 timeout = max(0.0, next_resync - loop.time())
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
-                except TimeoutError:
+                if not await set_within(self._wakeup, timeout):
                     self._resync = True
                 self._wakeup.clear()
                 if self._monitor is None:

@@ -17,7 +17,9 @@ configuration for this driver gets its configured devices from a spec of its own
 device metadata every claim gets a spec of its own for the metadata mounts), checks its CDI
 names with the same resolver as Allocate's (:func:`~cdi_gen.cdi.resolution.unresolved`),
 records it in the checkpoint, the one store (every claim with the specs written for it), and
-answers the devices' CDI names. :meth:`PoolPreparer.unprepare` removes the claim's specs,
+answers the devices' CDI names. :func:`holders` names the claims holding a
+device (whom its leaving and return are told, :mod:`~cdi_gen.dra.plugin.notices`).
+:meth:`PoolPreparer.unprepare` removes the claim's specs,
 then its record (of a claim not prepared here, whatever of ours sits at its specs' names). A
 record of another boot is void (:mod:`~cdi_gen.dra.driver.boot`): after a node reboot every
 claim is prepared anew, with specs written after the boot.
@@ -54,6 +56,7 @@ from cdi_gen.dra.driver.statelock import StateLock, lock_path
 from cdi_gen.dra.plugin.claims import (
     ClaimRef,
     ClaimRefused,
+    HeldClaim,
     PreparedDevice,
     PrepareResult,
     Unprepared,
@@ -63,7 +66,7 @@ from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import SpecWriteError
 from cdi_gen.model import ClaimView
 
-__all__ = ["STATE_LOCK_SECONDS", "PoolPreparer"]
+__all__ = ["STATE_LOCK_SECONDS", "PoolPreparer", "holders"]
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +208,10 @@ class PoolPreparer:
                 error=f"{label}: internal error of driver {self.driver}: {exc}", reason="internal"
             )
         log.info("prepared %s: %s", label, _describe(devices))
-        nodes, networks = self._shown(devices)
+        nodes, networks = self.shown(devices)
         return PrepareResult(devices, device_nodes=nodes, network_data=networks)
 
-    def _shown(
+    def shown(
         self, devices: tuple[PreparedDevice, ...]
     ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
         """The host device nodes and the network data of each pool device (what the claim's
@@ -326,3 +329,15 @@ class PoolPreparer:
         except Exception as exc:
             log.exception("unprepare of %s failed", label)
             return Unprepared(f"{label}: {exc}")
+
+
+def holders(preparer: PoolPreparer, device: str) -> list[HeldClaim]:
+    """The claims ``preparer`` prepared that hold pool device ``device`` (admin access too:
+    its pod uses the device), from what this process knows, without the state lock (on the
+    loop: it never waits for the other instance's step)."""
+    return [
+        HeldClaim(ClaimRef(c.namespace, c.name, uid), c.devices, *preparer.shown(c.devices))
+        # An immutable snapshot, replaced on every change.
+        for uid, c in preparer.checkpoint.claims.items()
+        if any(d.device == device for d in c.devices)
+    ]

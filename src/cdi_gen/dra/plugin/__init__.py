@@ -13,6 +13,8 @@
   ``ClaimPreparer`` interface, the ``ClaimReader`` protocol) and what it answers;
 * :mod:`~cdi_gen.dra.plugin.pool`: the devices the driver publishes (its resources; the
   driver builds the entries);
+* :mod:`~cdi_gen.dra.plugin.notices`: the claims holding a device that left or came back
+  told so (a status condition, Events on their pods), and what the agent then did;
 * :mod:`~cdi_gen.dra.plugin.offering`: the pool offered in the slices only while the plugin
   serves, the publisher started (and over), the rolling update's yield and take-back, the
   ordered close;

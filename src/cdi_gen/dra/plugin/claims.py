@@ -30,6 +30,7 @@ __all__ = [
     "ClaimReader",
     "ClaimRef",
     "ClaimRefused",
+    "HeldClaim",
     "PrepareResult",
     "PreparedDevice",
     "Refusal",
@@ -169,6 +170,18 @@ class PreparedDevice:
     share_id: str | None = None
     #: Given with ``adminAccess``: it does not hold the device against other claims.
     admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeldClaim:
+    """A claim the driver part prepared that holds a device: its reference, every device it
+    got, and the host device nodes and network data of each (what its status shows). Whom the generic part
+    tells that the device left or came back (:mod:`~cdi_gen.dra.plugin.notices`)."""
+
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+    device_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    network_data: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def claim_label(namespace: str, name: str, uid: str) -> str:

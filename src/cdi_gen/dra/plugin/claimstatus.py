@@ -13,10 +13,13 @@ NodeUnprepareResources. The gRPC threads only hand the write to the agent's loop
 :class:`~cdi_gen.kubelet.boundary.LoopBridge` and answer the kubelet; on the loop each write is
 a :class:`~cdi_gen.retry.Retry` of at most :data:`ATTEMPTS` attempts, given up when the claim
 is gone, and superseded by a newer write of the same claim (an unprepare during a prepare's
-retries). An API server that drops ``status.devices`` (the ``DRAResourceClaimDeviceStatus``
-gate off: beta and on by default since 1.33, GA in 1.37) is noticed at the first answer that
-is the claim written (kind, namespace, name and UID; any other answer fails that write, which
-is retried), said once in the log, and no more status is written.
+retries). A prepared claim's entries are written anew, on the loop, when a device of it
+leaves the node or comes back (:mod:`~cdi_gen.dra.plugin.notices` adds its ``Present``
+condition); ``Ready`` keeps the time it was first written. An API server that drops
+``status.devices`` (the ``DRAResourceClaimDeviceStatus`` gate off: beta and on by default
+since 1.33, GA in 1.37) is noticed at the first answer that is the claim written (kind,
+namespace, name and UID; any other answer fails that write, which is retried), said once in
+the log, and no more status is written.
 """
 
 from __future__ import annotations
@@ -123,6 +126,9 @@ class ClaimStatus:
         self.enabled = True
         #: Writes still running (tests wait for them).
         self.running: set[asyncio.Task[None]] = set()
+        #: When each claim's entries were first written (its ``Ready`` condition's time),
+        #: by UID, until it is unprepared (loop only): a rewrite keeps it.
+        self.since: dict[str, str] = {}
 
     async def close(self) -> None:
         """Cancel the writes still running (the agent stops; on the loop)."""
@@ -138,6 +144,20 @@ class ClaimStatus:
     def unprepared(self, namespace: str, name: str, uid: str) -> None:
         """Clear our entries of the claim (from any thread; never raises)."""
         self._start(namespace, name, uid, [])
+
+    def rewrite(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
+        """Write ``entries`` anew as a prepared claim's status (a device's condition changed;
+        on the loop; never raises): it supersedes a write of the claim still retrying. A
+        condition whose ``lastTransitionTime`` is empty gets the time of the write."""
+        if not self.enabled:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(
+                self._write(namespace, name, uid, entries)
+            )
+            self.running.add(task)  # before it starts: a close now cancels it too
+        except Exception:
+            log.exception("the status of %s not written", claim_label(namespace, name, uid))
 
     def _start(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         if not self.enabled:
@@ -178,7 +198,12 @@ class ClaimStatus:
         stamp = _timestamp(self._now)
         for entry in entries:
             for condition in entry["conditions"]:
-                condition["lastTransitionTime"] = stamp
+                if not condition.get("lastTransitionTime"):
+                    condition["lastTransitionTime"] = stamp
+        if entries:
+            self.since.setdefault(uid, stamp)
+        else:
+            self.since.pop(uid, None)
         for _ in range(ATTEMPTS):
             if self._latest.get(uid) != mine or not self.enabled:
                 return

@@ -6,12 +6,14 @@ disk), so whatever reads the pool (the ResourceSlice publisher, NodePrepareResou
 health stream) sees a device only while its CDI entry resolves.
 
 The pool holds the entries a driver built (:mod:`cdi_gen.dra.driver.poolentries` builds
-cdi-gen's); it knows nothing of how, only that their names are unique.
+cdi-gen's); it knows nothing of how, only that their names are unique. Who must know of a
+change (what claims are told of a device that left, :mod:`~cdi_gen.dra.plugin.notices`)
+follows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from cdi_gen.kubelet.boundary import Versioned
@@ -27,6 +29,14 @@ class DevicePool(Versioned):
         super().__init__()
         self._by_class: dict[str, tuple[PoolDevice, ...]] = {}
         self._devices: Mapping[str, PoolDevice] = MappingProxyType({})
+        self._listeners: list[Callable[[tuple[PoolDevice, ...], tuple[PoolDevice, ...]], None]] = []
+
+    def follow(
+        self, listener: Callable[[tuple[PoolDevice, ...], tuple[PoolDevice, ...]], None]
+    ) -> None:
+        """Call ``listener(before, after)`` with a class's devices at each change of them, on
+        the loop, once the pool has changed (it must not raise)."""
+        self._listeners.append(listener)
 
     @property
     def devices(self) -> Mapping[str, PoolDevice]:
@@ -51,7 +61,8 @@ class DevicePool(Versioned):
         it (:class:`~cdi_gen.kubelet.boundary.LoopOwned`): checked before anything changes."""
         self._check_owner()
         new = tuple(devices)
-        if self._by_class.get(class_name) == new:
+        old = self._by_class.get(class_name, ())
+        if old == new and class_name in self._by_class:
             return False
         self._by_class[class_name] = new
         by_name: dict[str, PoolDevice] = {}
@@ -60,4 +71,6 @@ class DevicePool(Versioned):
                 by_name.setdefault(d.name, d)
         self._devices = MappingProxyType(by_name)
         self._bump()
+        for listener in self._listeners:
+            listener(old, new)
         return True

@@ -42,7 +42,6 @@ the API, the times its taints were added, and digests of what was sent and what 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -52,7 +51,7 @@ from cdi_gen.dra.plugin.slices import Slice, build_slices
 from cdi_gen.dra.plugin.slicewatch import SliceWatch
 from cdi_gen.dra.plugin.slicewriter import SliceWriter
 from cdi_gen.retry import Retry, bounded, describe
-from cdi_gen.waits import first_of
+from cdi_gen.waits import first_of, set_within
 
 if TYPE_CHECKING:
     from cdi_gen.apiserver.client import ApiClient
@@ -125,9 +124,7 @@ class SlicePublisher:
             left = deadline - loop.time()
             if left <= 0 or self._pool.closed:
                 return False
-            changed = self._published_changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+            await set_within(self._published_changed, left)
         return True
 
     def _mark_published(self, version: int) -> None:
