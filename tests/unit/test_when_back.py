@@ -7,6 +7,7 @@ tests/integration/test_when_back_real.py."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from cdi_gen.agent.privileges import (
     effective_capabilities,
     effective_policy,
 )
-from cdi_gen.agent.whenback import device_keys, spec_node
+from cdi_gen.agent.whenback import ContainerOutcome, announced, device_keys, spec_node
 from cdi_gen.config.loader import parse_config
 from cdi_gen.dra.driver.poolentries import device_name
 from cdi_gen.model import ClassChange, DiscoveredDevice, NodeInfo
@@ -192,3 +193,43 @@ def test_a_dra_class_pinning_numbers_is_told_its_claim_specs_keep_them(
             )  # fmt: skip
         found = [r.getMessage() for r in caplog.records if "pinNumbers" in r.getMessage()]
         assert len(found) == lines, found
+
+
+def test_a_dra_classs_outcomes_are_announced_then_passed_on() -> None:
+    """What the agent did reaches the DRA driver (the holders' claims and pods: Events, the
+    claim's status), one line per container, failed when one was refused; the agent's own
+    hook gets the outcomes after."""
+    told: list[tuple[str, str, str, list[str], bool]] = []
+    passed: list[tuple[str, str, int]] = []
+
+    class Driver:
+        def announce(
+            self,
+            class_name: str,
+            device_id: str,
+            action: str,
+            lines: Sequence[str],
+            *,
+            failed: bool,
+        ) -> None:
+            told.append((class_name, device_id, action, list(lines), failed))
+
+    hook = announced(
+        Driver(), "held", "follow", lambda r, d, outcomes: passed.append((r, d, len(outcomes)))
+    )
+    done = ContainerOutcome("ns/p/app", "id-app", "done", "")
+    refused = ContainerOutcome("ns/q/app", "id-q", "refused", "a link at /dev/held")
+    hook("example.com/held", "loop-a", [done])
+    hook("example.com/held", "loop-a", [done, refused])
+    assert told == [
+        ("held", "loop-a", "follow", [done.line("example.com/held", "loop-a")], False),
+        (
+            "held",
+            "loop-a",
+            "follow",
+            [done.line("example.com/held", "loop-a"), refused.line("example.com/held", "loop-a")],
+            True,
+        ),
+    ]
+    assert "container ns/q/app: refused: a link at /dev/held" in told[1][3][1]
+    assert passed == [("example.com/held", "loop-a", 1), ("example.com/held", "loop-a", 2)]
