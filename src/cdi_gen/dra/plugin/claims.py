@@ -175,8 +175,9 @@ class PreparedDevice:
 @dataclass(frozen=True, slots=True)
 class HeldClaim:
     """A claim the driver part prepared that holds a device: its reference, every device it
-    got, and the host device nodes and network data of each (what its status shows). Whom the generic part
-    tells that the device left or came back (:mod:`~cdi_gen.dra.plugin.notices`)."""
+    got, and the host device nodes and network data of each (what its status shows). Whom
+    the generic part tells that the device left or came back
+    (:mod:`~cdi_gen.dra.plugin.notices`)."""
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
