@@ -349,7 +349,10 @@ class PluginWatcherRegistrar:
                 if left <= 0:
                     return self._silence()
                 try:
-                    await asyncio.wait_for(event.wait(), left)
+                    # Not wait_for, which on Python 3.11 loses a cancellation that comes as
+                    # the event is set.
+                    async with asyncio.timeout(left):
+                        await event.wait()
                 except TimeoutError:
                     return self._silence()
             finally:

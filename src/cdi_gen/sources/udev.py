@@ -466,7 +466,10 @@ class UdevWatcher:
             while self._monitor is not None:
                 timeout = max(0.0, next_resync - loop.time())
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                    # Not wait_for, which on Python 3.11 loses a cancellation that comes as
+                    # the event is set (and this loop would then never end).
+                    async with asyncio.timeout(timeout):
+                        await self._wakeup.wait()
                 except TimeoutError:
                     self._resync = True
                 self._wakeup.clear()

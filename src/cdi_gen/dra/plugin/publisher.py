@@ -135,8 +135,12 @@ class SlicePublisher:
             if left <= 0 or self._pool.closed:
                 return False
             changed = self._published_changed
+            # Not wait_for: on Python 3.11 it swallows the caller's cancellation when the
+            # event is set at that moment (as the publisher's last write at a stop does), and
+            # the runner waiting here then never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await changed.wait()
         return True
 
     def _mark_published(self, version: int) -> None:
