@@ -129,41 +129,40 @@ async def test_the_whole_and_its_parts_with_counters_and_held_apart_on_the_node(
 ) -> None:
     caplog.set_level(logging.INFO, "cdi_gen.dra.node")
     api = FakeApiServer()
-    async with api, FakeDraKubelet(short_dir / "reg") as kubelet:
-        async with _agent(short_dir, api, parts=2) as (agent, source):
-            connection = await kubelet.next_registration(within=10)
-            parts = {"disk-loop700p1", "disk-loop700p2"}
-            await api.until(lambda: set(_devices(api)) == {WHOLE, *parts})
-            assert _whole_counts(api) == parts
-            assert list(_counters(api).values()) == [parts]
-            assert "composite classes published whole and in parts, with counters" in caplog.text
-            # The dry run stored nothing.
-            assert not any("-counters-" in name for name in api.slices)
+    async with (
+        api,
+        FakeDraKubelet(short_dir / "reg") as kubelet,
+        _agent(short_dir, api, parts=2) as (agent, _),
+    ):
+        connection = await kubelet.next_registration(within=10)
+        parts = {"disk-loop700p1", "disk-loop700p2"}
+        await api.until(lambda: set(_devices(api)) == {WHOLE, *parts})
+        assert _whole_counts(api) == parts
+        assert list(_counters(api).values()) == [parts]
+        assert "composite classes published whole and in parts, with counters" in caplog.text
+        # The dry run stored nothing.
+        assert not any("-counters-" in name for name in api.slices)
 
-            # A part prepared: the whole is refused on the node (in use through the part),
-            # the other part is not.
-            for name, device in (("p1", "disk-loop700p1"), ("w", WHOLE), ("p2", "disk-loop700p2")):
-                api.claims["default", name] = _claim(name, device)
-            first = await connection.prepare([("default", "p1", "u-p1")])
-            assert first.claims["u-p1"].error == ""
-            assert list(first.claims["u-p1"].devices[0].cdi_device_ids)[0] == (
-                "example.com/disk=loop700p1"
-            )
-            refused = await connection.prepare([("default", "w", "u-w")])
-            assert "in use by claim default/p1" in refused.claims["u-w"].error
-            assert "through disk-loop700p1" in refused.claims["u-w"].error
-            second = await connection.prepare([("default", "p2", "u-p2")])
-            assert second.claims["u-p2"].error == ""
+        # A part prepared: the whole is refused on the node (in use through the part),
+        # the other part is not.
+        for name, device in (("p1", "disk-loop700p1"), ("w", WHOLE), ("p2", "disk-loop700p2")):
+            api.claims["default", name] = _claim(name, device)
+        first = await connection.prepare([("default", "p1", "u-p1")])
+        assert first.claims["u-p1"].error == ""
+        assert first.claims["u-p1"].devices[0].cdi_device_ids[0] == ("example.com/disk=loop700p1")
+        refused = await connection.prepare([("default", "w", "u-w")])
+        assert "in use by claim default/p1" in refused.claims["u-w"].error
+        assert "through disk-loop700p1" in refused.claims["u-w"].error
+        second = await connection.prepare([("default", "p2", "u-p2")])
+        assert second.claims["u-p2"].error == ""
 
-            await until(lambda: agent.ready()[0], "the agent ready", observe=agent.ready)
-            assert "parts alone" not in agent.ready()[1]
+        await until(lambda: agent.ready()[0], "the agent ready", observe=agent.ready)
+        assert "parts alone" not in agent.ready()[1]
 
 
 async def test_the_counters_follow_partitions_that_come_and_go(short_dir: Path) -> None:
-    # Without a kubelet: an agent that registered with one hangs at its stop after any
-    # device left (whatever the class; left as found, see issue 56's report).
     api = FakeApiServer()
-    async with api, _agent(short_dir, api, parts=2) as (agent, source):
+    async with api, FakeDraKubelet(short_dir / "reg"), _agent(short_dir, api, 2) as (_, source):
         parts = {"disk-loop700p1", "disk-loop700p2"}
         await api.until(lambda: _whole_counts(api) == parts)
         source.add(_part(3))
@@ -206,13 +205,16 @@ async def test_counters_dropped_by_a_write_leave_the_parts_alone(
 ) -> None:
     caplog.set_level(logging.INFO, "cdi_gen.dra.node")
     api = FakeApiServer()
-    async with api, FakeDraKubelet(short_dir / "reg"):
-        async with _agent(short_dir, api, parts=1) as (agent, source):
-            await api.until(lambda: set(_devices(api)) == {WHOLE, "disk-loop700p1"})
-            # The gate turned off under the running agent: the next write loses the counters.
-            api.partitionable_devices = False
-            source.add(_part(2))
-            await api.until(lambda: set(_devices(api)) == {"disk-loop700p1", "disk-loop700p2"})
-            assert "the API server dropped the counters of a slice" in caplog.text
-            assert caplog.text.count(ALONE) == 1
-            assert "parts alone" in agent.ready()[1]
+    async with (
+        api,
+        FakeDraKubelet(short_dir / "reg"),
+        _agent(short_dir, api, parts=1) as (agent, source),
+    ):
+        await api.until(lambda: set(_devices(api)) == {WHOLE, "disk-loop700p1"})
+        # The gate turned off under the running agent: the next write loses the counters.
+        api.partitionable_devices = False
+        source.add(_part(2))
+        await api.until(lambda: set(_devices(api)) == {"disk-loop700p1", "disk-loop700p2"})
+        assert "the API server dropped the counters of a slice" in caplog.text
+        assert caplog.text.count(ALONE) == 1
+        assert "parts alone" in agent.ready()[1]
