@@ -149,18 +149,17 @@ def composites(devices: Sequence[PoolDevice]) -> Composites:
     consumes: dict[str, list[dict[str, Any]]] = {}
     sets: list[dict[str, Any]] = []
     left_out: set[str] = set()
-    one = {"value": "1"}
     for key, whole in wholes.items():
         its = parts.get(key, [])
         left_out.update(p.name for p in its[MAX_PARTS:])
         uses = []
         for index, chunk in enumerate(_chunks(its[:MAX_PARTS], MAX_COUNTERS_PER_SET)):
             name = composite_set_name(whole, index)
-            counters = {p.name: one for p in chunk}
-            sets.append({"name": name, "counters": counters})
-            uses.append({"counterSet": name, "counters": counters})
+            # Fresh dicts each: a slice is a tree its writer may change in place.
+            sets.append({"name": name, "counters": {p.name: {"value": "1"} for p in chunk}})
+            uses.append({"counterSet": name, "counters": {p.name: {"value": "1"} for p in chunk}})
             for p in chunk:
-                consumes[p.name] = [{"counterSet": name, "counters": {p.name: one}}]
+                consumes[p.name] = [{"counterSet": name, "counters": {p.name: {"value": "1"}}}]
         if uses:
             consumes[whole.name] = uses
     return consumes, sets, left_out
