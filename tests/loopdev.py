@@ -13,7 +13,10 @@ import errno
 import fcntl
 import os
 import random
+import struct
+import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +68,24 @@ def free_loop_numbers(count: int, low: int = 300, high: int = 999) -> list[int]:
     if len(free) < count:
         raise RuntimeError(f"only {len(free)} free loop numbers in {low}-{high}")
     return random.sample(free, count)
+
+
+def partitioned_image(path: Path, sizes_mib: Sequence[int]) -> Path:
+    """A sparse disk image at ``path`` with an MBR partition table of one Linux partition
+    (type 0x83) per size in ``sizes_mib``, each starting on a MiB boundary."""
+    start = 2048  # sectors of 512 bytes: the first partition at 1 MiB
+    entries = b""
+    for size in sizes_mib:
+        count = size * 2048
+        entries += struct.pack("<B3sB3sII", 0, b"\0" * 3, 0x83, b"\0" * 3, start, count)
+        start += count
+    mbr = bytearray(512)
+    mbr[446 : 446 + len(entries)] = entries
+    mbr[510:512] = b"\x55\xaa"
+    with open(path, "wb") as f:
+        f.write(mbr)
+        f.truncate(start * 512)
+    return path
 
 
 @dataclass(frozen=True)
@@ -137,6 +158,17 @@ class LoopDevices:
         with open(backing_file, "rb+") as f, open(dev.path, "rb") as d:
             fcntl.ioctl(d.fileno(), LOOP_SET_FD, f.fileno())
         self.backing[dev.number] = backing_file
+
+    def attach_partitioned(self, dev: LoopDevice, image: Path, partitions: int) -> None:
+        """Bind ``image`` with the kernel's partition scan (``losetup -P``) and wait for the
+        nodes of its ``partitions`` partitions, ``loop<N>p1`` on."""
+        subprocess.run(
+            ["losetup", "-P", str(dev.path), str(image)], check=True, capture_output=True
+        )
+        self.backing[dev.number] = image
+        for n in range(1, partitions + 1):
+            node = Path(f"{dev.path}p{n}")
+            until_sync(node.exists, f"{node} to appear", within=10.0, every=0.01)
 
     def detach(self, dev: LoopDevice) -> None:
         """Clear the backing file (LOOP_CLR_FD): the device stays, with size 0."""

@@ -1,0 +1,136 @@
+"""Issue 56 on a real node: a loop device with a partition table (``losetup -P``: ``loopN``,
+``loopNp1``, ``loopNp2``) served by a composite class (``group.offer: both``). The scheduler
+allocates the whole disk or its partitions, never both; two partitions go to two pods side by
+side; each container sees exactly its nodes.
+
+The slices' form depends on the API server: with ``DRAPartitionableDevices`` (on by default
+from 1.36; the oldest lane switches 1.35's alpha gate on, ``lane.py``) the whole and its parts
+with counters, else the partitions alone (the agent asks once, by a dry run). The test reads
+the gate the lane's API server reports, checks that the published form is the one for it, and
+records which it was (``record_property("form", ...)``, and in the failure output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loopdev import LoopDevice, partitioned_image
+
+from .agent import DRIVER, VENDOR
+from .claims import (
+    CLAIMS,
+    allocated_devices,
+    device_attribute,
+    generated_device_classes,
+    slice_devices,
+)
+from .cluster import Cluster
+from .test_dra import Node
+
+CLASS = "disk"
+PART = f'device.attributes["{DRIVER}"].part'
+WHOLE = f"!{PART}"
+
+
+def _config(dev: LoopDevice) -> str:
+    cls = {
+        "name": CLASS,
+        # Exactly this disk and its partitions: other suites' loop devices stay out.
+        "match": [
+            {"subsystem": "block", "kernel": dev.name},
+            {"subsystem": "block", "kernel": f"{dev.name}p[0-9]*"},
+        ],
+        "group": {"by": "parent", "subsystem": "block", "offer": "both"},
+        "deviceName": "{group}",
+        "containerEdits": {"env": ["FPGA_DEVICE={name}"]},
+    }
+    return json.dumps({"vendor": VENDOR, "classes": [cls]}, indent=2) + "\n"
+
+
+def _rdev(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.major(st.st_rdev):x}:{os.minor(st.st_rdev):x}"
+
+
+def _nodes(*paths: str) -> dict[str, str]:
+    return {p: _rdev(p) for p in paths}
+
+
+def _form(slices: list[dict[str, Any]]) -> str:
+    devices = slice_devices(slices)
+    wholes = [d for d in devices.values() if device_attribute(d, DRIVER, "part") is False]
+    counted = any(d.get("consumesCounters") for d in devices.values())
+    if wholes and counted:
+        return "whole and parts, with counters"
+    return "parts alone" if not wholes else "whole and parts WITHOUT counters"
+
+
+@pytest.mark.lanes("current", "oldest")
+def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
+    node: Node, cluster: Cluster, tmp_path: Path, record_property: Any
+) -> None:
+    loops, claims, pods = node.loops, node.claims, node.pods
+    dev = loops.add()
+    loops.attach_partitioned(dev, partitioned_image(tmp_path / "disk.img", [4, 4]), 2)
+    disk, p1, p2 = str(dev.path), f"{dev.path}p1", f"{dev.path}p2"
+    config = _config(dev)
+    agent = node.start_agent(config)
+    config_path = tmp_path / "composite.yaml"
+    config_path.write_text(config)
+    (device_class,) = generated_device_classes(config_path)
+    claims.ensure_device_class(device_class)
+    class_name = device_class["metadata"]["name"]
+
+    counters = cluster.feature_gates("kube-apiserver").get("DRAPartitionableDevices", False)
+    whole, part1, part2 = f"{CLASS}-{dev.name}", f"{CLASS}-{dev.name}p1", f"{CLASS}-{dev.name}p2"
+    wanted = {whole, part1, part2} if counters else {part1, part2}
+    claims.wait_devices(DRIVER, lambda found: set(found) == wanted, f"the slices offer {wanted}")
+    slices = claims.slices(DRIVER)
+    form = _form(slices)
+    record_property("form", form)
+    print(f"published form: {form}; slices: {json.dumps([s['spec'] for s in slices])}")
+    assert form == ("whole and parts, with counters" if counters else "parts alone"), agent.log()
+    if not counters:
+        assert "composite classes published as their parts alone" in agent.log()
+
+    claims.template("whole", class_name, selectors=[WHOLE])
+    claims.template("partition", class_name, selectors=[PART])
+
+    # Two partitions side by side, each container with exactly its node.
+    claims.pod_with_template("part-a", "partition")
+    claims.pod_with_template("part-b", "partition")
+    pods.wait_running("part-a", timeout=90)
+    pods.wait_running("part-b", timeout=90)
+    seen = {name: pods.seen(name).devices for name in ("part-a", "part-b")}
+    assert sorted(seen.values(), key=sorted) == [_nodes(p1), _nodes(p2)], seen
+    if not counters:
+        return  # no whole is offered: nothing more to keep apart
+
+    # The whole disk waits while any partition is held...
+    claims.pod_with_template("whole-disk", "whole")
+    message = pods.wait_unschedulable("whole-disk")
+    assert "cannot allocate all claims" in message, message
+    held = claims.pod_claim("part-a")
+    assert held is not None
+    pods.delete("part-a")
+    path = f"{CLAIMS}/{held['metadata']['name']}"
+    claims.api.wait_for(path, lambda c: c is None, 60, "part-a's claim deleted")
+    # The scheduler tries again once a claim is freed: still nothing for the whole disk.
+    assert pods.wait_unschedulable("whole-disk")
+    assert allocated_devices(claims.pod_claim("whole-disk")) == []
+    # ... and runs once none is, with every node of the disk.
+    pods.delete("part-b")
+    pods.wait_running("whole-disk", timeout=90)
+    assert pods.seen("whole-disk").devices == _nodes(disk, p1, p2)
+
+    # A partition waits while the whole disk is held.
+    claims.pod_with_template("part-c", "partition")
+    message = pods.wait_unschedulable("part-c")
+    assert "cannot allocate all claims" in message, message
+    pods.delete("whole-disk")
+    pods.wait_running("part-c", timeout=90)
+    assert list(pods.seen("part-c").devices) in ([p1], [p2])
