@@ -7,7 +7,7 @@ The slices' form depends on the API server: with ``DRAPartitionableDevices`` (on
 from 1.36; the oldest lane switches 1.35's alpha gate on, ``lane.py``) the whole and its parts
 with counters, else the partitions alone (the agent asks once, by a dry run). The test reads
 the gate the lane's API server reports, checks that the published form is the one for it, and
-records which it was (``record_property("form", ...)``, and in the failure output).
+prints which it was (``published form: ...``, in the report's captured output).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopdev import LoopDevice, partitioned_image
+from loopdev import LoopDevice, LoopDevices, partitioned_image
 
 from .agent import DRIVER, VENDOR
 from .claims import (
     CLAIMS,
+    Claims,
     allocated_devices,
     device_attribute,
     generated_device_classes,
     slice_devices,
 )
 from .cluster import Cluster
-from .test_dra import Node
+from .conftest import DraAgentFactory
 
 CLASS = "disk"
 PART = f'device.attributes["{DRIVER}"].part'
@@ -71,14 +72,18 @@ def _form(slices: list[dict[str, Any]]) -> str:
 
 @pytest.mark.lanes("current", "oldest")
 def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
-    node: Node, cluster: Cluster, tmp_path: Path, record_property: Any
+    cluster: Cluster,
+    loops: LoopDevices,
+    dra_agent: DraAgentFactory,
+    claims: Claims,
+    tmp_path: Path,
 ) -> None:
-    loops, claims, pods = node.loops, node.claims, node.pods
+    pods = claims.pods
     dev = loops.add()
-    loops.attach_partitioned(dev, partitioned_image(tmp_path / "disk.img", [4, 4]), 2)
+    assert loops.attach_partitioned(dev, partitioned_image(tmp_path / "disk.img", [4, 4])) == 2
     disk, p1, p2 = str(dev.path), f"{dev.path}p1", f"{dev.path}p2"
     config = _config(dev)
-    agent = node.start_agent(config)
+    agent = dra_agent(config)
     config_path = tmp_path / "composite.yaml"
     config_path.write_text(config)
     (device_class,) = generated_device_classes(config_path)
@@ -91,7 +96,6 @@ def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
     claims.wait_devices(DRIVER, lambda found: set(found) == wanted, f"the slices offer {wanted}")
     slices = claims.slices(DRIVER)
     form = _form(slices)
-    record_property("form", form)
     print(f"published form: {form}; slices: {json.dumps([s['spec'] for s in slices])}")
     assert form == ("whole and parts, with counters" if counters else "parts alone"), agent.log()
     if not counters:

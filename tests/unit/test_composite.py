@@ -325,7 +325,7 @@ def test_check_config_refuses_both_for_a_device_plugin_class(
     path = tmp_path / "c.yaml"
     path.write_text(
         "vendor: example.com\nclasses:\n- name: disk\n  match: {subsystem: block}\n"
-        "  group: {by: parent, subsystem: block, offer: both}\n"
+        "  api: devicePlugin\n  group: {by: parent, subsystem: block, offer: both}\n"
     )
     with pytest.raises(SystemExit) as exc:
         main(["check-config", str(path)])
@@ -334,13 +334,27 @@ def test_check_config_refuses_both_for_a_device_plugin_class(
     assert f"{path}: classes[0].group.offer: 'both' needs api: dra, not 'devicePlugin'" in line
 
 
-def test_the_agents_api_devicePlugin_refuses_a_composite_class(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("api_line", "flag", "refused"),
+    [
+        ("  api: dra\n", "devicePlugin", True),  # the agent's --api wins
+        ("", "config", True),  # left out: a device plugin's, as the class's default
+        ("", "dra", False),  # left out, served through DRA by the agent's --api
+        ("  api: dra\n", "config", False),
+    ],
+)
+def test_the_run_refuses_a_composite_class_its_device_plugin_would_serve(
+    tmp_path: Path, api_line: str, flag: str, refused: bool
+) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
         "vendor: example.com\nclasses:\n- name: disk\n  match: {subsystem: block}\n"
-        "  api: dra\n  group: {by: parent, subsystem: block, offer: both}\n"
+        f"{api_line}  group: {{by: parent, subsystem: block, offer: both}}\n"
     )
-    settings = Settings(paths={"config": path}, api="devicePlugin")  # type: ignore[arg-type]
+    settings = Settings(paths={"config": path}, api=flag)  # type: ignore[arg-type]
+    if not refused:
+        assert settings.class_config().classes[0].api == "dra"
+        return
     with pytest.raises(ConfigError, match=r"classes\[0\]\.group\.offer: 'both' needs api: dra"):
         settings.class_config()
 

@@ -228,7 +228,9 @@ class ClassConfig(ConfigModel):
     def _composite(self) -> ClassConfig:
         if self.group is None or self.group.offer != "both":
             return self
-        if self.api != "dra":
+        # Only a class that says devicePlugin itself: one that leaves api out may be served
+        # through DRA by the agent's --api, which the run's settings check (class_config).
+        if self.api != "dra" and "api" in self.model_fields_set:
             raise FieldError(("group", "offer"), composite_refusal(self.api))
         if self.sharing.replicas > 1:
             raise FieldError(
