@@ -1,7 +1,8 @@
 """Issue 56 on a real node: a loop device with a partition table (``losetup -P``: ``loopN``,
 ``loopNp1``, ``loopNp2``) served by a composite class (``group.offer: both``). The scheduler
-allocates the whole disk or its partitions, never both; two partitions go to two pods side by
-side; each container sees exactly its nodes.
+allocates the whole disk or its partitions, never both; partitions go to pods side by side;
+each container sees exactly its nodes; the partition table rewritten (a partition removed
+while nothing is allocated, added while two are) is followed by the pool.
 
 The slices' form depends on the API server: with ``DRAPartitionableDevices`` (on by default
 from 1.36; the oldest lane switches 1.35's alpha gate on, ``lane.py``) the whole and its parts
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopdev import LoopDevice, LoopDevices, partitioned_image
+from loopdev import LoopDevice, LoopDevices, mbr_partitions, partitioned_image
 
 from .agent import DRIVER, VENDOR
 from .claims import (
@@ -80,8 +81,9 @@ def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
 ) -> None:
     pods = claims.pods
     dev = loops.add()
-    assert loops.attach_partitioned(dev, partitioned_image(tmp_path / "disk.img", [4, 4])) == 2
-    disk, p1, p2 = str(dev.path), f"{dev.path}p1", f"{dev.path}p2"
+    image = partitioned_image(tmp_path / "disk.img", [4, 4, 4])
+    assert loops.attach_partitioned(dev, image) == 3
+    disk, p1, p2, p3 = str(dev.path), *(f"{dev.path}p{n}" for n in (1, 2, 3))
     config = _config(dev)
     agent = dra_agent(config)
     config_path = tmp_path / "composite.yaml"
@@ -91,15 +93,33 @@ def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
     class_name = device_class["metadata"]["name"]
 
     counters = cluster.feature_gates("kube-apiserver").get("DRAPartitionableDevices", False)
-    whole, part1, part2 = f"{CLASS}-{dev.name}", f"{CLASS}-{dev.name}p1", f"{CLASS}-{dev.name}p2"
-    wanted = {whole, part1, part2} if counters else {part1, part2}
-    claims.wait_devices(DRIVER, lambda found: set(found) == wanted, f"the slices offer {wanted}")
+    whole = f"{CLASS}-{dev.name}"
+    part1, part2, part3 = (f"{whole}p{n}" for n in (1, 2, 3))
+
+    def offered(*parts: str) -> dict[str, Any]:
+        """Wait until the slices offer exactly ``parts`` (and the whole, counting each of
+        them, where counters are kept)."""
+        wanted = {whole, *parts} if counters else set(parts)
+
+        def right(found: dict[str, Any]) -> bool:
+            if set(found) != wanted:
+                return False
+            uses = (found.get(whole) or {}).get("consumesCounters") or []
+            return not counters or {c for u in uses for c in u["counters"]} == set(parts)
+
+        return claims.wait_devices(DRIVER, right, f"the slices offer {sorted(wanted)}")
+
+    offered(part1, part2, part3)
     slices = claims.slices(DRIVER)
     form = _form(slices)
     print(f"published form: {form}; slices: {json.dumps([s['spec'] for s in slices])}")
     assert form == ("whole and parts, with counters" if counters else "parts alone"), agent.log()
     if not counters:
         assert "composite classes published as their parts alone" in agent.log()
+
+    # The partition table rewritten while nothing is allocated: the third partition goes.
+    loops.delete_partition(dev, 3)
+    offered(part1, part2)
 
     claims.template("whole", class_name, selectors=[WHOLE])
     claims.template("partition", class_name, selectors=[PART])
@@ -111,9 +131,25 @@ def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
     pods.wait_running("part-b", timeout=90)
     seen = {name: pods.seen(name).devices for name in ("part-a", "part-b")}
     assert sorted(seen.values(), key=sorted) == [_nodes(p1), _nodes(p2)], seen
+
+    # A partition added while two are held: the pool follows, and a third pod gets it
+    # beside the other two.
+    start, count = mbr_partitions(image)[2]
+    loops.add_partition(dev, 3, start, count)
+    offered(part1, part2, part3)
+    claims.pod_with_template("part-c", "partition")
+    pods.wait_running("part-c", timeout=90)
+    assert pods.seen("part-c").devices == _nodes(p3)
     if not counters:
         return  # no whole is offered: nothing more to keep apart
 
+    _whole_and_parts_apart(claims, disk, p1, p2, p3)
+
+
+def _whole_and_parts_apart(claims: Claims, disk: str, *parts: str) -> None:
+    """With pods part-a, part-b and part-c holding the partitions: the whole disk waits until
+    none is held, and a partition waits while the whole disk is."""
+    pods = claims.pods
     # The whole disk waits while any partition is held...
     claims.pod_with_template("whole-disk", "whole")
     message = pods.wait_unschedulable("whole-disk")
@@ -128,13 +164,14 @@ def test_a_disk_and_its_partitions_never_go_to_two_pods_at_once(
     assert allocated_devices(claims.pod_claim("whole-disk")) == []
     # ... and runs once none is, with every node of the disk.
     pods.delete("part-b")
+    pods.delete("part-c")
     pods.wait_running("whole-disk", timeout=90)
-    assert pods.seen("whole-disk").devices == _nodes(disk, p1, p2)
+    assert pods.seen("whole-disk").devices == _nodes(disk, *parts)
 
     # A partition waits while the whole disk is held.
-    claims.pod_with_template("part-c", "partition")
-    message = pods.wait_unschedulable("part-c")
+    claims.pod_with_template("part-d", "partition")
+    message = pods.wait_unschedulable("part-d")
     assert "cannot allocate all claims" in message, message
     pods.delete("whole-disk")
-    pods.wait_running("part-c", timeout=90)
-    assert list(pods.seen("part-c").devices) in ([p1], [p2])
+    pods.wait_running("part-d", timeout=90)
+    assert list(pods.seen("part-d").devices) in [[p] for p in parts]
