@@ -218,3 +218,31 @@ async def test_counters_dropped_by_a_write_leave_the_parts_alone(
         assert "the API server dropped the counters of a slice" in caplog.text
         assert caplog.text.count(ALONE) == 1
         assert "parts alone" in agent.ready()[1]
+
+
+async def test_a_claim_on_a_part_whose_disk_left_is_unprepared_as_any_gone_device(
+    short_dir: Path,
+) -> None:
+    api = FakeApiServer()
+    async with (
+        api,
+        FakeDraKubelet(short_dir / "reg") as kubelet,
+        _agent(short_dir, api, parts=2) as (_, source),
+    ):
+        connection = await kubelet.next_registration(within=10)
+        await api.until(lambda: WHOLE in _devices(api))
+        api.claims["default", "p1"] = _claim("p1", "disk-loop700p1")
+        answer = await connection.prepare([("default", "p1", "u-p1")])
+        assert answer.claims["u-p1"].error == ""
+        # The disk goes, its partitions with it (children first, as the kernel sends them).
+        for record in (_part(1), _part(2), _disk()):
+            source.remove(record)
+        await api.until(lambda: not _devices(api) and not _counters(api))
+        # Asked again, the prepared claim is answered from the checkpoint; unprepared, its
+        # files go, as for any device that left.
+        again = await connection.prepare([("default", "p1", "u-p1")])
+        assert again.claims["u-p1"].error == ""
+        assert list((short_dir / "cdi").glob("*u-p1*"))
+        done = await connection.unprepare([("default", "p1", "u-p1")])
+        assert done.claims["u-p1"].error == ""
+        assert not list((short_dir / "cdi").glob("*u-p1*"))
