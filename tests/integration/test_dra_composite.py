@@ -217,6 +217,7 @@ async def test_counters_dropped_by_a_write_leave_the_parts_alone(
         await api.until(lambda: set(_devices(api)) == {"disk-loop700p1", "disk-loop700p2"})
         assert "the API server dropped the counters of a slice" in caplog.text
         assert caplog.text.count(ALONE) == 1
+        await until(lambda: agent.ready()[0], "the agent ready", observe=agent.ready)
         assert "parts alone" in agent.ready()[1]
 
 
