@@ -83,6 +83,11 @@ class DiscoveredDevice:
     gone: bool = False
     #: The class's templated DRA attributes, rendered (those that rendered).
     attributes: Mapping[str, str] = field(default_factory=lambda: NO_ATTRIBUTES)
+    #: Of a class that offers a group's whole and its parts (``group.offer: both``): the
+    #: group's identity (the whole's ``physical``), shared by the whole and its parts.
+    composite: str = ""
+    #: One node of such a group, offered alone; the whole has False.
+    part: bool = False
 
     def advertised(self) -> AdvertisedDevice:
         return AdvertisedDevice(
@@ -166,7 +171,8 @@ class PoolDevice:
     (the driver's domain is implied), except those of another domain, which are fully
     qualified (``resource.kubernetes.io/pcieRoot``). A slot of a shared device has ``slots``
     > 1 and shares ``physical`` with the device's other slots; a shared device published once
-    with consumable capacity has ``shares`` > 1 instead (and ``slots`` 1).
+    with consumable capacity has ``shares`` > 1 instead (and ``slots`` 1). The whole of a
+    composite group and its parts share ``composite``.
     """
 
     name: str
@@ -182,6 +188,12 @@ class PoolDevice:
     slots: int = 1
     #: Claims that may hold the device at once, one share each by default (KEP-5075).
     shares: int = 1
+    #: A group's whole or one of its parts (``group.offer: both``): the group's identity,
+    #: the same for the whole and its parts; empty for any other device.
+    composite: str = ""
+    #: One part of such a group (the whole has False): it excludes the whole, and the whole
+    #: excludes it, through counters (:mod:`cdi_gen.dra.plugin.slices`).
+    part: bool = False
 
 
 @dataclass(frozen=True, slots=True)

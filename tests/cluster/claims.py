@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,23 +39,13 @@ TEMPLATES = f"{RESOURCE_V1}/namespaces/{NAMESPACE}/resourceclaimtemplates"
 REQUEST = "dev"
 
 
-def claim_spec(device_class: str, count: int = 1) -> Obj:
+def claim_spec(device_class: str, count: int = 1, selectors: Sequence[str] = ()) -> Obj:
     """``spec`` of a ResourceClaim (and of a template's ``spec.spec``): ``count`` devices of
-    ``device_class``."""
-    return {
-        "devices": {
-            "requests": [
-                {
-                    "name": REQUEST,
-                    "exactly": {
-                        "deviceClassName": device_class,
-                        "allocationMode": "ExactCount",
-                        "count": count,
-                    },
-                }
-            ]
-        }
-    }
+    ``device_class`` for which every CEL expression of ``selectors`` holds."""
+    exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return {"devices": {"requests": [{"name": REQUEST, "exactly": exactly}]}}
 
 
 def claim_consumer(
@@ -232,12 +222,14 @@ class Claims:
 
     # ----- namespaced ----------------------------------------------------------------------
 
-    def template(self, name: str, device_class: str, count: int = 1) -> Obj:
+    def template(
+        self, name: str, device_class: str, count: int = 1, selectors: Sequence[str] = ()
+    ) -> Obj:
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": name},
-            "spec": {"spec": claim_spec(device_class, count)},
+            "spec": {"spec": claim_spec(device_class, count, selectors)},
         }
         return self._create(TEMPLATES, body)
 

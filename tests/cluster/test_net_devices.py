@@ -283,6 +283,10 @@ def test_device_plugin_moves_the_interface_into_the_pod_and_frees_it_after(
     pods.add(net_pod("net-a", echo.port, resource=RESOURCE))
     pods.wait_running("net-a")
     wait_traffic(pods, echo, "net-a", veth)
+    # In the pod, not gone: the host's "remove" of the end (long before the traffic) left
+    # the device in the spec and advertised.
+    assert json.loads(spec_path.read_text())["devices"] == spec["devices"]
+    assert cluster.allocatable(RESOURCE) == (1, 1)
 
     pods.add(net_pod("net-b", echo.port, resource=RESOURCE))
     message = pods.wait_unschedulable("net-b")
@@ -330,6 +334,20 @@ def test_dra_claim_moves_the_interface_into_the_pod_and_frees_it_after(
     (result,) = allocated_devices(claims.get_claim("net-a-claim"))
     assert result["device"] == published
     wait_traffic(pods, echo, "net-a", veth)
+    # In the pod, not gone: still published, and the claim's status has its network data.
+    claims.wait_devices(DRIVER, lambda found: published in found, f"{published} still published")
+
+    def network_data() -> object:
+        entries = (claims.get_claim("net-a-claim") or {}).get("status", {}).get("devices", [])
+        return [e.get("networkData") for e in entries if e.get("device") == published]
+
+    until_sync(
+        lambda: network_data() == [{"interfaceName": IN_POD, "hardwareAddress": veth.mac}],
+        "the claim's status with the interface's network data",
+        30,
+        every=0.2,
+        observe=network_data,
+    )
 
     claims.claim("net-b-claim", class_name)
     pods.add(net_pod("net-b", echo.port, claim="net-b-claim"))

@@ -117,6 +117,9 @@ class FakeApiServer:
         #: Whether slices keep ``allowMultipleAllocations`` and request policies; an API
         #: server without ``DRAConsumableCapacity`` drops them without an error.
         self.consumable_capacity = True
+        #: Whether slices keep ``sharedCounters`` and ``consumesCounters``; an API server
+        #: without ``DRAPartitionableDevices`` (1.35's default) drops them without an error.
+        self.partitionable_devices = True
         #: A watch from a resourceVersion below this gets 410 Gone.
         self.oldest_version = 0
         self._version = 0
@@ -464,10 +467,15 @@ class FakeApiServer:
 
     def _gated(self, body: Obj) -> Obj:
         """``body`` as the API server stores it: without the consumable-capacity fields when
-        that gate is off."""
+        that gate is off, and without counters when partitionable devices are off."""
+        spec = body.get("spec") or {}
+        if not self.partitionable_devices:
+            spec.pop("sharedCounters", None)
+            for device in spec.get("devices") or ():
+                device.pop("consumesCounters", None)
         if self.consumable_capacity:
             return body
-        for device in (body.get("spec") or {}).get("devices") or ():
+        for device in spec.get("devices") or ():
             device.pop("allowMultipleAllocations", None)
             for capacity in (device.get("capacity") or {}).values():
                 capacity.pop("requestPolicy", None)

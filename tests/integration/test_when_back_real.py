@@ -418,9 +418,7 @@ async def test_follow_through_dra_finds_the_holder_by_its_claim(
                     await runner.apply(change, None)
                 # A DRA class whose devices come back keeps a gone one, marked gone (tainted
                 # in its slice).
-                minors = {
-                    d.nodes[0].minor for d in runner.devices if d.name == name and not d.gone
-                }
+                minors = {d.nodes[0].minor for d in runner.devices if d.name == name and not d.gone}
                 return minors == ({minor} if minor is not None else set())
 
             await until(lambda: fed(attached.number), "the device discovered")

@@ -132,7 +132,18 @@ def test_the_reserved_attribute_names_are_exactly_those_the_pool_sets_itself() -
     )
     for device in _pool(config, [record]):
         own = {k for k in device.attributes if "/" not in k}
-        assert own == OWN
+        # ``part`` is a composite group's, which is never shared: it takes the slot's room.
+        assert own == OWN - {"part"}
+    composite = _config(
+        {
+            **LOOP,
+            "group": {"by": "parent", "subsystem": "block", "offer": "both"},
+            "deviceName": "{group}",
+        }
+    )
+    for device in _pool(composite, [record]):
+        own = {k for k in device.attributes if "/" not in k}
+        assert own == OWN - {"slot"}
 
 
 def test_when_gone_taint_keeps_the_device_marked_gone() -> None:

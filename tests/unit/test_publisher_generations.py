@@ -114,3 +114,21 @@ async def test_a_hotplug_beside_an_unhealthy_device_is_one_put_at_the_same_gener
         assert await publisher.published(pool.version, 10)
         assert generations(api) == {before + 1}
         assert set(api.slices) == {slice_name(NODE, DRIVER, 0)}
+
+
+async def test_a_wait_for_a_version_cancelled_as_it_is_published_ends_cancelled() -> None:
+    # A class runner waits here for its withdrawal; the agent's stop cancels it, often just
+    # as the publisher's last write marks the version published. The cancellation must not
+    # be lost: a runner that took it for a return waited for its next change forever and
+    # the agent never stopped (asyncio.wait_for on Python 3.11 swallowed it).
+    import asyncio
+
+    from cdi_gen.dra.plugin.publisher import SlicePublisher
+
+    publisher = SlicePublisher(None, "example.com", "node-1", DevicePool())  # type: ignore[arg-type]
+    waiter = asyncio.create_task(publisher.published(1, 30.0))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    publisher._mark_published(1)
+    done, _ = await asyncio.wait({waiter}, timeout=1.0)
+    assert done == {waiter} and waiter.cancelled()

@@ -57,3 +57,8 @@ class DeviceSink(Protocol):
     async def withdrawn(self) -> None:
         """Wait, bounded, until what :meth:`publish` withdrew is out of the kubelet's view."""
         ...
+
+    def degraded(self, config: ClassConfig) -> str | None:
+        """For ``/readyz``, still ready: how the class ``config`` is offered in a lesser
+        form than it asks (a composite class as its parts alone), or None."""
+        ...

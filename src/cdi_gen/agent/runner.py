@@ -312,11 +312,15 @@ class ClassRunner:
         """For ``/readyz``, still ready: the devices this node leaves out (an older runtime,
         a missing host path), or None. Not unready: the class serves its other devices, and
         an unready agent would stall a DaemonSet's rollout on a node that cannot change."""
+        sink = self.sink.degraded(self.config) if self.sink is not None else None
         if not self.node_left_out:
-            return None
+            return None if sink is None else f"{self.resource} ({sink})"
         why = sorted({d.node for d in self.node_left_out})
         n = len(self.node_left_out)
-        return f"{self.resource} ({n} device{'s' if n > 1 else ''} left out: {', '.join(why)})"
+        more = "" if sink is None else f"; {sink}"
+        return (
+            f"{self.resource} ({n} device{'s' if n > 1 else ''} left out: {', '.join(why)}{more})"
+        )
 
     async def start(self) -> None:
         """Start the class's frontend (retried on the agent's group); raises only what

@@ -33,6 +33,7 @@ __all__ = [
     "NUMA",
     "NUMA_NODE",
     "OWN",
+    "PART",
     "PCIE_ROOT",
     "PCI_BUS_ID",
     "SERIAL",
@@ -58,6 +59,9 @@ SERIAL = "serial"
 #: standard :data:`NUMA_NODE`.
 NUMA = "numaNode"
 SLOT = "slot"
+#: Whether a device of a composite class (``group.offer: both``) is one part (true) or the
+#: whole (false); never on a device with a slot (the config refuses sharing there).
+PART = "part"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
 NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -75,6 +79,7 @@ BUILT_IN: Mapping[str, str] = MappingProxyType(
         SERIAL: "udev: ID_SERIAL_SHORT, else ID_SERIAL",
         NUMA: "sysfs: the numa_node of the nearest PCI device",
         SLOT: "which slot of a shared device it is (sharing.replicas > 1)",
+        PART: "a part (true) or the whole (false), with group.offer both",
         PCIE_ROOT: "the root complex of the nearest PCI device",
         NUMA_NODE: "the NUMA node, where Linux can have it",
         PCI_BUS_ID: "the BDF of the nearest PCI device",
@@ -89,6 +94,7 @@ STANDARD: tuple[str, ...] = tuple(name for name in BUILT_IN if "/" in name)
 #: (ResourceSliceMaxAttributesAndCapacitiesPerDevice); one more and the slice is refused.
 MAX_DEVICE_ATTRIBUTES = 32
 #: Most attributes of a class's own: what is left once every built-in one of the driver's
-#: own is counted (the pool sets at most those before the standard ones), so that no device
-#: can go over the limit.
-MAX_CLASS_ATTRIBUTES = MAX_DEVICE_ATTRIBUTES - len(OWN)
+#: own that a device can carry is counted (the pool sets at most those before the standard
+#: ones), so that no device can go over the limit. :data:`SLOT` and :data:`PART` are never on
+#: one device, so they count once.
+MAX_CLASS_ATTRIBUTES = MAX_DEVICE_ATTRIBUTES - (len(OWN) - 1)

@@ -54,6 +54,7 @@ __all__ = [
     "AgentConfig",
     "ClassConfig",
     "SharingConfig",
+    "composite_refusal",
 ]
 
 #: The vendor of the embedded catalogue: a domain naming this tool, so the resources
@@ -75,6 +76,15 @@ RUNTIME_PIN = "runtime"
 
 #: A DRA attribute name without a domain (the driver's is implied): a C identifier.
 _DRA_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+
+
+def composite_refusal(api: str) -> str:
+    """Why a class served as ``api`` may not offer a group's whole and its parts both."""
+    return (
+        f"'both' needs api: dra, not {quote(api)}: the kubelet knows no counters for a "
+        "device plugin, which would give the whole and a part of it to two pods at once; "
+        "offer 'whole' or 'parts' (one form per resource)"
+    )
 
 
 def _as_rule_list(value: Any) -> Any:
@@ -172,7 +182,7 @@ class ClassConfig(ConfigModel):
             raise ValueError(
                 f"{who} has {len(value)} attributes, at most {MAX_CLASS_ATTRIBUTES}: a "
                 f"ResourceSlice device carries at most {MAX_DEVICE_ATTRIBUTES} and cdi-gen "
-                f"reserves {len(OWN)} for its built-in ones"
+                f"reserves {MAX_DEVICE_ATTRIBUTES - MAX_CLASS_ATTRIBUTES} for its built-in ones"
             )
         for key in value:
             # Checked first, for the message: a qualified name is a C identifier's mistake
@@ -214,6 +224,22 @@ class ClassConfig(ConfigModel):
                 f"unknown cdiVersion {value[:40]!r}, known: {', '.join(KNOWN_VERSIONS)} "
                 f"or {RUNTIME_PIN!r}"
             ) from None
+
+    @model_validator(mode="after")
+    def _composite(self) -> ClassConfig:
+        if self.group is None or self.group.offer != "both":
+            return self
+        # Only a class that says devicePlugin itself: one that leaves api out may be served
+        # through DRA by the agent's --api, which the run's settings check (class_config).
+        if self.api != "dra" and "api" in self.model_fields_set:
+            raise FieldError(("group", "offer"), composite_refusal(self.api))
+        if self.sharing.replicas > 1:
+            raise FieldError(
+                ("sharing", "replicas"),
+                f"{self.sharing.replicas} with group offer 'both': a composite class's "
+                "devices are held whole or in parts, never shared",
+            )
+        return self
 
     @model_validator(mode="after")
     def _group_field(self) -> ClassConfig:
@@ -295,6 +321,8 @@ class ClassConfig(ConfigModel):
 
     def templates(self) -> Iterator[Template]:
         yield self.device_name
+        if self.group is not None and self.group.offer != "whole":
+            yield self.group.part_name
         if self.node.path is not None:
             yield self.node.path
         yield self.net_device.name

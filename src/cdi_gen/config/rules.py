@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from cdi_gen.config.configmodel import ConfigModel
+from cdi_gen.config.templates import DEVICE_NAME_FIELDS, NameTemplate, parse_template
 from cdi_gen.errors import quote
 
 __all__ = ["GroupConfig", "HealthConfig", "MatchRule"]
@@ -121,6 +122,12 @@ class GroupConfig(ConfigModel):
 
     Example: a DFL FPGA's ``dfl-fme.0`` and ``dfl-port.0`` nodes are both children of
     ``fpga_region`` ``region0``; grouping by that parent hands both nodes to one container.
+
+    ``offer`` says what the class offers of each group: the whole (one device, every node),
+    its parts (one device per node), or both, where a DRA pool's counters let a claim have
+    the whole or any parts, never both at once (see :mod:`cdi_gen.dra.plugin.slices`). A
+    record that is itself in the ``subsystem`` grouped by and has no parent in it (a disk,
+    whose partitions group under it) is its group's own node: in the whole, never a part.
     """
 
     by: Literal["parent", "property"] = Field(
@@ -132,6 +139,17 @@ class GroupConfig(ConfigModel):
         "immediate parent)",
     )
     property: str | None = Field(default=None, description="with by=property: the property name")
+    offer: Literal["whole", "parts", "both"] = Field(
+        default="whole",
+        description="what the class offers of each group: 'whole' (one device with every "
+        "node, the default), 'parts' (one device per node), or 'both' (the whole and each "
+        "part; DRA only: a claim gets the whole or parts, never both at once)",
+    )
+    part_name: NameTemplate = Field(
+        default_factory=lambda: parse_template("{kernel}", DEVICE_NAME_FIELDS),
+        description="with offer parts or both: template of a part's CDI device name (the "
+        "whole is named by deviceName)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GroupConfig:

@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 
 from cdi_gen.cdi.runtimes import Lookup
 from cdi_gen.config.loader import load_config, pin_versions
-from cdi_gen.config.models import AgentConfig
+from cdi_gen.config.models import AgentConfig, composite_refusal
 from cdi_gen.config.settinggroups import (
     EMPTY,
     NODE_NAME_RULE,
@@ -172,11 +172,19 @@ class Settings(BaseModel):
         config = pin_versions(
             load_config(self.paths.config), runtimes.cdi_version, runtimes.refs, fallback=fallback
         )
-        if self.api == "config":
-            return config
-        # The node's choice wins for every class, so one resource is never offered both ways.
-        classes = [c.model_copy(update={"api": self.api}) for c in config.classes]
-        return config.model_copy(update={"classes": classes})
+        if self.api != "config":
+            # The node's choice wins for every class, so one resource is never offered both
+            # ways.
+            classes = [c.model_copy(update={"api": self.api}) for c in config.classes]
+            config = config.model_copy(update={"classes": classes})
+        for i, c in enumerate(config.classes):
+            if c.api != "dra" and c.group is not None and c.group.offer == "both":
+                where = self.paths.config or "the embedded catalogue"
+                raise ConfigError(
+                    f"{where}: classes[{i}].group.offer: {composite_refusal(c.api)} "
+                    f"(--api {self.api})"
+                )
+        return config
 
     def driver_name(self, config: AgentConfig) -> str:
         """The DRA driver name: ``--dra-driver``, else the config's vendor. Raises

@@ -58,6 +58,10 @@ def _group_key(cls: ClassConfig, record: DeviceRecord) -> tuple[str, str] | str:
     for parent in record.parents:
         if g.subsystem is None or parent.subsystem == g.subsystem:
             return (parent.sys_path, parent.sys_name)
+    if g.subsystem is not None and record.subsystem == g.subsystem:
+        # A record of the subsystem with no parent in it is a parent itself (a disk, under
+        # which its partitions group): its group's own node.
+        return (record.sys_path, record.sys_name)
     if g.subsystem is None:
         return "no parent device to group by"
     return f"no parent in subsystem {g.subsystem!r} to group by"
@@ -71,6 +75,10 @@ class _Candidate:
     members: list[tuple[DeviceRecord, int]]
     physical: str
     group: str | None
+    #: Of a class that offers a group's whole and its parts: the group's identity.
+    composite: str = ""
+    #: One node of a group offered alone (``offer: parts`` or ``both``), named by partName.
+    part: bool = False
 
 
 def build_devices(
@@ -125,7 +133,23 @@ def _candidates(
             continue
         ident, label = key
         groups.setdefault(ident, _Candidate([], ident, label)).members.append((record, rule))
-    return list(groups.values())
+    offer = cls.group.offer
+    if offer == "whole":
+        return list(groups.values())
+    out: list[_Candidate] = []
+    for whole in groups.values():
+        composite = whole.physical if offer == "both" else ""
+        if offer == "both":
+            whole.composite = composite
+            out.append(whole)
+        # The group's own node (a disk's) is in the whole alone: as a part it would overlap
+        # every other part.
+        out += [
+            _Candidate([m], m[0].sys_path, whole.group, composite, part=True)
+            for m in whole.members
+            if m[0].sys_path != whole.physical
+        ]
+    return out
 
 
 def _named(
@@ -136,8 +160,9 @@ def _named(
 ) -> dict[str, list[tuple[_Candidate, RenderContext]]]:
     """The candidates by the device name they render; those without a valid one skipped."""
     named: dict[str, list[tuple[_Candidate, RenderContext]]] = {}
-    template = cls.device_name
     for cand in candidates:
+        template = cls.group.part_name if cand.part and cls.group is not None else cls.device_name
+        key = "group.partName" if template is not cls.device_name else "deviceName"
         first, rule = cand.members[0]
         numa = next((r.numa_node for r, _ in cand.members if r.numa_node is not None), None)
         ctx = RenderContext(
@@ -152,11 +177,11 @@ def _named(
             name = render_template(template, ctx)
             names.validate_device_name(name)
         except TemplateError as exc:
-            why = f"deviceName {template.source!r}: {exc}"
+            why = f"{key} {template.source!r}: {exc}"
             warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
             continue
         except InvalidNameError as exc:
-            why = f"deviceName {template.source!r} renders {exc}; device skipped"
+            why = f"{key} {template.source!r} renders {exc}; device skipped"
             warnings.append(DiscoveryWarning(cls.name, cand.physical, why))
             continue
         named.setdefault(name, []).append((cand, dataclasses.replace(ctx, name=name)))
@@ -275,6 +300,8 @@ def _build_device(cls: ClassConfig, cand: _Candidate, ctx: RenderContext) -> Dis
         edits=edits,
         records=tuple(r for r, _ in cand.members),
         attributes=attributes or NO_ATTRIBUTES,
+        composite=cand.composite,
+        part=cand.part,
     )
 
 

@@ -7,7 +7,8 @@ attempt retried on the agent's group; stopped once) and as its
 :class:`~cdi_gen.agent.frontend.DeviceSink`: the runner publishes the class's devices at the
 points where a device plugin's class publishes its board, and the driver turns them into pool
 entries (:mod:`~cdi_gen.dra.driver.poolentries`; a shared class's slots as one device where
-the API server serves consumable capacity, asked once at start).
+the API server serves consumable capacity, a composite class's wholes beside their parts where
+it keeps counters, both asked once at start; counters dropped later leave the parts alone).
 
 The rest is the generic part's: an :class:`~cdi_gen.dra.plugin.offering.Offering` keeps the
 node's ResourceSlices offering the pool while the plugin serves, runs the publisher and
@@ -39,6 +40,7 @@ from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
 from cdi_gen.dra.driver.poolentries import PoolEntries
 from cdi_gen.dra.plugin.capacity import consumable_capacity
+from cdi_gen.dra.plugin.counters import partitionable_devices
 from cdi_gen.dra.plugin.offering import Offering
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import SocketInUseError
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from cdi_gen.dra.plugin.notices import DeviceNotices
     from cdi_gen.dra.plugin.server import DraPlugin
 
-__all__ = ["Announcing", "DraDriver"]
+__all__ = ["Announcing", "CompositeForm", "DraDriver"]
 
 log = logging.getLogger("cdi_gen.dra.node")
 #: The start's failures are the agent's lines, as every frontend's are.
@@ -104,10 +106,11 @@ class DraDriver(Announcing):
         self.pool = DevicePool()
         #: The pool offered in the ResourceSlices, their publisher, the plugin's serving.
         self.offering = Offering(self.pool, tools, driver=self.name, node=self.node)
-        #: The classes' pool entries: shared devices as slots until the start asks whether
-        #: the API server serves consumable capacity.
+        #: The pool entries: shared devices as slots, composites as parts, until asked.
         self.entries = PoolEntries(config.vendor, config.class_names)
         self._asked_capacity = False
+        self.composites = CompositeForm(self)  # whole and parts, or parts alone
+        self.offering.on_dropped = self.composites.dropped
         self.client: ApiClient | None = None
         #: The prepared claims' status writes (made with the plugin).
         self.claim_status: ClaimStatus | None = None
@@ -201,6 +204,8 @@ class DraDriver(Announcing):
         client = self.client
         if not self._asked_capacity:
             await self._ask_capacity(client)
+        if not self.composites.asked:
+            await self.composites.ask(client)
         try:
             plugin = self.plugin if self.plugin is not None else self._make_plugin(client)
             await self.offering.serve(plugin)
@@ -228,6 +233,9 @@ class DraDriver(Announcing):
             for config in shared:
                 devices = self.entries.shared(self.pool.by_class.get(config.name, ()))
                 self.offering.publish(config.name, devices)
+
+    def degraded(self, config: ClassConfig) -> str | None:
+        return self.composites.degraded(config)  # a composite class as its parts alone
 
     def _make_plugin(self, client: ApiClient) -> DraPlugin:
         from cdi_gen.dra.driver.claimfiles import ClaimFiles
@@ -345,3 +353,67 @@ def _notices(driver: DraDriver, client: ApiClient, preparer: PoolPreparer) -> De
     )
     driver.pool.follow(notices.published)
     return notices
+
+
+class CompositeForm:
+    """How ``driver``'s composite classes (``group.offer: both``) are published: each group's
+    whole beside its parts, kept apart by counters, where the API server keeps them; else
+    the parts alone (never a whole and its parts free at once)."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self.driver = driver
+        self.asked = False
+        #: Why the parts are published alone, once known, else None.
+        self.parts_alone: str | None = None
+
+    def classes(self) -> list[ClassConfig]:
+        return [
+            c
+            for c in self.driver.config.classes
+            if c.api == "dra" and c.group is not None and c.group.offer == "both"
+        ]
+
+    async def ask(self, client: ApiClient) -> None:
+        """Asked of the API server once, before anything is offered, and only when a class
+        is composite: until then the parts are published alone."""
+        driver = self.driver
+        composite = self.classes()
+        if composite:
+            why = await partitionable_devices(client, driver.name, driver.node)
+            if why is None:
+                log.info(
+                    "composite classes published whole and in parts, with counters",
+                    extra=fields(driver=driver.name),
+                )
+                driver.entries.partitionable = True
+                self._republish(composite)
+            else:
+                self._alone(why)
+        self.asked = True
+
+    def dropped(self, field: str) -> None:
+        """The publisher saw the API server drop ``field`` from a slice: counters dropped
+        (the gate turned off under a running agent) leave the parts alone from now on."""
+        if field == "counters" and self.driver.entries.partitionable:
+            self.driver.entries.partitionable = False
+            self._alone("the API server dropped the counters of a slice")
+            self._republish(self.classes())
+
+    def degraded(self, config: ClassConfig) -> str | None:
+        if self.parts_alone is None or config.group is None or config.group.offer != "both":
+            return None
+        return f"parts alone, no whole: {self.parts_alone}"
+
+    def _alone(self, why: str) -> None:
+        self.parts_alone = why
+        log.warning(
+            "composite classes published as their parts alone, never a whole beside its parts: %s",
+            why,
+            extra=fields(driver=self.driver.name),
+        )
+
+    def _republish(self, classes: Iterable[ClassConfig]) -> None:
+        driver = self.driver
+        for config in classes:
+            if config.name in driver.pool.by_class:
+                driver.offering.publish(config.name, driver.entries.current(config))

@@ -17,6 +17,9 @@ node publishes unshared (a share holds nothing in the checkpoint, so it must not
 an exclusive device), as is a result of a shareable device without one, or one ID twice.
 A claim allocated before the node published its shared device in the other form (slots or
 capacity, chosen as the agent starts) is refused saying so.
+
+:func:`overlapping` names the devices a composite group's whole or part shares nodes with
+(the part's whole; the whole's parts), which the preparer holds against other claims too.
 """
 
 from __future__ import annotations
@@ -30,12 +33,28 @@ from cdi_gen.errors import quote
 from cdi_gen.model import AllocatedDevice, ClaimView, PoolDevice
 from cdi_gen.names import K8S_UUID_RULE, is_dns_label, is_k8s_uuid
 
-__all__ = ["MAX_ALLOCATION_RESULTS", "is_request_name", "prepare_claim"]
+__all__ = ["MAX_ALLOCATION_RESULTS", "is_request_name", "overlapping", "prepare_claim"]
 
 #: The API's limit on ``status.allocation.devices.results`` of one claim (resource/v1
 #: ``AllocationResultsMaxSize``). A claim over it is not one the API server stores; refusing
 #: it bounds what one prepared claim records in the checkpoint.
 MAX_ALLOCATION_RESULTS = 32
+
+
+def overlapping(devices: Mapping[str, PoolDevice], name: str) -> list[str]:
+    """The devices of the pool that share nodes with device ``name``: for a composite
+    group's part, its whole; for the whole, its parts; none for any other device."""
+    device = devices.get(name)
+    if device is None or not device.composite:
+        return []
+    return [
+        other.name
+        for other in devices.values()
+        if other.composite == device.composite
+        and other.class_name == device.class_name
+        and other.name != name
+        and not (other.part and device.part)
+    ]
 
 
 def _check_device(

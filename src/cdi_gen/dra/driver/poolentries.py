@@ -15,7 +15,8 @@ string over 64 bytes, a number beyond int64) is left out, never the device; so a
 standard attributes where the class's own ones leave no room within the 32 a device may carry.
 
 :func:`shared_once` turns a shared class's slots into one entry per device for consumable
-capacity (:mod:`cdi_gen.dra.plugin.capacity`).
+capacity (:mod:`cdi_gen.dra.plugin.capacity`); :func:`parts_alone` leaves out the wholes of
+composite groups where the API server keeps no counters (:mod:`cdi_gen.dra.plugin.counters`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from cdi_gen.dra.plugin.slices import MAX_INT_ATTRIBUTE, MAX_STRING_ATTRIBUTE
 from cdi_gen.model import AdvertisedDevice, AttributeValue, DiscoveredDevice, PoolDevice
 from cdi_gen.names import hashed_label, is_kept_label, qualified_name
 
-__all__ = ["PoolCache", "PoolEntries", "device_name", "pool_devices", "shared_once"]
+__all__ = [
+    "PoolCache",
+    "PoolEntries",
+    "device_name",
+    "parts_alone",
+    "pool_devices",
+    "shared_once",
+]
 
 #: udev properties for the descriptive attributes, best first: the hardware database's
 #: names are the readable ones; the ID_* of the device itself are what USB/SCSI report.
@@ -139,6 +147,8 @@ def _pool_device(
         attributes[attribute.NUMA] = adv.numa_node
     if slot is not None:
         attributes[attribute.SLOT] = slot
+    if found is not None and found.composite:
+        attributes[attribute.PART] = found.part
     _add_standard(attributes, found, adv.numa_node)
     return PoolDevice(
         name=device_name(config.name, adv.id, classes),
@@ -151,6 +161,8 @@ def _pool_device(
         numa_node=adv.numa_node,
         attributes=attributes,
         slots=config.sharing.replicas,
+        composite="" if found is None else found.composite,
+        part=found is not None and found.part,
     )
 
 
@@ -235,6 +247,9 @@ class PoolEntries:
         #: Shared devices as one entry each with consumable capacity (the API server serves
         #: it), else as their slots.
         self.by_capacity = False
+        #: A composite group's whole beside its parts (the API server keeps counters), else
+        #: the parts alone: never a whole and its parts free at once without counters.
+        self.partitionable = False
 
     def build(
         self,
@@ -247,8 +262,32 @@ class PoolEntries:
         devices = pool_devices(
             self.vendor, config, advertised, discovered, cache, classes=self.classes
         )
-        return tuple(self.shared(devices))
+        return tuple(self.shared(self.whole_or_parts(devices)))
+
+    def current(self, config: ClassConfig) -> tuple[PoolDevice, ...]:
+        """``config``'s class as its last :meth:`build` made it, published as now decided
+        (after the start's questions, or a field the API server dropped)."""
+        devices = [entry[3] for entry in self._cache.get(config.name, {}).values()]
+        return tuple(self.shared(self.whole_or_parts(devices)))
 
     def shared(self, devices: Iterable[PoolDevice]) -> Iterable[PoolDevice]:
         """One class's entries as shared devices are published: by capacity or as slots."""
         return shared_once(devices, classes=self.classes) if self.by_capacity else devices
+
+    def whole_or_parts(self, devices: Iterable[PoolDevice]) -> Iterable[PoolDevice]:
+        """One class's entries as composite groups are published: with counters, all;
+        without, each whole that has parts left out (see :func:`parts_alone`)."""
+        return devices if self.partitionable else parts_alone(devices)
+
+
+def parts_alone(devices: Iterable[PoolDevice]) -> list[PoolDevice]:
+    """``devices`` without the wholes of composite groups that have a part among them: where
+    no counters keep them apart, the parts are offered and the whole is not (a whole without
+    parts overlaps nothing and stays)."""
+    devices = list(devices)
+    with_parts = {(d.class_name, d.composite) for d in devices if d.composite and d.part}
+    return [
+        d
+        for d in devices
+        if not (d.composite and not d.part and (d.class_name, d.composite) in with_parts)
+    ]

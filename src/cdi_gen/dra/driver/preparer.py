@@ -10,7 +10,8 @@ threads or the API server.
 also after our restart, and the claim may be gone from the API server by then).
 :meth:`PoolPreparer.prepare` checks a claim against a snapshot of the
 :class:`~cdi_gen.dra.plugin.pool.DevicePool` (:func:`~cdi_gen.dra.driver.claimcheck.prepare_claim`),
-refuses it (``in-use``) when a device it would hold exclusively is held so by another claim
+refuses it (``in-use``) when a device it would hold exclusively (or the whole or a part of
+its composite group) is held so by another claim
 prepared here (the API server's view may be stale; admin access and shared devices hold
 nothing), writes its own specs (:mod:`~cdi_gen.dra.driver.claimfiles`: a claim with
 configuration for this driver gets its configured devices from a spec of its own, and with
@@ -37,8 +38,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from cdi_gen.cdi.resolution import SpecResolver, unresolved
@@ -49,7 +51,7 @@ from cdi_gen.dra.driver.checkpoint import (
     SpecName,
     checkpoint_path,
 )
-from cdi_gen.dra.driver.claimcheck import prepare_claim
+from cdi_gen.dra.driver.claimcheck import overlapping, prepare_claim
 from cdi_gen.dra.driver.claimfiles import ClaimFiles, device_configs
 from cdi_gen.dra.driver.refusal import DriverRefusal
 from cdi_gen.dra.driver.statelock import StateLock, lock_path
@@ -64,7 +66,7 @@ from cdi_gen.dra.plugin.claims import (
 )
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import SpecWriteError
-from cdi_gen.model import ClaimView
+from cdi_gen.model import ClaimView, PoolDevice
 
 __all__ = ["STATE_LOCK_SECONDS", "PoolPreparer", "holders"]
 
@@ -77,6 +79,22 @@ STATE_LOCK_SECONDS = 5.0
 
 def _describe(devices: tuple[PreparedDevice, ...]) -> str:
     return ", ".join(f"{d.device}={','.join(d.cdi_device_ids)}" for d in devices) or "none"
+
+
+_Pool = Mapping[str, PoolDevice]
+
+
+def _holder(
+    checkpoint: Checkpoint, uid: str, device: PreparedDevice, pool: _Pool
+) -> tuple[str, PreparedClaim, str] | None:
+    """Another prepared claim that holds ``device``, or a device sharing its nodes, against
+    ``uid``: its UID, record and the device it holds."""
+    for name in (device.device, *overlapping(pool, device.device)):
+        held = device if name == device.device else replace(device, device=name)
+        found = checkpoint.holder(held, uid)
+        if found is not None:
+            return (*found, name)
+    return None
 
 
 class PoolPreparer:
@@ -240,7 +258,7 @@ class PoolPreparer:
             if known is not None:
                 # Prepared meanwhile by the other instance: the same answer as its.
                 return known.devices
-            self._check_exclusive(uid, label, devices)
+            self._check_exclusive(uid, label, devices, pool)
             self.state.changed()
             specs: tuple[SpecName, ...] = ()
             own = self.claim_files is not None and self.claim_files.serves_metadata
@@ -267,18 +285,22 @@ class PoolPreparer:
                 raise
         return devices
 
-    def _check_exclusive(self, uid: str, label: str, devices: tuple[PreparedDevice, ...]) -> None:
-        """Refuse a device another claim prepared here holds: the scheduler allocated it from
-        a view of the API server that may be stale."""
+    def _check_exclusive(
+        self, uid: str, label: str, devices: tuple[PreparedDevice, ...], pool: _Pool
+    ) -> None:
+        """Refuse a device another claim prepared here holds (or one sharing its nodes): the
+        scheduler allocated it from a view of the API server that may be stale."""
         for device in devices:
-            found = self.checkpoint.holder(device, uid)
+            found = _holder(self.checkpoint, uid, device, pool)
             if found is not None:
-                other, holder = found
+                other, holder, name = found
+                via = "" if name == device.device else f", through {name} (same nodes)"
                 raise ClaimRefused(
                     DriverRefusal.IN_USE,
                     f"{label}: device {device.device} (pool {device.pool}) of request "
                     f"{', '.join(device.request_names)} is in use by "
-                    f"{claim_label(holder.namespace, holder.name, other)}, prepared on this node",
+                    f"{claim_label(holder.namespace, holder.name, other)}, prepared on this "
+                    f"node{via}",
                 )
 
     def _check_resolved(self, label: str, devices: tuple[PreparedDevice, ...]) -> None:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from cdi_gen.dra.plugin.pool import DevicePool
@@ -82,6 +82,8 @@ class Offering:
         self._closed = False
         #: Set once the publisher has ended for good (its last write done).
         self._published_out = asyncio.Event()
+        #: Told each gated field the API server drops from our slices, once (the driver).
+        self.on_dropped: Callable[[str], None] | None = None
 
     # -- what the slices offer ------------------------------------------------------------
 
@@ -176,6 +178,7 @@ class Offering:
             client, self.driver, self.node, self.offered, retry_max=self.tools.retry_max_seconds
         )
         self.publisher = publisher
+        publisher.on_dropped = self.on_dropped
         self._published_out = asyncio.Event()
         self.tools.spawn(self._publish(publisher, self._published_out), f"slices {self.driver}")
         self._export(publisher)

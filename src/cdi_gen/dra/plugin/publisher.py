@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from cdi_gen.dra.plugin.slicerecord import slice_digest
@@ -96,6 +96,15 @@ class SlicePublisher:
         self._published_changed = asyncio.Event()
         #: How many times the pool was written (a new generation, or one slice within one).
         self.publications = 0
+
+    @property
+    def on_dropped(self) -> Callable[[str], None] | None:
+        """Told each gated field the API server drops, once, on the loop."""
+        return self._slices.on_dropped
+
+    @on_dropped.setter
+    def on_dropped(self, hook: Callable[[str], None] | None) -> None:
+        self._slices.on_dropped = hook
 
     @property
     def dropped(self) -> set[str]:

@@ -26,7 +26,7 @@ GATES = {
     "taints": "DRADeviceTaints (device taints dropped: unhealthy and gone devices stay "
     "allocatable)",
     "counters": "DRAPartitionableDevices (shared counters dropped: slots are published as "
-    "plain devices)",
+    "plain devices, composite classes as their parts alone)",
     "capacity": "DRAConsumableCapacity (allowMultipleAllocations dropped since the agent "
     "started: a shared device goes to one claim at a time until the agent restarts)",
 }

@@ -25,6 +25,18 @@ plain devices, which allocate the same way. Where the API server serves consumab
 ``allowMultipleAllocations`` and a ``shares: N`` capacity (no counters; chunked as a plain
 device).
 
+A composite group (``group.offer: both``: a disk and its partitions, an adapter and its
+ports) is its whole and each part as devices, and counter sets named after the whole with one
+counter per part (the part's device name, value 1): each part consumes its own counter and
+the whole consumes every one, so the scheduler gives the whole or any parts, never both, and
+parts stay independent. One counter per part, rather than one count of all, keeps any order
+of slice writes safe while parts come and go: a counter without its consumers yet excludes
+nothing it should not, and a device naming a counter not yet (or no longer) published makes
+the pool invalid, so nothing of it is allocated meanwhile. A set holds at most 32 counters
+and a device consumes from at most 2 sets, so a whole counts at most 64 parts; parts beyond
+them are left out (never offered without their counter). Parts whose whole is not in the
+pool consume nothing: they exclude no one.
+
 Taints (``DRADeviceTaints``): a gone device kept with ``whenGone: taint`` is tainted
 ``<driver>/gone:NoExecute`` (pods using it are evicted); one kept with ``whenGone:
 unhealthy`` is ``<driver>/gone:NoSchedule``; an unhealthy present device is
@@ -35,7 +47,7 @@ in the slice; without the gate nothing does, which the publisher reports.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cdi_gen.model import PoolDevice, attribute_wire
@@ -47,10 +59,13 @@ __all__ = [
     "MAX_DEVICES",
     "MAX_DEVICES_RESTRICTED",
     "MAX_INT_ATTRIBUTE",
+    "MAX_PARTS",
     "MAX_STRING_ATTRIBUTE",
     "SHARES_CAPACITY",
     "Slice",
     "build_slices",
+    "composite_set_name",
+    "composites",
     "counter_set_name",
     "device_capacity",
     "device_taints",
@@ -69,6 +84,12 @@ MAX_COUNTER_SETS = 8
 MAX_STRING_ATTRIBUTE = 64
 #: Largest int attribute (int64); a larger number makes the whole slice undecodable.
 MAX_INT_ATTRIBUTE = 2**63 - 1
+#: Counters in one counter set (ResourceSliceMaxCountersPerCounterSet).
+MAX_COUNTERS_PER_SET = 32
+#: Counter sets one device consumes from (ResourceSliceMaxDeviceCounterConsumptionsPerDevice).
+MAX_CONSUMPTIONS = 2
+#: Parts a composite whole counts, and so the most parts of one group the pool offers.
+MAX_PARTS = MAX_COUNTERS_PER_SET * MAX_CONSUMPTIONS
 #: Longest object name (a DNS subdomain).
 _MAX_NAME = 253
 #: The counter every shared device's set holds, and each slot consumes one of.
@@ -103,6 +124,47 @@ def counter_set_name(device: PoolDevice) -> str:
     return hashed_label(f"{device.class_name}-{device.physical}", key)
 
 
+def composite_set_name(whole: PoolDevice, index: int) -> str:
+    """The ``index``-th counter set of a composite whole's parts: the whole's name (unique in
+    the pool) and the index as a DNS label, hashed from both apart from any slot set's."""
+    key = f"parts\0{whole.name}\0{index}".encode("utf-8", "surrogatepass")
+    return hashed_label(f"{whole.name}-parts-{index}", key)
+
+
+#: Per device name, what it consumes; the counter sets; the parts left out.
+Composites = tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], set[str]]
+
+
+def composites(devices: Sequence[PoolDevice]) -> Composites:
+    """The counters of the pool's composite groups (see the module's docstring)."""
+    wholes: dict[tuple[str, str], PoolDevice] = {}
+    parts: dict[tuple[str, str], list[PoolDevice]] = {}
+    for d in devices:
+        if d.composite:
+            key = (d.class_name, d.composite)
+            if d.part:
+                parts.setdefault(key, []).append(d)
+            else:
+                wholes.setdefault(key, d)
+    consumes: dict[str, list[dict[str, Any]]] = {}
+    sets: list[dict[str, Any]] = []
+    left_out: set[str] = set()
+    for key, whole in wholes.items():
+        its = parts.get(key, [])
+        left_out.update(p.name for p in its[MAX_PARTS:])
+        uses = []
+        for index, chunk in enumerate(_chunks(its[:MAX_PARTS], MAX_COUNTERS_PER_SET)):
+            name = composite_set_name(whole, index)
+            # Fresh dicts each: a slice is a tree its writer may change in place.
+            sets.append({"name": name, "counters": {p.name: {"value": "1"} for p in chunk}})
+            uses.append({"counterSet": name, "counters": {p.name: {"value": "1"} for p in chunk}})
+            for p in chunk:
+                consumes[p.name] = [{"counterSet": name, "counters": {p.name: {"value": "1"}}}]
+        if uses:
+            consumes[whole.name] = uses
+    return consumes, sets, left_out
+
+
 def device_capacity(shares: int) -> dict[str, Any]:
     """The ``capacity`` of a device with ``shares`` shares: a claim takes one unless it asks
     for more, any whole number up to all of them."""
@@ -124,7 +186,9 @@ def device_taints(driver: str, device: PoolDevice) -> list[dict[str, str]]:
     return []
 
 
-def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
+def _device(
+    driver: str, device: PoolDevice, consumes: Mapping[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         # The driver's own names unqualified: its domain is implied, and a qualified key is
@@ -141,6 +205,8 @@ def _device(driver: str, device: PoolDevice) -> dict[str, Any]:
         out["consumesCounters"] = [
             {"counterSet": counter_set_name(device), "counters": {SLOTS_COUNTER: {"value": "1"}}}
         ]
+    elif device.name in consumes:
+        out["consumesCounters"] = consumes[device.name]
     return out
 
 
@@ -184,16 +250,19 @@ def build_slices(
 ) -> list[Slice]:
     """The ResourceSlices of the node's pool at ``generation``: plain devices first (128 a
     slice), then tainted or counter-consuming ones (64 a slice), then the counter sets (8 a
-    slice). An empty pool is one slice without devices, so the pool (and its generation)
-    stays visible. The Node owns every slice when its ``node_uid`` is known, so the slices go
-    with the Node."""
+    slice: slots' sets, then composite groups'). An empty pool is one slice without devices,
+    so the pool (and its generation) stays visible. The Node owns every slice when its
+    ``node_uid`` is known, so the slices go with the Node."""
     unique = _first_of_each_name(devices)
-    entries = [_device(driver, d) for d in unique]
+    consumes, part_sets, left_out = composites(unique)
+    if left_out:
+        unique = [d for d in unique if d.name not in left_out]
+    entries = [_device(driver, d, consumes) for d in unique]
     plain = [e for e in entries if not _restricted(e)]
     restricted = [e for e in entries if _restricted(e)]
     specs: list[dict[str, Any]] = [{"devices": list(c)} for c in _chunks(plain, MAX_DEVICES)]
     specs += [{"devices": list(c)} for c in _chunks(restricted, MAX_DEVICES_RESTRICTED)]
-    counter_sets = _counter_sets(unique)
+    counter_sets = _counter_sets(unique) + part_sets
     specs += [{"sharedCounters": list(c)} for c in _chunks(counter_sets, MAX_COUNTER_SETS)]
     if not specs:
         specs = [{}]

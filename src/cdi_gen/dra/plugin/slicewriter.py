@@ -16,6 +16,7 @@ followed (:meth:`SliceWriter.follow`) so that the next write names the newest re
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cdi_gen.dra.plugin.slicerecord import (
@@ -59,6 +60,8 @@ class SliceWriter:
         #: Gated fields the API server dropped ("taints", "counters", "capacity"), each
         #: logged once.
         self.dropped: set[str] = set()
+        #: Told each newly dropped field, on the loop (the driver changes what it publishes).
+        self.on_dropped: Callable[[str], None] | None = None
 
     async def list(self) -> int:
         """Adopt this driver's slices on this node as the API server lists them; the highest
@@ -124,6 +127,8 @@ class SliceWriter:
                 name,
                 GATES[field],
             )
+            if self.on_dropped is not None:
+                self.on_dropped(field)
 
     def foreign(self, kind: str, obj: Slice) -> str | None:
         """Why a watch event means someone else changed our slices (None: it does not)."""
