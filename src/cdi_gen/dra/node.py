@@ -203,7 +203,7 @@ class DraDriver(Announcing):
             self.client = await ApiClient.open(self.settings.cluster.kubeconfig)
         client = self.client
         if not self._asked_capacity:
-            await self._ask_capacity(client)
+            await _ask_capacity(self, client)
         if not self.composites.asked:
             await self.composites.ask(client)
         try:
@@ -215,24 +215,6 @@ class DraDriver(Announcing):
             "DRA driver started",
             extra=fields(driver=self.name, node=self.node, devices=len(self.pool.devices)),
         )
-
-    async def _ask_capacity(self, client: ApiClient) -> None:
-        """Whether shared devices are published once, by capacity, or as slots: asked of
-        the API server once, before anything is offered, and only when a class is shared."""
-        shared = [c for c in self.config.classes if c.api == "dra" and c.sharing.replicas > 1]
-        if shared:
-            why = await consumable_capacity(client, self.name, self.node)
-            self.entries.by_capacity = why is None
-            extra = fields(driver=self.name)
-            if why is None:
-                log.info("shared devices published by capacity", extra=extra)
-            else:
-                log.info("shared devices published as N slots: %s", why, extra=extra)
-        self._asked_capacity = True
-        if self.entries.by_capacity:
-            for config in shared:
-                devices = self.entries.shared(self.pool.by_class.get(config.name, ()))
-                self.offering.publish(config.name, devices)
 
     def degraded(self, config: ClassConfig) -> str | None:
         return self.composites.degraded(config)  # a composite class as its parts alone
@@ -333,6 +315,25 @@ class DraDriver(Announcing):
             await self.claim_status.close()
         if self.client is not None:
             await self.client.close()
+
+
+async def _ask_capacity(driver: DraDriver, client: ApiClient) -> None:
+    """Whether shared devices are published once, by capacity, or as slots: asked of
+    the API server once, before anything is offered, and only when a class is shared."""
+    shared = [c for c in driver.config.classes if c.api == "dra" and c.sharing.replicas > 1]
+    if shared:
+        why = await consumable_capacity(client, driver.name, driver.node)
+        driver.entries.by_capacity = why is None
+        extra = fields(driver=driver.name)
+        if why is None:
+            log.info("shared devices published by capacity", extra=extra)
+        else:
+            log.info("shared devices published as N slots: %s", why, extra=extra)
+    driver._asked_capacity = True
+    if driver.entries.by_capacity:
+        for config in shared:
+            devices = driver.entries.shared(driver.pool.by_class.get(config.name, ()))
+            driver.offering.publish(config.name, devices)
 
 
 def _notices(driver: DraDriver, client: ApiClient, preparer: PoolPreparer) -> DeviceNotices:

@@ -68,7 +68,7 @@ from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.errors import SpecWriteError
 from cdi_gen.model import ClaimView, PoolDevice
 
-__all__ = ["STATE_LOCK_SECONDS", "PoolPreparer", "holders"]
+__all__ = ["STATE_LOCK_SECONDS", "PoolPreparer", "holders", "shown"]
 
 log = logging.getLogger(__name__)
 
@@ -226,23 +226,8 @@ class PoolPreparer:
                 error=f"{label}: internal error of driver {self.driver}: {exc}", reason="internal"
             )
         log.info("prepared %s: %s", label, _describe(devices))
-        nodes, networks = self.shown(devices)
+        nodes, networks = shown(self.claim_files, self.pool.devices, devices)
         return PrepareResult(devices, device_nodes=nodes, network_data=networks)
-
-    def shown(
-        self, devices: tuple[PreparedDevice, ...]
-    ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
-        """The host device nodes and the network data of each pool device (what the claim's
-        status shows)."""
-        specs, pool = self.claim_files, self.pool.devices
-        if specs is None:
-            return {}, {}
-        names = {d.device: pool[d.device].cdi_name for d in devices if d.device in pool}
-        nodes = {device: specs.device_nodes(cdi) for device, cdi in names.items()}
-        networks = {
-            device: net for device, cdi in names.items() if (net := specs.network_data(cdi))
-        }
-        return nodes, networks
 
     def _prepare_checked(
         self, label: str, claim: ClaimView, timeout: float
@@ -353,12 +338,33 @@ class PoolPreparer:
             return Unprepared(f"{label}: {exc}")
 
 
+def shown(
+    claim_files: ClaimFiles | None,
+    pool: Mapping[str, PoolDevice],
+    devices: Sequence[PreparedDevice],
+) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
+    """The host device nodes and the network data of each pool device (what a claim's
+    status shows), from the spec files the claims' devices resolve to."""
+    if claim_files is None:
+        return {}, {}
+    names = {d.device: pool[d.device].cdi_name for d in devices if d.device in pool}
+    nodes = {device: claim_files.device_nodes(cdi) for device, cdi in names.items()}
+    networks = {
+        device: net for device, cdi in names.items() if (net := claim_files.network_data(cdi))
+    }
+    return nodes, networks
+
+
 def holders(preparer: PoolPreparer, device: str) -> list[HeldClaim]:
     """The claims ``preparer`` prepared that hold pool device ``device`` (admin access too:
     its pod uses the device), from what this process knows, without the state lock (on the
     loop: it never waits for the other instance's step)."""
     return [
-        HeldClaim(ClaimRef(c.namespace, c.name, uid), c.devices, *preparer.shown(c.devices))
+        HeldClaim(
+            ClaimRef(c.namespace, c.name, uid),
+            c.devices,
+            *shown(preparer.claim_files, preparer.pool.devices, c.devices),
+        )
         # An immutable snapshot, replaced on every change.
         for uid, c in preparer.checkpoint.claims.items()
         if any(d.device == device for d in c.devices)
