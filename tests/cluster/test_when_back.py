@@ -8,11 +8,13 @@ the kernel cannot hand the old numbers out again); then
 - ``keep``: the container keeps failing (today's behaviour, so that the others can fail).
 
 Each lane (containerd 2.3, containerd 1.7, CRI-O) follows through the device plugin and through
-DRA, and restarts once; ``keep`` runs once. The agent runs on the host as root, given the
-lane's kubelet pod-resources socket and CRI socket. ``follow``'s time to readable (re-attach →
-the first good read the container logs, by the runtime's log timestamps) and ``restart``'s
-time to a running container (re-attach → the new container's first good read) are printed
-and recorded as test properties (docs/devices-that-come-back.md has the figures).
+DRA, and restarts once; ``keep`` runs once, and so does a ``follow`` class without
+``node.path``, whose device comes back at another path (``/dev/loopN``) and is restarted.
+The agent runs on the host as root, given the lane's kubelet pod-resources socket and CRI
+socket. ``follow``'s time to readable (re-attach → the first good read the container logs,
+by the runtime's log timestamps) and ``restart``'s time to a running container (re-attach →
+the new container's first good read) are printed and recorded as test properties
+(docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ RESOURCE = f"{VENDOR}/{CLASS}"
 PATH = "/dev/held"
 #: The backing file's first bytes, which a good read returns.
 MARK = "cdi-gen-when-back-ok"
-#: Each read logged as ``READ ok`` or ``READ fail``, every 0.1 s.
-_SCRIPT = f"""\
+#: Each read of the device at ``{path}`` logged as ``READ ok`` or ``READ fail``, every 0.1 s.
+_SCRIPT = """\
 trap 'exit 0' TERM
 while true; do
-  if [ "$(head -c {len(MARK)} {PATH} 2>/dev/null)" = "{MARK}" ]; then
+  if [ "$(head -c {size} {path} 2>/dev/null)" = "{mark}" ]; then
     echo "READ ok"
   else
     echo "READ fail"
@@ -58,11 +60,15 @@ while true; do
   sleep 0.1 & wait
 done
 """
+#: Where a class without ``node.path`` puts the device: the host's path, ``/dev/loopN``
+#: (the container has no other loop device).
+HOST_PATH = "/dev/loop[0-9]*"
 
 
-def config(backing: Path, when_back: str) -> str:
+def config(backing: Path, when_back: str, path: str | None = PATH) -> str:
     """One class of the loop devices backed by files of ``backing``'s folder, named after
-    the file (the same name whatever loop number it is attached to), at ``/dev/held``."""
+    the file (the same name whatever loop number it is attached to), at ``path`` (None: at
+    the host's path, which names the loop number)."""
     cls = {
         "name": CLASS,
         "match": {
@@ -71,17 +77,18 @@ def config(backing: Path, when_back: str) -> str:
             "attributes": {"loop/backing_file": f"{backing.parent}/*"},
         },
         "deviceName": "{attribute[loop/backing_file]|basename|name}",
-        "node": {"path": PATH, "fileMode": "0660"},
+        "node": {"fileMode": "0660"} | ({} if path is None else {"path": path}),
         "whenBack": when_back,
     }
     return json.dumps({"vendor": VENDOR, "classes": [cls]}, indent=2) + "\n"
 
 
-def reader(pod: dict[str, Any]) -> dict[str, Any]:
-    """The consumer ``pod`` made a reader of ``/dev/held``, restarted whenever it stops."""
+def reader(pod: dict[str, Any], path: str = PATH) -> dict[str, Any]:
+    """The consumer ``pod`` made a reader of ``path``, restarted whenever it stops."""
     pod["spec"]["restartPolicy"] = "Always"
     (container,) = pod["spec"]["containers"]
-    container["command"] = ["sh", "-c", _SCRIPT]
+    script = _SCRIPT.format(size=len(MARK), path=path, mark=MARK)
+    container["command"] = ["sh", "-c", script]
     return pod
 
 
@@ -217,16 +224,17 @@ class Scenario:
     claims: Claims
     tmp_path: Path
 
-    def serve(self, when_back: str, api: str) -> tuple[NodeAgent, str]:
+    def serve(self, when_back: str, api: str, path: str | None = PATH) -> tuple[NodeAgent, str]:
         """The agent serving the class through ``api``, and a reader pod holding the device
-        and reading it."""
-        text = config(self.plug.backing, when_back)
+        at ``path`` (None: at the host's) and reading it."""
+        text = config(self.plug.backing, when_back, path)
+        read = HOST_PATH if path is None else path
         args = when_back_args(self.cluster)
         name = f"reader-{api.lower()}"
         if api == "devicePlugin":
             agent = self.node_agent(text, args)
             wait_capacity(self.cluster, RESOURCE, 1)
-            self.pods.add(reader(consumer(name, {RESOURCE: 1})))
+            self.pods.add(reader(consumer(name, {RESOURCE: 1}), read))
         else:
             agent = self.dra_agent(text, args=args)
             path = self.tmp_path / "dra-classes.yaml"
@@ -235,7 +243,7 @@ class Scenario:
             self.claims.ensure_device_class(device_class)
             self.claims.wait_devices(VENDOR, bool, "the held device published")
             self.claims.template("held", device_class["metadata"]["name"])
-            self.pods.add(reader(claim_consumer(name, template="held")))
+            self.pods.add(reader(claim_consumer(name, template="held"), read))
         self.pods.wait_running(name)
         wait_reads(self.pods, name, ok=True, after=0)
         return agent, name
@@ -360,3 +368,22 @@ def test_keep_leaves_the_container_failing(scenario: Scenario) -> None:
     wait_reads(scenario.pods, pod, ok=False, after=attached, count=30)
     assert scenario.pods.restarts(pod)[0] == 0
     assert not _lines(agent, "came back", f"{NAMESPACE}/{pod}/app")
+
+
+def test_follow_of_a_device_back_at_another_path_restarts(scenario: Scenario) -> None:
+    """A class without node.path puts the device at the host's path, /dev/loopN: it comes
+    back at another path, which follow cannot give in place, so its holder is restarted, and
+    the new container reads the device at its new path."""
+    agent, pod = scenario.serve("follow", "devicePlugin", path=None)
+    count, _ = scenario.pods.restarts(pod)
+    attached = scenario.plug.replug()
+    scenario.pods.api.wait_for(
+        scenario.pods.path(pod),
+        lambda p: _restart_count(p) > count and _running(p),
+        60,
+        f"pod {pod} restarted and running",
+    )
+    wait_reads(scenario.pods, pod, ok=True, after=attached)
+    [line] = _lines(agent, "came back", f"{NAMESPACE}/{pod}/app")
+    print(line)
+    assert ": restarted: whenBack follow runs as restart: /dev/loop" in line, line
