@@ -98,10 +98,9 @@ class Read:
     ok: bool
 
 
-def reads(pods: Pods, name: str, previous: bool = False) -> list[Read]:
-    """The reads the pod's container logged (its previous container's with ``previous``)."""
-    query = "container=app&timestamps=true" + ("&previous=true" if previous else "")
-    text = pods.api.text(f"{pods.path(name)}/log?{query}")
+def reads(pods: Pods, name: str) -> list[Read]:
+    """The reads the pod's current container logged, with the runtime's timestamps."""
+    text = pods.api.text(f"{pods.path(name)}/log?container=app&timestamps=true")
     out = []
     for line in text.splitlines():
         stamp, _, rest = line.partition(" ")
