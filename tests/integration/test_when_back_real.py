@@ -73,10 +73,18 @@ def attached(loops: LoopDevices, backing: Path) -> LoopDevice:
 
 
 def class_config(
-    backing: Path, when_back: str, api: str = "devicePlugin", replicas: int = 1
+    backing: Path,
+    when_back: str,
+    api: str = "devicePlugin",
+    replicas: int = 1,
+    path: str | None = PATH,
 ) -> dict[str, Any]:
     """One class of the loop devices backed by files of ``backing``'s folder, named after
-    the file (the same name whatever loop number it is attached to), at ``/dev/held``."""
+    the file (the same name whatever loop number it is attached to), at ``path`` (None: at
+    the host's path, the kernel's name)."""
+    node: dict[str, Any] = {"fileMode": "0660", "gid": 6}
+    if path is not None:
+        node["path"] = path
     return {
         "vendor": VENDOR,
         "classes": [
@@ -89,7 +97,7 @@ def class_config(
                     "attributes": {"loop/backing_file": f"{backing.parent}/*"},
                 },
                 "deviceName": "{attribute[loop/backing_file]|basename|name}",
-                "node": {"path": PATH, "fileMode": "0660", "gid": 6},
+                "node": node,
                 "whenBack": when_back,
                 "sharing": {"replicas": replicas},
             }
@@ -157,7 +165,13 @@ def reattached(loops: LoopDevices, old: LoopDevice, backing: Path) -> LoopDevice
 
 @asynccontextmanager
 async def agent_on(
-    short_dir: Path, backing: Path, when_back: str, node: Node, replicas: int = 1
+    short_dir: Path,
+    backing: Path,
+    when_back: str,
+    node: Node,
+    *,
+    replicas: int = 1,
+    path: str | None = PATH,
 ) -> AsyncIterator[tuple[Agent, asyncio.Task[None]]]:
     """The real agent on kernel uevents, its class ``whenBack`` ``when_back``, the device
     discovered."""
@@ -165,7 +179,7 @@ async def agent_on(
         FakeKubelet(short_dir / "dp"),
         running_agent(
             short_dir,
-            class_config(backing, when_back, replicas=replicas),
+            class_config(backing, when_back, replicas=replicas, path=path),
             pod_resources_socket=node.pod_resources,
             cri_socket=[node.cri_socket],
         ) as (agent, task),
@@ -313,6 +327,41 @@ async def test_restart_stops_exactly_the_holding_container(
     finally:
         holder.stop()
         other.stop()
+
+
+@pytest.mark.parametrize("when_back", ["restart", "follow"])
+async def test_a_device_back_at_another_path_restarts_its_holder(
+    short_dir: Path,
+    loops: LoopDevices,
+    backing: Path,
+    attached: LoopDevice,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    when_back: str,
+) -> None:
+    """A class without node.path puts the device at the host's path, which names the kernel's
+    numbering (/dev/loopN here; /dev/bus/usb/BBB/DDD, /dev/ttyUSBn for USB): it comes back at
+    another path. Still a comeback: restart stops the holder, and follow, which cannot give a
+    node at another path in place, runs as restart saying why."""
+    caplog.set_level(logging.INFO)
+    holder = Container(attached.number)
+    try:
+        async with fake_node(short_dir) as node:
+            node.add("app", holder, devices=[plugin_devices(f"{VENDOR}/held", device_of(backing))])
+            async with agent_on(short_dir, backing, when_back, node, path=None):
+                new = reattached(loops, attached, backing)
+                [line] = await until(
+                    lambda: _lines(caplog, "came back", "ns/app/c"), "the holder's line"
+                )
+                assert node.cri.stopped == [("id-app", 2)]
+                assert ": restarted: " in line, line
+                if when_back == "follow":
+                    assert (
+                        f"whenBack follow runs as restart: {attached.path} came back as "
+                        f"{new.path}" in line
+                    ), line
+    finally:
+        holder.stop()
 
 
 async def test_hostile_holders_each_get_their_line_and_the_agent_serves_on(

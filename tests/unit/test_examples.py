@@ -4,14 +4,17 @@ renders now, and each consumer must ask for what the config's classes offer."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cdi_gen.agent.whenback import ContainerOutcome
 from cdi_gen.config.loader import load_config
 from cdi_gen.dra.driver.deviceclasses import device_class_name
+from cdi_gen.metrics import Metrics
 from tests.examples import EXAMPLES, Example, examples, render, scenarios
 
 FILES = ("README.md", "config.yaml", "records.json")
@@ -93,3 +96,35 @@ def test_table_lists_exactly_the_folders() -> None:
     text = (EXAMPLES / "README.md").read_text()
     linked = set(re.findall(r"^\| \[[^\]]+\]\(([a-z0-9-]+)/\)", text, re.MULTILINE))
     assert linked == {p.name for p in scenarios()}
+
+
+def _when_back(folder: Path) -> list[tuple[str, str]]:
+    """(class, whenBack) of ``folder``'s classes that do something when a device comes back."""
+    doc = yaml.safe_load((folder / "config.yaml").read_text())
+    return [
+        (c["name"], c["whenBack"]) for c in doc["classes"] if c.get("whenBack", "keep") != "keep"
+    ]
+
+
+@pytest.mark.parametrize("folder", [f for f in scenarios() if _when_back(f)], ids=lambda p: p.name)
+def test_a_when_back_scenario_shows_what_a_user_sees(folder: Path) -> None:
+    """The README quotes the agent's line and metric for the scenario's device, pod and
+    policy as the agent writes them; the pod is one the kubelet starts again (a follow
+    without its privileges runs as restart)."""
+    readme = (folder / "README.md").read_text()
+    vendor = load_config(folder / "config.yaml").vendor
+    pod = next(d for d in _consumers(folder) if d["kind"] == "Pod")
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    assert spec.get("restartPolicy", "Always") != "Never", f"{folder.name}: restartPolicy Never"
+    where = f"default/{pod['metadata']['name']}/{spec['containers'][0]['name']}"  # type: ignore[index]
+    for cls, policy in _when_back(folder):
+        example = next(e for e in examples() if e.folder == folder and e.cls == cls)
+        device = json.loads(example.spec.read_text())["devices"][0]["name"]
+        outcome = "done" if policy == "follow" else "restarted"
+        resource = f"{vendor}/{cls}"
+        line = ContainerOutcome(where, "", outcome, "").line(resource, device)
+        assert f"`{line}: " in readme, f"{folder.name}: README lacks the line {line!r}"
+        labels = f'resource="{resource}",policy="{policy}",outcome="{outcome}"'
+        metric = f"{Metrics().when_back._name}_total{{{labels}}}"
+        assert metric in readme, f"{folder.name}: README lacks {metric}"

@@ -70,6 +70,25 @@ def test_a_device_changed_within_one_batch_came_back() -> None:
     assert [m.old for m in back.moved] == [(7, 1)]
 
 
+def test_a_device_back_at_another_path_came_back_from_its_old_path() -> None:
+    """A node whose path names the kernel's numbering (/dev/loopN, /dev/bus/usb/BBB/DDD,
+    /dev/ttyUSBn without node.path) comes back at another path: still a comeback, paired
+    with the old node of its type."""
+    comebacks = _seen(_device("disk", 1, "/dev/loop1"))
+    comebacks.of(_change(removed=("disk",)))
+    [back] = comebacks.of(_change(_device("disk", 9, "/dev/loop9"), added=("disk",)))
+    [moved] = back.moved
+    assert (moved.old, moved.new, moved.old_path) == ((7, 1), (7, 9), "/dev/loop1")
+    assert moved.node.container_path == "/dev/loop9"
+    # Within one batch too; and a node at the same path keeps no old path.
+    comebacks = _seen(_device("disk", 1, "/dev/loop1"))
+    [back] = comebacks.of(_change(_device("disk", 9, "/dev/loop9"), changed=("disk",)))
+    assert [m.old_path for m in back.moved] == ["/dev/loop1"]
+    comebacks = _seen(_device("disk", 1))
+    [back] = comebacks.of(_change(_device("disk", 9), changed=("disk",)))
+    assert [m.old_path for m in back.moved] == [None]
+
+
 def test_the_removed_devices_remembered_are_bounded() -> None:
     comebacks = Comebacks(remembered=2)
     devices = [_device(f"d{i}", i) for i in range(3)]

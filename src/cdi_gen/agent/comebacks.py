@@ -5,7 +5,8 @@
 :data:`REMEMBERED` per class: a device gone for longer than that many others is new when it
 comes back) and, for each change, says which devices came back with which nodes moved
 (:class:`Comeback`), and which came back with the same numbers (nothing in a container
-changes). Nodes are paired by their path in the container.
+changes). Nodes are paired by their path in the container; a node that came back at another
+path (one the kernel's numbering names) with the old node of its type left unpaired.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class MovedNode:
 
     node: NodeInfo
     old: tuple[int, int]
+    #: The node's path in the container before, when it came back at another path (a path
+    #: the kernel's numbering names: ``/dev/bus/usb/BBB/DDD``, ``/dev/ttyUSBn`` without a
+    #: ``node.path``); None: at the same path.
+    old_path: str | None = None
 
     @property
     def new(self) -> tuple[int, int]:
@@ -51,12 +56,24 @@ def _numbers(node: NodeInfo) -> tuple[int, int] | None:
 
 
 def _moved(before: Iterable[NodeInfo], now: DiscoveredDevice) -> tuple[MovedNode, ...]:
-    old = {n.container_path: _numbers(n) for n in before}
-    moved = []
+    """The nodes of ``now`` whose numbers differ from ``before``'s: paired by their path in
+    the container, then each node at a new path with the first unpaired old node of its type
+    (a path named after the kernel's numbering changes with the numbers)."""
+    old = {n.container_path: n for n in before}
+    moved, new_paths = [], []
     for node in now.nodes:
-        was, is_ = old.get(node.container_path), _numbers(node)
-        if was is not None and is_ is not None and was != is_:
-            moved.append(MovedNode(node, was))
+        was = old.pop(node.container_path, None)
+        if was is None:
+            new_paths.append(node)
+        elif _numbers(was) is not None and _numbers(node) not in (None, _numbers(was)):
+            moved.append(MovedNode(node, _numbers(was) or (0, 0)))
+    left = [n for n in old.values() if _numbers(n) is not None]
+    for node in new_paths:
+        was = next((n for n in left if n.type == node.type), None)
+        if was is None or _numbers(node) in (None, _numbers(was)):
+            continue
+        left.remove(was)
+        moved.append(MovedNode(node, _numbers(was) or (0, 0), was.container_path))
     return tuple(moved)
 
 

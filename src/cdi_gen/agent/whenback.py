@@ -1,7 +1,9 @@
 """A class's ``whenBack`` applied to a device that came back (:mod:`~cdi_gen.agent.comebacks`)
 after its new spec is written: its holders found (:mod:`~cdi_gen.agent.holders`) and each
 given the device in place (``follow``, :func:`~cdi_gen.agent.follow.follow`) or stopped
-through the CRI so that the kubelet starts it again with the current spec (``restart``).
+through the CRI so that the kubelet starts it again with the current spec (``restart``, and
+``follow`` for a device whose node came back at another path in the container, which no
+follow can give in place).
 
 All of it runs in a worker thread, never on the loop, and is bounded
 (:data:`BOUND_SECONDS`): a slow kubelet or runtime socket is one line, not a hang. Each
@@ -222,10 +224,16 @@ class BackPolicy:
             log.warning(
                 "class %s: device %s came back: %s", self.resource, quote(comeback.name), note
             )
-        if self.policy == "restart":
+        renamed = next((m for m in comeback.moved if m.old_path is not None), None)
+        if self.policy == "restart" or renamed is not None:
             # The runtime's container ID names what is stopped: its process is not touched,
-            # so what the follow step checks of it does not matter here.
-            return [self._stop(f, cri) for f in holders.found]
+            # so what the follow step checks of it does not matter here. A node at another
+            # path cannot be followed in place: the container's software names the old path.
+            note = "" if renamed is None or self.policy == "restart" else (
+                f"whenBack follow runs as restart: {renamed.old_path} came back as "
+                f"{renamed.node.container_path}, which follow cannot give in place; "
+            )  # fmt: skip
+            return [self._stop(f, cri, note) for f in holders.found]
         outcomes = [self._problem(f) for f in holders.found if f.holder is None]
         ready = [f for f in holders.found if f.holder is not None]
         return outcomes + self._follow(comeback, ready)
@@ -236,15 +244,16 @@ class BackPolicy:
         outcome: Outcome = "skipped" if status == "skipped" else "refused"
         return ContainerOutcome(str(found.running.ref), found.running.container_id, outcome, why)
 
-    def _stop(self, found: FoundHolder, cri: Path) -> ContainerOutcome:
+    def _stop(self, found: FoundHolder, cri: Path, note: str = "") -> ContainerOutcome:
         running = found.running
         try:
             stop_container(cri, running.container_id, self.grace)
         except LocalCallError as exc:
-            return ContainerOutcome(str(running.ref), running.container_id, "refused", str(exc))
+            why = f"{note}{exc}"
+            return ContainerOutcome(str(running.ref), running.container_id, "refused", why)
         why = (
-            f"stopped through the CRI (grace {self.grace} s): the kubelet starts it again with "
-            "the current spec"
+            f"{note}stopped through the CRI (grace {self.grace} s): the kubelet starts it "
+            "again with the current spec"
         )
         return ContainerOutcome(str(running.ref), running.container_id, "restarted", why)
 
