@@ -21,7 +21,8 @@
 * :mod:`~cdi_gen.dra.plugin.slices`: the pool as ResourceSlice objects (plain dicts);
 * :mod:`~cdi_gen.dra.plugin.capacity`: whether the API server serves consumable capacity
   (a shared device published once); :mod:`~cdi_gen.dra.plugin.counters`: whether it keeps
-  shared counters (a composite group's whole beside its parts);
+  shared counters (a composite group's whole beside its parts); both asked by
+  :mod:`~cdi_gen.dra.plugin.dryrun`, a dry-run slice create;
 * :mod:`~cdi_gen.dra.plugin.publisher`: the node's ResourceSlices kept equal to the pool;
   its watch of them (:mod:`~cdi_gen.dra.plugin.slicewatch`) and its writes of single slices
   (:mod:`~cdi_gen.dra.plugin.slicewriter`), with :mod:`~cdi_gen.dra.plugin.slicerecord`,

@@ -27,57 +27,27 @@ server-side dry run of a slice create, whether the field is kept; the slots stay
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Protocol
+from cdi_gen.dra.plugin.dryrun import SliceCreator, dropped
+from cdi_gen.dra.plugin.dryrun import probe_slice as dry_run_slice
+from cdi_gen.dra.plugin.slices import Slice, device_capacity
 
-from cdi_gen.dra.plugin.slices import API_VERSION, Slice, device_capacity
-
-__all__ = ["SliceCreator", "consumable_capacity", "probe_slice"]
-
-
-class SliceCreator(Protocol):
-    """The one API server call the question needs (:class:`~cdi_gen.apiserver.client.ApiClient`)."""
-
-    def create_slice(self, obj: Slice, *, dry_run: bool = False) -> Awaitable[Slice]: ...
+__all__ = ["consumable_capacity", "probe_slice"]
 
 
 def probe_slice(driver: str, node: str) -> Slice:
     """A slice with one shareable device, never stored: what the dry run sends."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node}-{driver}-capacity-"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": "probe",
-                    "allowMultipleAllocations": True,
-                    "capacity": device_capacity(2),
-                }
-            ],
-        },
-    }
+    device = {"name": "probe", "allowMultipleAllocations": True, "capacity": device_capacity(2)}
+    return dry_run_slice(driver, node, "capacity", {"devices": [device]})
+
+
+def _kept(got: Slice) -> bool:
+    devices = (got.get("spec") or {}).get("devices") or [{}]
+    first = devices[0] if isinstance(devices[0], dict) else {}
+    return first.get("allowMultipleAllocations") is True
 
 
 async def consumable_capacity(client: SliceCreator, driver: str, node: str) -> str | None:
-    """None when the API server keeps ``allowMultipleAllocations``, else why the slots stay.
-
-    A refusal of the dry run (a status the API server answered) is such a reason too: the
-    slots work everywhere. Raises :class:`~cdi_gen.apiserver.errors.ApiServerError` when
-    there is no answer (the start is retried)."""
-    from cdi_gen.apiserver.errors import ApiServerError
-
-    try:
-        got = await client.create_slice(probe_slice(driver, node), dry_run=True)
-    except ApiServerError as exc:
-        if exc.status is None or exc.status >= 500:
-            raise
-        return f"the API server refused a dry-run slice: {exc}"
-    devices = (got.get("spec") or {}).get("devices") or [{}]
-    first = devices[0] if isinstance(devices[0], dict) else {}
-    if first.get("allowMultipleAllocations") is not True:
-        return "the API server drops allowMultipleAllocations"
-    return None
+    """None when the API server keeps ``allowMultipleAllocations``, else why the slots stay
+    (see :func:`~cdi_gen.dra.plugin.dryrun.dropped`)."""
+    why = "the API server drops allowMultipleAllocations"
+    return await dropped(client, probe_slice(driver, node), _kept, why)
