@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from cdi_gen.apiserver.client import ApiClient
-from cdi_gen.apiserver.events import EventRecorder, Regarding, TokenBucket
+from cdi_gen.apiserver.events import EventRecorder, Regarding
+from cdi_gen.paced import TokenBucket
 from tests.fakes.apiserver import FakeApiServer
 from tests.waiting import until
 

@@ -8,11 +8,12 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from cdi_gen.apiserver.events import Regarding, TokenBucket
+from cdi_gen.apiserver.events import Regarding
 from cdi_gen.dra.plugin.claims import ClaimRef, HeldClaim, PreparedDevice
 from cdi_gen.dra.plugin.notices import DeviceNotices
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.model import ClaimView, PoolDevice
+from cdi_gen.paced import TokenBucket
 from tests.waiting import until
 
 DEVICE = PoolDevice("c-d0", "example.com/c=d0", "c", "/sys/d0")

@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 
 from cdi_gen.apiserver.errors import ApiServerError
 from cdi_gen.logs import fields
+from cdi_gen.paced import PacedQueue, TokenBucket
 
 __all__ = [
     "BURST",
@@ -46,7 +47,6 @@ __all__ = [
     "EventClient",
     "EventRecorder",
     "Regarding",
-    "TokenBucket",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,29 +96,6 @@ class EventClient(Protocol):
     async def patch_event(
         self, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any]: ...
-
-
-class TokenBucket:
-    """``burst`` tokens at once, one more each ``1 / rate`` seconds of ``clock``."""
-
-    def __init__(
-        self, burst: int, rate: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.burst = burst
-        self.rate = rate
-        self._clock = clock
-        self._tokens = float(burst)
-        self._at = clock()
-
-    def take(self) -> float:
-        """Take a token: 0 when one was there, else the seconds until one is (none taken)."""
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return 0.0
-        return (1 - self._tokens) / self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +155,8 @@ class EventRecorder:
         self.max_pending = max_pending
         self._clock = clock
         self._now = now or (lambda: datetime.datetime.now(datetime.UTC))
-        self._pending: OrderedDict[_Key, _Pending] = OrderedDict()
+        self._pending: PacedQueue[_Key, _Pending] = PacedQueue(self._write_one, self.bucket)
         self._series: OrderedDict[_Key, _Series] = OrderedDict()
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._closed = False
         #: Records dropped because :data:`MAX_PENDING` keys already waited.
         self.dropped = 0
         self._dropping = False
@@ -193,7 +167,7 @@ class EventRecorder:
         self, regarding: Regarding, type: EventType, reason: str, action: str, note: str
     ) -> None:
         """Say ``note`` on ``regarding``'s Events (on the loop; never waits, never raises)."""
-        if self._closed:
+        if self._pending.closed:
             return
         key = _Key(
             regarding,
@@ -203,7 +177,7 @@ class EventRecorder:
             _clip(note, MAX_NOTE),
         )
         when = self._now()
-        pending = self._pending.pop(key, None)
+        pending = self._pending.waiting(key)
         if pending is None:
             if len(self._pending) >= self.max_pending:
                 self.dropped += 1
@@ -218,45 +192,29 @@ class EventRecorder:
             pending = _Pending(0, when)
         pending.count += 1
         pending.last = when
-        self._pending[key] = pending  # said again: behind the others
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        self._wake.set()
+        self._pending.put(key, pending)  # said again: behind the others
 
     async def close(self) -> None:
         """Stop writing; what still waits is dropped."""
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._pending.close()
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            wait = self.bucket.take()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            key, pending = self._pending.popitem(last=False)
-            if len(self._pending) < self.max_pending:
-                self._dropping = False
-            try:
-                await self._write(key, pending)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # an Event is informational: logged, never retried
-                log.warning(
-                    "Event %s on %s %s/%s not written: %s",
-                    key.reason,
-                    key.regarding.kind,
-                    key.regarding.namespace,
-                    key.regarding.name,
-                    exc,
-                    extra=fields(driver=self.controller),
-                )
+    async def _write_one(self, key: _Key, pending: _Pending) -> None:
+        if len(self._pending) < self.max_pending:
+            self._dropping = False
+        try:
+            await self._write(key, pending)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an Event is informational: logged, never retried
+            log.warning(
+                "Event %s on %s %s/%s not written: %s",
+                key.reason,
+                key.regarding.kind,
+                key.regarding.namespace,
+                key.regarding.name,
+                exc,
+                extra=fields(driver=self.controller),
+            )
 
     async def _write(self, key: _Key, pending: _Pending) -> None:
         series = self._series.get(key)

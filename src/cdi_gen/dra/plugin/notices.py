@@ -31,17 +31,17 @@ import datetime
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from cdi_gen.apiserver.events import EventType, Regarding, TokenBucket
+from cdi_gen.apiserver.events import EventType, Regarding
 from cdi_gen.dra.plugin.claims import ClaimRef, HeldClaim, claim_label
 from cdi_gen.dra.plugin.claimstatus import ClaimStatus, device_entries
 from cdi_gen.dra.plugin.pool import DevicePool
 from cdi_gen.logs import fields
 from cdi_gen.model import ClaimView, PoolDevice
+from cdi_gen.paced import PacedQueue, TokenBucket
 
 __all__ = [
     "MAX_ANNOUNCED",
@@ -132,11 +132,8 @@ class DeviceNotices:
         self.away: set[str] = set()
         #: Each device's ``Present`` condition, once it left (loop only).
         self.conditions: dict[str, dict[str, str]] = {}
-        self._pending: OrderedDict[str, _Notice] = OrderedDict()
+        self._pending: PacedQueue[str, _Notice] = PacedQueue(self._tell_one, self.bucket)
         self._pods: dict[str, tuple[float, tuple[tuple[str, str], ...]]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._closed = False
         self._loop = asyncio.get_running_loop()
         #: Notices written (tests wait for it).
         self.told = 0
@@ -212,43 +209,25 @@ class DeviceNotices:
             log.exception("an announcement of driver %s not queued", self.driver)
 
     def _queue(self, device: str) -> _Notice:
-        notice = self._pending.pop(device, None) or _Notice()
-        self._pending[device] = notice  # told again: behind the others
-        if self._closed:
-            return notice
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        self._wake.set()
+        notice = self._pending.waiting(device) or _Notice()
+        self._pending.put(device, notice)  # told again: behind the others
         return notice
 
     async def close(self) -> None:
         """Stop telling; what waits is dropped, and the Events' writer closed."""
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._pending.close()
         await self.events.close()
 
     # -- telling --------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            wait = self.bucket.take()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            device, notice = self._pending.popitem(last=False)
-            try:
-                await self._tell(device, notice)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("device %s: its claims not told", device)
-            self.told += 1
+    async def _tell_one(self, device: str, notice: _Notice) -> None:
+        try:
+            await self._tell(device, notice)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("device %s: its claims not told", device)
+        self.told += 1
 
     async def _tell(self, device: str, notice: _Notice) -> None:
         stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
