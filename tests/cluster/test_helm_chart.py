@@ -209,6 +209,7 @@ def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
         ["--set", "api=dra"],
         ["--set", "metrics.serviceMonitor.enabled=true"],
         ["--set", "follow.enabled=true"],
+        ["--set", "restart.enabled=true"],
     ):
         proc = _helm(chart.major, ["lint", "--strict", str(CHART), *args], chart.env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -224,6 +225,8 @@ def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
         ({"api": "dra", "cdiVersion": "runtime"}, "dra+runtime-pin"),
         ({"follow": {"enabled": True}}, "base+when-back"),
         ({"api": "dra", "follow": {"enabled": True}}, "dra+when-back"),
+        ({"restart": {"enabled": True}}, "base+when-back-restart"),
+        ({"api": "dra", "restart": {"enabled": True}}, "dra+when-back-restart"),
     ],
     ids=[
         "devicePlugin",
@@ -232,6 +235,8 @@ def test_helm_lint_strict_passes_for_both_apis(chart: Chart) -> None:
         "dra-runtime-pin",
         "devicePlugin-when-back",
         "dra-when-back",
+        "devicePlugin-when-back-restart",
+        "dra-when-back-restart",
     ],
 )
 def test_the_chart_renders_what_kustomize_renders(

@@ -182,3 +182,29 @@ def test_when_back_component_grants_what_follow_checks_and_the_variants_do_not()
         text = variant.read_text()
         assert "hostPID" not in text and "pod-resources" not in text, variant
         assert "add:" not in text and "/sys/fs/cgroup" not in text, variant
+
+
+def test_when_back_restart_component_mounts_the_two_sockets_and_grants_nothing_else() -> None:
+    """deploy/kubernetes/when-back-restart gives a restart class what it checks at start, the
+    pod-resources socket's and the CRI sockets' folders read-only at the paths the agent asks
+    by default, and nothing of what only follow needs (no host PID namespace, no capability,
+    no cgroup)."""
+    from cdi_gen.config.settings import load_settings
+
+    folder = K8S / "when-back-restart"
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    (patch,) = _load(folder / kustomization["patches"][0]["path"])
+    spec = patch["spec"]["template"]["spec"]
+    assert "hostPID" not in spec
+    (container,) = spec["containers"]
+    assert "securityContext" not in container
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    settings = load_settings({})
+    sockets = (settings.kubelet.pod_resources_socket, *settings.runtimes.cri_sockets)
+    assert set(mounts) == {str(socket.parent) for socket in sockets}
+    for socket in sockets:
+        mount = mounts[str(socket.parent)]
+        assert mount["readOnly"] is True
+        assert hosts[mount["name"]] == str(socket.parent)
