@@ -9,7 +9,9 @@ gates come from the cluster's :class:`~cluster.lane.Lane`. Every port is picked 
 and every file lives in one short work folder under /tmp (the first node's files too; each
 other node has a subfolder), so several sessions can run side by side. ``stop()`` undoes
 everything whatever state the start reached, and reports what it could not undo.
-``node_count=0`` starts the control plane alone (benchmarks/fleet.py has kwok fake its Nodes).
+``node_count=0`` starts the control plane alone (benchmarks/fleet.py has kwok fake its Nodes);
+``apiserver_only`` only etcd and kube-apiserver: an API server of other feature gates beside the
+lane's cluster, for what it keeps of the objects it is sent (test_dra_counters_dropped.py).
 """
 
 from __future__ import annotations
@@ -178,6 +180,8 @@ class Cluster:
     #: ``--kube-api-qps`` and ``--kube-api-burst`` of the scheduler and the controller-manager
     #: (0: their defaults, 50 and 20 QPS); the fleet benchmark sets what scale tests use.
     client_qps: int = 0
+    #: etcd and kube-apiserver alone, no controllers and no nodes (``node_count`` must be 0).
+    apiserver_only: bool = False
     components: dict[str, Component] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
     api: Api | None = None
@@ -286,6 +290,10 @@ class Cluster:
         self._timed("certificates", step)
         self._start_etcd()
         self._start_apiserver(certs)
+        if self.apiserver_only:
+            assert not self.nodes, "an API server alone has no nodes"
+            self.timings["total"] = time.monotonic() - started
+            return
         self._start_controllers()
         self._start_nodes(certs)
         self.timings["total"] = time.monotonic() - started
