@@ -247,3 +247,37 @@ async def test_a_claim_on_a_part_whose_disk_left_is_unprepared_as_any_gone_devic
         done = await connection.unprepare([("default", "p1", "u-p1")])
         assert done.claims["u-p1"].error == ""
         assert not list((short_dir / "cdi").glob("*u-p1*"))
+
+
+async def test_a_held_part_that_leaves_stays_tainted_until_its_claim_is_unprepared(
+    short_dir: Path,
+) -> None:
+    """A partition gone while its claim is prepared keeps its counter, which the whole still
+    consumes: the scheduler never offers the whole beside a part a running claim holds. It
+    leaves with the claim's unprepare."""
+    api = FakeApiServer()
+    async with (
+        api,
+        FakeDraKubelet(short_dir / "reg") as kubelet,
+        _agent(short_dir, api, parts=2) as (_, source),
+    ):
+        connection = await kubelet.next_registration(within=10)
+        parts = {"disk-loop700p1", "disk-loop700p2"}
+        await api.until(lambda: _whole_counts(api) == parts)
+        api.claims["default", "p1"] = _claim("p1", "disk-loop700p1")
+        answer = await connection.prepare([("default", "p1", "u-p1")])
+        assert answer.claims["u-p1"].error == ""
+
+        source.remove(_part(1))  # the partition deleted, its claim still prepared
+        source.remove(_part(2))  # and one nobody holds
+        await api.until(lambda: "disk-loop700p2" not in _devices(api))
+        held = _devices(api)["disk-loop700p1"]
+        assert held["taints"] == [{"key": f"{DRIVER}/gone", "effect": "NoSchedule"}]
+        assert _whole_counts(api) == {"disk-loop700p1"}
+        # The counter set is a slice of its own, written in its turn.
+        await api.until(lambda: list(_counters(api).values()) == [{"disk-loop700p1"}])
+
+        done = await connection.unprepare([("default", "p1", "u-p1")])
+        assert done.claims["u-p1"].error == ""
+        await api.until(lambda: set(_devices(api)) == {WHOLE} and not _counters(api))
+        assert "consumesCounters" not in _devices(api)[WHOLE]

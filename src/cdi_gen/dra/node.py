@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from cdi_gen.cdi.store import SpecStore
 from cdi_gen.config.models import AgentConfig, ClassConfig
 from cdi_gen.config.settings import Settings
+from cdi_gen.dra.driver.heldparts import HeldParts
 from cdi_gen.dra.driver.poolentries import PoolEntries
 from cdi_gen.dra.plugin.capacity import consumable_capacity
 from cdi_gen.dra.plugin.counters import partitionable_devices
@@ -110,6 +111,8 @@ class DraDriver(Announcing):
         self.entries = PoolEntries(config.vendor, config.class_names)
         self._asked_capacity = False
         self.composites = CompositeForm(self)  # whole and parts, or parts alone
+        self.preparer: PoolPreparer | None = None  # the driver part, made with the plugin
+        self.held_parts = HeldParts(functools.partial(_held, self))
         self.offering.on_dropped = self.composites.dropped
         self.client: ApiClient | None = None
         #: The prepared claims' status writes (made with the plugin).
@@ -145,7 +148,7 @@ class DraDriver(Announcing):
         """Put ``config``'s class into the pool as ``advertised``; whether what the slices
         offer changed (nothing to wait for when it did not)."""
         devices = self.entries.build(config, advertised, discovered)
-        return self.offering.publish(config.name, devices)
+        return self.offering.publish(config.name, self.held_parts.keep(config.name, devices))
 
     @property
     def serving(self) -> bool:
@@ -229,13 +232,10 @@ class DraDriver(Announcing):
         from cdi_gen.dra.plugin.server import DraPlugin
 
         settings = self.settings
-        registered = {
-            ok: self.metrics.registrations.labels(self.name, "ok" if ok else "error")
-            for ok in (True, False)
-        }
+        ok, failed = (self.metrics.registrations.labels(self.name, r) for r in ("ok", "error"))
 
-        def on_register(ok: bool, error: str) -> None:
-            registered[ok].inc()
+        def on_register(registered: bool, error: str) -> None:
+            (ok if registered else failed).inc()
 
         self.claim_status = ClaimStatus(
             client, self.name, asyncio.get_running_loop(), retry_max=settings.retry.max_seconds
@@ -260,6 +260,7 @@ class DraDriver(Announcing):
             ),
         )
         self.notices = _notices(self, client, preparer)
+        _keep_held_parts(self, preparer)
         return DraPlugin(
             self.name,
             self.pool,
@@ -333,6 +334,33 @@ async def _ask_capacity(driver: DraDriver, client: ApiClient) -> None:
     if driver.entries.by_capacity:
         for config in shared:
             devices = driver.entries.shared(driver.pool.by_class.get(config.name, ()))
+            driver.offering.publish(config.name, devices)
+
+
+def _held(driver: DraDriver, device: str) -> bool:
+    """Whether a claim prepared here holds pool device ``device`` (from what this process
+    knows, without the state lock, as :func:`~cdi_gen.dra.driver.preparer.holders`)."""
+    from cdi_gen.dra.driver.preparer import holders
+
+    return driver.preparer is not None and bool(holders(driver.preparer, device))
+
+
+def _keep_held_parts(driver: DraDriver, preparer: PoolPreparer) -> None:
+    """The parts kept for a prepared claim follow the claims: asked again after each
+    unprepare (which runs on a worker thread; the offer is made on the loop)."""
+    driver.preparer = preparer
+    loop = asyncio.get_running_loop()
+    preparer.on_forgotten = functools.partial(
+        loop.call_soon_threadsafe, functools.partial(_offer_kept_again, driver)
+    )
+
+
+def _offer_kept_again(driver: DraDriver) -> None:
+    """A claim was unprepared: the classes with a held part kept are offered again, without
+    the parts no claim holds any more (on the loop)."""
+    for config in driver.config.classes:
+        if config.name in driver.held_parts.kept():
+            devices = driver.held_parts.keep(config.name, driver.entries.current(config))
             driver.offering.publish(config.name, devices)
 
 
@@ -417,4 +445,5 @@ class CompositeForm:
         driver = self.driver
         for config in classes:
             if config.name in driver.pool.by_class:
-                driver.offering.publish(config.name, driver.entries.current(config))
+                devices = driver.held_parts.keep(config.name, driver.entries.current(config))
+                driver.offering.publish(config.name, devices)

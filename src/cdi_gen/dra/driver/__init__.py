@@ -1,7 +1,8 @@
 """cdi-gen's own DRA driver: what a claim gets and how it is prepared.
 
 * :mod:`~cdi_gen.dra.driver.poolentries`: the pool's entries, from the class config and
-  udev;
+  udev; :mod:`~cdi_gen.dra.driver.heldparts`, the parts of composite groups kept while a
+  prepared claim holds them;
 * :mod:`~cdi_gen.dra.driver.preparer`: the driver part behind the generic one's interface:
   which claims are prepared, and the decisions;
 * :mod:`~cdi_gen.dra.driver.claimcheck`: what a claim gets (pure checks), and

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -133,6 +133,8 @@ class PoolPreparer:
         #: Shared with another instance of the driver on the node (see the module docstring).
         self.state = StateLock(lock_path(state_dir, driver))
         self.claim_files = claim_files
+        #: Called (on the calling thread) when an unprepare forgot a claim.
+        self.on_forgotten: Callable[[], object] | None = None
 
     def load(self) -> None:
         """Read the checkpoint (adopting what an older cdi-gen recorded), then bring the
@@ -325,6 +327,8 @@ class PoolPreparer:
                     self.claim_files.remove(label, ref.uid, known)
                 if self.checkpoint.remove(ref.uid):
                     log.info("unprepared %s", label)
+                    if self.on_forgotten is not None:
+                        self.on_forgotten()
                     return Unprepared(forgotten=True)
                 if self.claim_files is not None:  # what a prepare could not undo
                     self.claim_files.remove_left(label, ref.uid, self.checkpoint.kinds)
